@@ -1,0 +1,3 @@
+from gpulab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""What a notebook hands to the runner and to the notebooks after it.
+
+Every notebook ends with `record(...)`: its headline finding and a few numbers go into the scenario's
+`metrics.json` (one entry per notebook), which the runner reads for the index and the tests assert on.
+Products (verdicts, tables, tensors) are plain files in the same `out_dir`, named by `product()`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.json"
+
+
+def _jsonable(value: Any) -> Any:
+    """Numbers, strings, lists and dicts only; NaN/Inf become None so the file stays strict JSON."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Atomic write: a reader (the runner, a later notebook) never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(_jsonable(data), fh, indent=2, sort_keys=False)
+        fh.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: str | os.PathLike, default: Any = None) -> Any:
+    path = Path(path)
+    if not path.exists():
+        return default
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def product(out_dir: str | os.PathLike, name: str) -> Path:
+    """Path of a product file in the scenario folder (created on demand)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return out / name
+
+
+def record(out_dir: str | os.PathLike, notebook: str, headline: str, **metrics: Any) -> dict:
+    """Store a notebook's headline finding and metrics under its name in `out_dir/metrics.json`."""
+    path = product(out_dir, METRICS_FILE)
+    data = read_json(path, default={}) or {}
+    entry = {"headline": headline, "metrics": _jsonable(metrics)}
+    data[notebook] = entry
+    write_json(path, data)
+    return entry
+
+
+def load_metrics(out_dir: str | os.PathLike) -> dict:
+    return read_json(Path(out_dir) / METRICS_FILE, default={}) or {}
