@@ -37,7 +37,7 @@ def from_py(src: str) -> nbformat.NotebookNode:
             cell = nbformat.v4.new_code_cell(text)
         if tags:
             cell.metadata["tags"] = tags
-        cell.pop("id", None)
+        cell["id"] = f"cell-{len(cells):02d}"  # stable ids: regenerating a notebook gives no diff
         cells.append(cell)
 
     for line in src.splitlines():

@@ -1,0 +1,32 @@
+# The two commands (README): `make run` and `make test`.
+PY := .venv/bin/python
+PARAMS ?=
+ARGS ?=
+
+.PHONY: run test smoke lab setup setup-test clean-venv
+
+setup:
+	scripts/setup.sh
+
+setup-test:
+	GPULAB_EXTRAS=test scripts/setup.sh
+
+## run: set up, then run the whole chain on the built-in workload (GPU if there is one, else CPU)
+run: setup
+	$(PY) -m gpulab run $(PARAMS) $(ARGS)
+
+## smoke: the tiny CPU chain that CI runs
+smoke: setup
+	$(PY) -m gpulab run --params params/smoke.yaml $(ARGS)
+
+## test: set up, then the whole test suite (GPU tests skip without a GPU)
+test: setup-test
+	$(PY) -m pytest $(ARGS)
+
+## lab: JupyterLab on the notebooks, for interactive work (set interactive = True in a notebook)
+lab:
+	GPULAB_EXTRAS=lab scripts/setup.sh
+	.venv/bin/jupyter lab notebooks/
+
+clean-venv:
+	rm -rf .venv

@@ -1,0 +1,43 @@
+"""The whole chain, as CI runs it: `gpulab run --params params/smoke.yaml` through papermill, real notebooks."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, request):
+    root = request.config.rootpath
+    out = tmp_path_factory.mktemp("outputs")
+    res = subprocess.run([sys.executable, "-m", "gpulab", "run", "--params", "params/smoke.yaml", "--out", str(out),
+                          "--notebook-timeout", "400"], cwd=root, capture_output=True, text=True, timeout=900)
+    index = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    return res, out, index
+
+
+@pytest.mark.slow
+def test_smoke_chain_succeeds_and_indexes_every_notebook(smoke_run, root):
+    res, out, index = smoke_run
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert index.endswith("index.html")
+    run = json.loads(open(index.replace("index.html", "run.json")).read())
+    names = sorted(p.stem for p in (root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    nbs = run["scenarios"][0]["notebooks"]
+    assert [n["name"] for n in nbs] == names
+    html = open(index).read()
+    for nb in nbs:
+        assert nb["status"] == "ok", nb
+        assert nb["headline"], nb
+        assert (out / "latest" / nb["report"]).exists() and f'href="{nb["report"]}"' in html
+
+
+@pytest.mark.slow
+def test_smoke_chain_metrics(smoke_run):
+    res, out, index = smoke_run
+    metrics = json.loads((out / "latest" / "baseline" / "metrics.json").read_text())
+    assert set(metrics) >= {"01_environment", "02_instrument", "03_bisect_hang", "05_oracle", "06_benchmark"}
+    for name, entry in metrics.items():
+        assert entry["headline"] and isinstance(entry["metrics"], dict), name

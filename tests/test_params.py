@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import pytest
+
+from gpulab import params
+from nbfactory import notebook, project
+
+NB1 = notebook("One", 'rung: str = "forward"  # choices: sdpa, forward, step, steps\nsteps: int = 10\nlr: float = 0.001\n')
+NB2 = notebook("Two", 'rung: str = "forward"  # choices: sdpa, forward, step, steps\ncandidates: list = ["math"]\n')
+
+
+@pytest.fixture
+def proj(tmp_path):
+    return project(tmp_path, {"01_one": NB1, "02_two": NB2}, base="rung: forward\nsteps: 3\n",
+                   scenarios={"baseline": "description: plain\n", "fast": "steps: 1\nlr: 0.1\n"})
+
+
+@pytest.fixture
+def schema(proj):
+    return params.notebook_schema(sorted((proj / "notebooks").glob("*.ipynb")))
+
+
+def test_schema_reads_types_choices_and_owners(schema):
+    assert schema["rung"].choices == ("sdpa", "forward", "step", "steps")
+    assert schema["rung"].notebooks == ("01_one", "02_two")
+    assert schema["steps"].type == "int" and schema["steps"].default == 10
+    assert schema["candidates"].type == "list" and schema["candidates"].notebooks == ("02_two",)
+
+
+def test_layering_order_later_wins(proj, tmp_path):
+    extra = tmp_path / "mine.yaml"
+    extra.write_text("steps: 7\nrung: step\n")
+    layered = params.resolve(proj, "fast", [extra], ["rung=sdpa"])
+    src = layered.sources()
+    assert layered.plain()["steps"] == 7 and src["steps"] == str(extra)
+    assert layered.plain()["rung"] == "sdpa" and src["rung"] == "-p"
+    assert layered.plain()["lr"] == 0.1 and src["lr"] == "params/scenarios/fast.yaml"
+    assert params.resolve(proj, "baseline").description == "plain"
+
+
+@pytest.mark.parametrize("override, fragments", [
+    ("no_such_param=1", ["unknown parameter 'no_such_param'", "(from -p)", "Valid parameters:", "rung"]),
+    ("step=3", ["unknown parameter 'step'", "Did you mean 'steps'"]),
+    ("steps=many", ["'steps'", "must be int", "'many'"]),
+    ("steps=true", ["must be int"]),
+    ("rung=backward", ["'backward' is not a valid choice", "sdpa, forward, step, steps"]),
+    ("candidates=math", ["'candidates'", "must be list"]),
+    ("out_dir=/tmp/x", ["set by the runner"]),
+])
+def test_validation_errors_name_key_source_and_valid_values(proj, schema, override, fragments):
+    layered = params.resolve(proj, "baseline", [], [override])
+    with pytest.raises(params.ParamError) as err:
+        params.validate(layered, schema)
+    for frag in fragments:
+        assert frag in str(err.value)
+
+
+def test_error_names_the_file_a_bad_key_came_from(proj, schema, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rung: forwad\n")
+    with pytest.raises(params.ParamError, match=r"from .*bad\.yaml.*not a valid choice"):
+        params.validate(params.resolve(proj, "baseline", [bad]), schema)
+
+
+def test_coercions(proj, schema):
+    values = params.validate(params.resolve(proj, "fast", [], ["lr=1", "rung=step"]), schema)
+    assert values["lr"] == 1.0 and isinstance(values["lr"], float)
+    assert values["steps"] == 1
+
+
+def test_unknown_scenario_lists_valid_ones(proj):
+    with pytest.raises(params.ParamError, match="unknown scenario 'nope'.*baseline, fast"):
+        params.resolve(proj, "nope")
+
+
+@pytest.mark.parametrize("text, msg", [("- a\n- b\n", "must hold a mapping"), ("a: [1,\n", "not valid YAML"),
+                                       ("!!python/object:os.system x\n", "not valid YAML")])
+def test_bad_files(tmp_path, text, msg):
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(params.ParamError, match=msg):
+        params.read_yaml(f)
+
+
+def test_for_notebook_passes_only_declared_keys(schema):
+    vals = {"rung": "step", "steps": 2, "candidates": ["x"]}
+    assert params.for_notebook(vals, schema, "02_two") == {"rung": "step", "candidates": ["x"]}
+
+
+def test_conflicting_declarations_are_an_error(tmp_path):
+    a = notebook("A", "steps: int = 1\n")
+    b = notebook("B", "steps: float = 1.0\n")
+    proj = project(tmp_path, {"01_a": a, "02_b": b})
+    with pytest.raises(params.ParamError, match="declared differently"):
+        params.notebook_schema(sorted((proj / "notebooks").glob("*.ipynb")))
+
+
+def test_repo_params_are_valid(root):
+    """The shipped base, smoke and scenario files validate against the shipped notebooks."""
+    from gpulab import runner
+    schema = params.notebook_schema(runner.discover(root))
+    for scen in params.list_scenarios(root):
+        params.validate(params.resolve(root, scen, [root / "params" / "smoke.yaml"]), schema)
+        params.validate(params.resolve(root, scen), schema)

@@ -1,0 +1,108 @@
+"""The chain runner on throwaway notebooks: real papermill, real kernels, real kills."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpulab import index, runner
+from nbfactory import RECORD, notebook, project
+
+
+def _nbs():
+    ok = notebook("Ok", 'steps: int = 2\n', "print('hello', steps)",
+                  RECORD.format(name="01_ok", headline="all good"))
+    bad = notebook("Bad", "", "raise ValueError('planted failure in cell')")
+    after = notebook("After", "", RECORD.format(name="03_after", headline="ran after a failure"))
+    return {"01_ok": ok, "02_bad": bad, "03_after": after}
+
+
+def _cfg(proj, **kw):
+    return runner.RunConfig(root=proj, out=proj / "outputs", cell_timeout_s=60, notebook_timeout_s=90, **kw)
+
+
+def test_failed_notebook_is_rendered_marked_and_later_ones_run(tmp_path):
+    proj = project(tmp_path, _nbs(), base="steps: 3\n")
+    code, idx = runner.run(_cfg(proj), progress=lambda m: None)
+    assert code == 1
+    run = json.loads((idx.parent / "run.json").read_text())
+    nbs = {n["name"]: n for n in run["scenarios"][0]["notebooks"]}
+    assert nbs["01_ok"]["status"] == "ok" and nbs["01_ok"]["headline"] == "all good"
+    assert nbs["02_bad"]["status"] == "failed"
+    assert "ValueError: planted failure in cell" in nbs["02_bad"]["error"]
+    assert nbs["03_after"]["status"] == "ok"
+    for nb in nbs.values():  # every notebook rendered twice, linked from the index
+        for key in ("report", "full", "ipynb"):
+            assert (idx.parent / nb[key]).exists(), (nb["name"], key)
+    html = idx.read_text()
+    assert "planted failure in cell" in html and "all good" in html and "02_bad.html" in html
+    assert "http" not in html  # opens from disk, no network
+    executed = json.loads((idx.parent / "baseline" / "01_ok.ipynb").read_text())
+    texts = [o.get("text", "") for c in executed["cells"] for o in c.get("outputs", [])]
+    outputs = "".join(t if isinstance(t, str) else "".join(t) for t in texts)
+    assert "hello 3" in outputs  # base.yaml reached the notebook
+    assert (proj / "outputs" / "latest").resolve() == idx.parent.resolve()
+
+
+def test_stalled_notebook_is_killed_at_its_limit_and_keeps_finished_cells(tmp_path):
+    stall = notebook("Stall", "", "print('before the stall')", "import time; time.sleep(600)")
+    proj = project(tmp_path, {"01_stall": stall})
+    cfg = runner.RunConfig(root=proj, out=proj / "outputs", cell_timeout_s=600, notebook_timeout_s=12)
+    code, idx = runner.run(cfg, progress=lambda m: None)
+    assert code == 1
+    nb = json.loads((idx.parent / "run.json").read_text())["scenarios"][0]["notebooks"][0]
+    assert nb["status"] == "killed" and "wall-clock limit" in nb["error"]
+    assert 10 <= nb["duration_s"] < 40
+    assert (idx.parent / nb["report"]).exists()
+    saved = (idx.parent / "baseline" / "01_stall.ipynb").read_text()
+    assert "before the stall" in saved  # the cell done before the kill was saved
+
+
+def test_needs_skips_dependents_of_a_failed_notebook(tmp_path):
+    nbs = _nbs()
+    nbs["03_after"].metadata["gpulab"] = {"needs": ["02_bad"]}
+    proj = project(tmp_path, nbs)
+    code, idx = runner.run(_cfg(proj, only=("02", "03")), progress=lambda m: None)
+    run = json.loads((idx.parent / "run.json").read_text())
+    statuses = [n["status"] for n in run["scenarios"][0]["notebooks"]]
+    assert code == 1 and statuses == ["failed", "skipped"]
+
+
+def test_second_run_never_overwrites_the_first(tmp_path):
+    proj = project(tmp_path, {"01_ok": _nbs()["01_ok"]})
+    _, first = runner.run(_cfg(proj), progress=lambda m: None)
+    _, second = runner.run(_cfg(proj), progress=lambda m: None)
+    assert first.parent != second.parent and first.exists() and second.exists()
+    assert (proj / "outputs" / "latest").resolve() == second.parent.resolve()
+
+
+def test_cli_rejects_unknown_param_before_running_anything(tmp_path):
+    proj = project(tmp_path, {"01_ok": _nbs()["01_ok"]})
+    res = subprocess.run([sys.executable, "-m", "gpulab", "run", "-p", "no_such_param=1"], cwd=proj,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "no_such_param" in res.stderr and "Valid parameters" in res.stderr
+    assert not (proj / "outputs").exists()
+
+
+def test_cli_runs_all_scenarios_and_prints_index_last(tmp_path):
+    proj = project(tmp_path, {"01_ok": _nbs()["01_ok"]},
+                   scenarios={"baseline": "description: plain\n", "fix_a": "steps: 5\n"})
+    res = subprocess.run([sys.executable, "-m", "gpulab", "run", "--scenario", "all"], cwd=proj,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    idx = res.stdout.strip().splitlines()[-1]
+    assert idx.endswith("index.html")
+    assert "[fix_a] 01_ok: ok" in res.stderr
+    run = json.loads(open(idx.replace("index.html", "run.json")).read())
+    assert [s["name"] for s in run["scenarios"]] == ["baseline", "fix_a"]
+
+
+def test_index_render_is_pure_and_escapes():
+    html = index.render({"run_id": "r1", "scenarios": [{"name": "baseline", "description": "d", "notebooks": [
+        {"name": "01_x", "status": "failed", "duration_s": 1.5, "error": "<boom>", "report": "baseline/01_x.html"},
+        {"name": "02_y", "status": "ok", "headline": "fine", "duration_s": 2.0}]}]})
+    assert "&lt;boom&gt;" in html and "<boom>" not in html
+    assert "1 of 2 notebooks ok" in html and 'href="baseline/01_x.html"' in html
