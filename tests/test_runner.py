@@ -106,3 +106,11 @@ def test_index_render_is_pure_and_escapes():
         {"name": "02_y", "status": "ok", "headline": "fine", "duration_s": 2.0}]}]})
     assert "&lt;boom&gt;" in html and "<boom>" not in html
     assert "1 of 2 notebooks ok" in html and 'href="baseline/01_x.html"' in html
+
+
+def test_only_still_validates_against_every_notebook(tmp_path):
+    nbs = _nbs()
+    proj = project(tmp_path, nbs, base="steps: 3\n")  # steps is declared by 01 only
+    code, idx = runner.run(_cfg(proj, only=("03",)), progress=lambda m: None)
+    run = json.loads((idx.parent / "run.json").read_text())
+    assert code == 0 and [n["name"] for n in run["scenarios"][0]["notebooks"]] == ["03_after"]

@@ -260,7 +260,8 @@ def write_index(run_dir: Path, summary: dict[str, Any]) -> Path:
 def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, tuple[dict, str]]]:
     """Everything that can be wrong with the input, checked before any notebook runs."""
     notebooks = discover(cfg.root, cfg.only)
-    schema = params.notebook_schema(notebooks)
+    # The schema comes from every notebook, so a shared params file stays valid with --only.
+    schema = params.notebook_schema(discover(cfg.root))
     resolved: dict[str, tuple[dict, str]] = {}
     problems = []
     for scen in cfg.scenarios:
