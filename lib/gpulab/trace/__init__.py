@@ -1,0 +1,754 @@
+"""Crash-safe op recorder: every dispatched PyTorch op lands in a memory-mapped ring BEFORE it runs.
+
+Why a mmap ring and not a log file: a hang or a SIGKILL must not lose the op that never finished, and a
+flush per op costs ~40 us. Writes into a shared file mapping are plain memory stores; the page cache makes
+them visible to a reader in another process at once and keeps them when the writer dies.
+
+File layout (little endian):
+  [0, 4096)            header: static fields, then counters at COUNTERS_OFF (started, completed,
+                       gpu_completed, first_nonfinite, mem_count) - `progress()` reads only these.
+  [4096, +32*memcap)   memory samples ring (t, seq, allocated/RSS bytes, reserved bytes)
+  [..., +512*cap)      op slots ring, slot = seq % capacity; a slot's seq field is written last (commit
+                       marker: -1 while being written), so a torn or overwritten slot is detected and skipped.
+
+What TorchDispatchMode sees of SDPA (checked on torch 2.13 CPU; the GPU script checks CUDA):
+`F.scaled_dot_product_attention` is CompositeImplicitAutograd, so the dispatch mode never sees it nor
+`aten._scaled_dot_product_attention_math`; it sees the fused kernel (`aten._scaled_dot_product_flash_
+attention_for_cpu` on CPU, `aten._scaled_dot_product_{flash,efficient,cudnn}_attention` on CUDA) or, with
+the math backend, only the decomposition (`aten.mul.Scalar`, `aten.bmm.default`, `aten._safe_softmax`
+(masked) or `aten._softmax`, ...). The recorder therefore wraps `torch.nn.functional.scaled_dot_product_
+attention` while installed and writes a composite record `aten.scaled_dot_product_attention.default`
+(kind "composite") and, when `torch._fused_sdp_choice` says math, a nested `aten._scaled_dot_product_
+attention_math.default`, around the decomposed records. Backward ops run by autograd's engine threads are
+seen because autograd carries the dispatch-mode stack into its worker threads (the thread is recorded).
+"""
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+MAGIC = b"GPLTRC01"
+VERSION = 1
+HEADER_SIZE = 4096
+SLOT_SIZE = 512
+MEM_SIZE = 32
+MODES = ("ops", "sync", "gpu", "stats")
+DEFAULT_CAPACITY = 1 << 16
+DEFAULT_MEM_CAPACITY = 1 << 14
+
+_STATIC = struct.Struct("<8sIIQQqd16s32s")          # magic version slot cap memcap pid t0 mode device
+COUNTERS_OFF = 256
+_COUNTERS = struct.Struct("<QQqqQ")                 # started completed gpu_completed first_nonfinite mem_count
+_Q = struct.Struct("<Q")
+_q = struct.Struct("<q")
+_d = struct.Struct("<d")
+_b = struct.Struct("<b")
+_OFF_STARTED, _OFF_COMPLETED, _OFF_GPU, _OFF_NONFINITE, _OFF_MEMCOUNT = (COUNTERS_OFF + 8 * i for i in range(5))
+_MEM = struct.Struct("<dqqq")                       # t seq allocated reserved
+# seq t_start t_end tid gpu_done kind flags pad depth | name thread site args | stats (only if flags & F_STATS)
+_SLOT = struct.Struct("<qddQbbbxi 64s32s136s192s")
+_STATS = struct.Struct("<dddqqq")                   # min max mean nan +inf -inf
+_OFF_STATS = _SLOT.size
+assert _SLOT.size + _STATS.size == SLOT_SIZE, _SLOT.size
+_OFF_DEVICE = 64  # the 32s device field of _STATIC
+_OFF_TEND, _OFF_GPUDONE, _OFF_FLAGS = 16, 32, 34
+F_STATS, F_RAISED, F_NONFINITE = 1, 2, 4
+KINDS = ("op", "composite")
+_UNINITIALIZED = (b"aten.empty", b"aten.new_empty", b"aten.empty_like", b"aten.empty_strided", b"aten.resize_")
+
+_HERE = str(Path(__file__).resolve().parent)
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+@dataclass(frozen=True)
+class Progress:
+    started: int
+    completed: int
+    gpu_completed: int | None
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    seq: int
+    name: str
+    args: list
+    call_site: str
+    thread: str
+    t_start: float
+    t_end: float | None
+    gpu_done: bool | None
+    stats: dict | None
+    kind: str = "op"
+    depth: int = 0
+    raised: bool = False
+
+    @property
+    def in_flight(self) -> bool:
+        return self.t_end is None
+
+
+@dataclass(frozen=True)
+class MemSample:
+    t: float
+    seq: int
+    allocated: int
+    reserved: int | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    records: tuple[OpRecord, ...]
+    started: int
+    completed: int
+    gpu_completed: int | None
+    mode: str
+    pid: int
+    device: str
+    capacity: int
+    dropped: int
+    t0: float = 0.0
+    first_nonfinite: int | None = None
+    memory: tuple[MemSample, ...] = ()
+    torn: int = 0  # slots skipped because they were being written (or cut off) when read
+
+    def in_flight(self) -> tuple[OpRecord, ...]:
+        """Ops whose host call started and never returned (innermost last)."""
+        return tuple(r for r in self.records if r.t_end is None)
+
+    def by_seq(self, seq: int) -> OpRecord | None:
+        for r in self.records:
+            if r.seq == seq:
+                return r
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- file
+
+def create(path: str | os.PathLike, mode: str = "ops", capacity: int = DEFAULT_CAPACITY,
+           mem_capacity: int = DEFAULT_MEM_CAPACITY, device: str = "unknown") -> Path:
+    """Make a fresh pre-sized log atomically (rename), so a reader never sees a half-written header."""
+    _check_mode(mode)
+    if capacity < 1 or mem_capacity < 1:
+        raise ValueError(f"capacity={capacity} and mem_capacity={mem_capacity} must be >= 1")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    size = HEADER_SIZE + mem_capacity * MEM_SIZE + capacity * SLOT_SIZE
+    with open(tmp, "wb") as fh:
+        fh.truncate(size)  # sparse: pages cost memory only once written
+        fh.write(_STATIC.pack(MAGIC, VERSION, SLOT_SIZE, capacity, mem_capacity, os.getpid(), time.time(),
+                              mode.encode(), device.encode()))
+        fh.seek(COUNTERS_OFF)
+        fh.write(_COUNTERS.pack(0, 0, -1, -1, 0))
+    os.replace(tmp, path)
+    return path
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not valid; choose one of {', '.join(MODES)}")
+
+
+def progress(path: str | os.PathLike) -> Progress:
+    """Counters only (one pread of 40 bytes): cheap enough to poll 10x/s from the watchdog."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        raw = os.pread(fd, _COUNTERS.size, COUNTERS_OFF)
+    finally:
+        os.close(fd)
+    if len(raw) < _COUNTERS.size:
+        return Progress(0, 0, None)
+    started, completed, gpu, _nf, _mc = _COUNTERS.unpack(raw)
+    return Progress(started, completed, None if gpu < 0 else gpu)
+
+
+def _cstr(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _contiguous(shape: list[int], stride: list[int]) -> bool:
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride)):
+        if size != 1 and st != expected:
+            return False
+        expected *= size
+    return True
+
+
+def parse_args(text: str) -> list:
+    """Decode the compact per-op argument summary written by the recorder."""
+    out: list = []
+    for item in text.split(";") if text else ():
+        if item.startswith("T|"):
+            parts = item.split("|")
+            if len(parts) < 5:
+                out.append({"truncated": item})
+                continue
+            try:
+                shape = [int(x) for x in parts[2].split(",") if x]
+                stride = [int(x) for x in parts[3].split(",") if x]
+            except ValueError:
+                out.append({"truncated": item})
+                continue
+            out.append({"shape": shape, "dtype": parts[1], "stride": stride,
+                        "contiguous": _contiguous(shape, stride), "device": parts[4]})
+        else:
+            out.append({"value": item})
+    return out
+
+
+def _unpack_record(raw: bytes, expected: int) -> OpRecord | None:
+    seq, t0, t1, tid, gpu_done, kind, flags, depth, name, tname, site, args = _SLOT.unpack_from(raw, 0)
+    if seq != expected:
+        return None
+    stats = None
+    if flags & F_STATS:
+        mn, mx, mean, nan, inf, ninf = _STATS.unpack_from(raw, _OFF_STATS)
+        stats = {"min": mn, "max": mx, "mean": mean, "nan": nan, "inf": inf, "neginf": ninf,
+                 "nonfinite": bool(flags & F_NONFINITE)}
+    return OpRecord(seq=seq, name=_cstr(name), args=parse_args(_cstr(args)), call_site=_cstr(site),
+                    thread=f"{_cstr(tname)} ({tid})", t_start=t0, t_end=t1 if t1 > 0 else None,
+                    gpu_done=None if gpu_done < 0 else bool(gpu_done), stats=stats,
+                    kind=KINDS[kind] if 0 <= kind < len(KINDS) else str(kind), depth=depth,
+                    raised=bool(flags & F_RAISED))
+
+
+def read(path: str | os.PathLike) -> Snapshot:
+    """Everything in the ring. Safe while another process writes and after it was SIGKILLed."""
+    data = Path(path).read_bytes()
+    if len(data) < COUNTERS_OFF + _COUNTERS.size or data[:8] != MAGIC:
+        raise ValueError(f"{path} is not a gpulab trace log (size {len(data)}, magic {data[:8]!r}; "
+                         f"expected magic {MAGIC!r})")
+    magic, version, slot, cap, memcap, pid, t0, mode, device = _STATIC.unpack_from(data, 0)
+    if version != VERSION or slot != SLOT_SIZE or cap < 1:
+        raise ValueError(f"{path}: unsupported trace log version={version} slot={slot} capacity={cap}")
+    started, completed, gpu, nonfinite, memcount = _COUNTERS.unpack_from(data, COUNTERS_OFF)
+    slots_off = HEADER_SIZE + memcap * MEM_SIZE
+    records, torn = [], 0
+    first = max(0, started - cap)
+    for seq in range(first, started):
+        off = slots_off + (seq % cap) * SLOT_SIZE
+        if off + SLOT_SIZE > len(data):
+            torn += 1
+            continue
+        rec = _unpack_record(data[off:off + SLOT_SIZE], seq)
+        if rec is None:
+            torn += 1
+        else:
+            records.append(rec)
+    mem = []
+    for i in range(max(0, memcount - memcap), memcount):
+        off = HEADER_SIZE + (i % memcap) * MEM_SIZE
+        t, seq, alloc, reserved = _MEM.unpack_from(data, off)
+        if t > 0:
+            mem.append(MemSample(t, seq, alloc, None if reserved < 0 else reserved))
+    return Snapshot(records=tuple(records), started=started, completed=completed,
+                    gpu_completed=None if gpu < 0 else gpu, mode=_cstr(mode), pid=pid, device=_cstr(device),
+                    capacity=cap, dropped=first, t0=t0, first_nonfinite=None if nonfinite < 0 else nonfinite,
+                    memory=tuple(mem), torn=torn)
+
+
+# ---------------------------------------------------------------------------------------------- recorder
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm", "rb") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Recorder:
+    """Install with `with Recorder(log, mode):` (or `.install()`); one log per recorder."""
+
+    def __init__(self, log: str | os.PathLike, mode: str = "ops", capacity: int = DEFAULT_CAPACITY,
+                 mem_capacity: int = DEFAULT_MEM_CAPACITY, mem_interval_s: float = 0.02,
+                 create_log: bool = True):
+        _check_mode(mode)
+        self.log = Path(log)
+        self.mode = mode
+        if create_log or not self.log.exists():
+            create(self.log, mode, capacity, mem_capacity)
+        self._fh = open(self.log, "r+b")
+        self._mm = mmap.mmap(self._fh.fileno(), 0)
+        _, _, _, self.capacity, self.mem_capacity, *_ = _STATIC.unpack_from(self._mm, 0)
+        self._mem_interval = mem_interval_s
+        self._mode_obj = None
+        self._installed = False
+        self._bg: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # the mode object is built lazily so that `import gpulab.trace` never imports torch
+    def install(self) -> "Recorder":
+        if self._installed:
+            raise RuntimeError(f"recorder for {self.log} is already installed")
+        import torch.nn.functional as F
+
+        if self._mode_obj is None:
+            self._mode_obj = _make_mode(self)
+        self._mode_obj.__enter__()
+        self._orig_sdpa = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = self._mode_obj.sdpa_wrapper(self._orig_sdpa)
+        self._installed = True
+        self._stop.clear()
+        self._bg = threading.Thread(target=self._background, name="gpulab-trace-bg", daemon=True)
+        self._bg.start()
+        return self
+
+    def uninstall(self) -> None:
+        if not self._installed:
+            return
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self._orig_sdpa
+        self._mode_obj.__exit__(None, None, None)
+        self._installed = False
+        self._stop.set()
+        if self._bg is not None:
+            self._bg.join(timeout=2)
+        self._mode_obj.drain_events(wait=True)
+
+    def close(self) -> None:
+        self.uninstall()
+        try:
+            self._mm.close()
+        except (BufferError, ValueError):
+            pass
+        self._fh.close()
+
+    def __enter__(self) -> "Recorder":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()
+
+    def _background(self) -> None:
+        """Memory samples every mem_interval_s; in gpu mode also polls CUDA events (never a host sync)."""
+        mode = self._mode_obj
+        poll = 0.001 if self.mode == "gpu" else self._mem_interval
+        next_mem = 0.0
+        while not self._stop.is_set():
+            now = time.time()
+            if now >= next_mem:
+                self._sample_memory(now)
+                next_mem = now + self._mem_interval
+            if self.mode == "gpu":
+                mode.drain_events(wait=False)
+            self._stop.wait(poll)
+        self._sample_memory(time.time())
+
+    def _sample_memory(self, now: float) -> None:
+        try:
+            alloc, reserved = -1, -1
+            import torch
+            if torch.cuda.is_initialized():
+                alloc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+            else:
+                alloc = _rss_bytes()
+            n = _Q.unpack_from(self._mm, _OFF_MEMCOUNT)[0]
+            seq = _Q.unpack_from(self._mm, _OFF_STARTED)[0]
+            _MEM.pack_into(self._mm, HEADER_SIZE + (n % self.mem_capacity) * MEM_SIZE, now, seq, alloc, reserved)
+            _Q.pack_into(self._mm, _OFF_MEMCOUNT, n + 1)
+        except (ValueError, OSError, RuntimeError):
+            pass  # the mmap was closed under us, or CUDA is gone: memory is best effort
+
+
+def _make_mode(rec: Recorder):
+    """Build the TorchDispatchMode subclass (torch is imported here, not at module import)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    mm = rec._mm
+    cap = rec.capacity
+    slots = HEADER_SIZE + rec.mem_capacity * MEM_SIZE
+    pack_slot = _SLOT.pack_into
+    pack_q = _q.pack_into
+    pack_Q = _Q.pack_into
+    pack_d = _d.pack_into
+    pack_b = _b.pack_into
+    now = time.time
+    get_ident = threading.get_ident
+    getframe = sys._getframe
+    Tensor = torch.Tensor
+    torch_dir = str(Path(torch.__file__).resolve().parent)
+    internal_dirs = (torch_dir, _HERE, os.path.dirname(threading.__file__) + os.sep + "threading")
+    mode_name = rec.mode
+    cuda = torch.cuda
+    sync_mode = mode_name == "sync"
+    gpu_mode = mode_name == "gpu"
+    stats_mode = mode_name == "stats"
+    from collections import deque
+
+    seq_counter = itertools.count()
+    done_counter = itertools.count(1)
+    names: dict = {}
+    internal: dict = {}
+    sites: dict = {}
+    keep: list = []
+    reprs: dict = {}
+    simple = (int, float, bool, type(None), str)
+    tensors: dict = {}
+    threads: dict = {}
+    depths: dict = {}  # tid -> nesting depth, only set inside the SDPA wrapper (a TLS getattr costs ~0.7 us)
+    events: deque = deque()
+    events_lock = threading.Lock()
+    state = {"device_unset": True, "nonfinite_set": False}
+
+    def name_of(func) -> bytes:
+        b = str(func).encode()[:63]
+        names[id(func)] = b
+        keep.append(func)
+        return b
+
+    def is_internal(code) -> bool:
+        fn = code.co_filename
+        v = fn.startswith(internal_dirs) or fn.startswith("<frozen runpy") or fn.startswith("<frozen importlib")
+        internal[id(code)] = v
+        keep.append(code)  # ids stay valid: the code object cannot be freed and its id reused
+        return v
+
+    def call_site() -> bytes:
+        """Innermost frame outside torch and the recorder; cached per (code, line): no inspect.stack()."""
+        f = getframe(2)
+        while f is not None:
+            c = f.f_code
+            v = internal.get(id(c))
+            if v is None:
+                v = is_internal(c)
+            if not v:
+                break
+            f = f.f_back
+        if f is None:
+            return b""
+        return sites.get((id(c), f.f_lineno)) or site_text(c, f.f_lineno)
+
+    def site_text(c, line: int) -> bytes:
+        fn = c.co_filename
+        parts = fn.split(os.sep)
+        short = os.sep.join(parts[-2:]) if len(parts) > 2 else fn
+        s = f"{short}:{line} in {c.co_name}".encode()[-135:]
+        sites[(id(c), line)] = s
+        return s
+
+    def thread_name(tid: int) -> bytes:
+        t = threading._active.get(tid)
+        name = t.name if t is not None else "native"  # autograd engine workers are not Python threads
+        b = name.encode()[:31]
+        threads[tid] = b
+        return b
+
+    def tensor_text(t, key) -> str:
+        s = "T|%s|%s|%s|%s" % (str(t.dtype).replace("torch.", ""), ",".join(map(str, t.shape)),
+                               ",".join(map(str, t.stride())), t.device)
+        tensors[key] = s
+        return s
+
+    def other_text(a) -> str:
+        try:
+            key = (type(a), a)
+            s = reprs.get(key)
+        except TypeError:  # unhashable (a list of ints): not cached
+            key, s = None, None
+        if s is None:
+            s = repr(a)[:32].replace(";", ",").replace("|", "/")
+            if key is not None and len(reprs) < 4096:
+                reprs[key] = s
+        return s
+
+    def args_text(args) -> bytes:
+        """Compact text per arg; per-signature strings cached (the hot cost is reading shape/stride)."""
+        parts = []
+        for a in args:
+            ta = a.__class__
+            if ta is Tensor or (ta not in simple and isinstance(a, Tensor)):
+                k = (a.dtype, a.shape, a.stride(), a.device)
+                parts.append(tensors.get(k) or tensor_text(a, k))
+            elif (ta is list or ta is tuple) and a and isinstance(a[0], Tensor):
+                parts.append(f"L{len(a)}")
+                for x in a[:4]:
+                    if isinstance(x, Tensor):
+                        k = (x.dtype, x.shape, x.stride(), x.device)
+                        parts.append(tensors.get(k) or tensor_text(x, k))
+            else:
+                parts.append(other_text(a))
+        return ";".join(parts).encode()[:191]
+
+    def set_device(args) -> None:
+        for a in args:
+            if isinstance(a, Tensor):
+                dev = a.device.type.encode()[:31]
+                mm[_OFF_DEVICE:_OFF_DEVICE + 32] = dev.ljust(32, b"\0")
+                state["device_unset"] = False
+                return
+
+    def compute_stats(out, off: int, seq: int) -> None:
+        """min/max/mean and NaN/+Inf/-Inf counts of floating outputs. Only NaN or +Inf flag an op: -Inf is
+        how attention masks are written (scalar_tensor(-inf), where(mask, 0, -inf)), not a fault."""
+        ts = [out] if isinstance(out, Tensor) else [x for x in out if isinstance(x, Tensor)] \
+            if isinstance(out, (list, tuple)) else []
+        mn, mx, tot, cnt, nan, inf, ninf = float("inf"), float("-inf"), 0.0, 0, 0, 0, 0
+        seen = False
+        for t in ts:
+            if not (t.is_floating_point() and t.numel() and t.device.type != "meta"):
+                continue
+            x = t.detach()
+            n_nan = int(torch.isnan(x).sum())
+            n_inf = int((x == float("inf")).sum())
+            n_ninf = int((x == float("-inf")).sum())
+            xf = x.float()
+            lo, hi = torch.aminmax(xf)
+            mn, mx = min(mn, float(lo)), max(mx, float(hi))
+            tot += float(xf.sum()); cnt += x.numel()
+            nan += n_nan; inf += n_inf; ninf += n_ninf
+            seen = True
+        if not seen:
+            return
+        bad = bool(nan or inf)
+        _STATS.pack_into(mm, off + _OFF_STATS, mn, mx, tot / cnt if cnt else 0.0, nan, inf, ninf)
+        pack_b(mm, off + _OFF_FLAGS, F_STATS | (F_NONFINITE if bad else 0))
+        if bad and not state["nonfinite_set"]:
+            state["nonfinite_set"] = True
+            pack_q(mm, _OFF_NONFINITE, seq)
+
+    def begin(name: bytes, args, kind: int, site: bytes) -> tuple[int, int]:
+        seq = next(seq_counter)
+        tid = get_ident()
+        tn = threads.get(tid) or thread_name(tid)
+        depth = depths.get(tid, 0)
+        off = slots + (seq % cap) * SLOT_SIZE
+        pack_slot(mm, off, -1, now(), 0.0, tid, 0 if gpu_mode and cuda.is_initialized() else -1, kind, 0, depth,
+                  name, tn, site, args_text(args))
+        pack_q(mm, off, seq)                 # commit marker last
+        pack_Q(mm, _OFF_STARTED, seq + 1)
+        return seq, off
+
+    def end(seq: int, off: int, raised: bool) -> None:
+        pack_d(mm, off + _OFF_TEND, now())
+        if raised:
+            pack_b(mm, off + _OFF_FLAGS, F_RAISED)
+        pack_Q(mm, _OFF_COMPLETED, next(done_counter))
+
+    class _Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # hot path: keep it flat (no helper calls beyond what is needed)
+            seq = next(seq_counter)
+            name = names.get(id(func)) or name_of(func)
+            tid = get_ident()
+            tn = threads.get(tid) or thread_name(tid)
+            off = slots + (seq % cap) * SLOT_SIZE
+            # call site, inlined (a call costs ~0.1 us): innermost frame outside torch and the recorder
+            f = getframe(1)
+            while f is not None:
+                c = f.f_code
+                v = internal.get(id(c))
+                if v is None:
+                    v = is_internal(c)
+                if not v:
+                    break
+                f = f.f_back
+            site = (sites.get((id(c), f.f_lineno)) or site_text(c, f.f_lineno)) if f is not None else b""
+            pack_slot(mm, off, -1, now(), 0.0, tid, 0 if gpu_mode and cuda.is_initialized() else -1, 0, 0,
+                      depths.get(tid, 0), name, tn, site, args_text(args))
+            pack_q(mm, off, seq)             # commit marker last: a reader skips a half-written slot
+            pack_Q(mm, _OFF_STARTED, seq + 1)
+            if state["device_unset"]:
+                set_device(args)
+            try:
+                out = func(*args, **(kwargs or {}))
+            except BaseException:
+                pack_d(mm, off + _OFF_TEND, now())
+                pack_b(mm, off + _OFF_FLAGS, F_RAISED)
+                pack_Q(mm, _OFF_COMPLETED, next(done_counter))
+                raise
+            if sync_mode:
+                if cuda.is_initialized():
+                    cuda.synchronize()
+            elif gpu_mode:
+                if cuda.is_initialized():
+                    ev = cuda.Event()
+                    ev.record()
+                    events.append((seq, off, ev))
+            elif stats_mode:
+                if not name.startswith(_UNINITIALIZED):  # empty() holds garbage: NaNs there are not a fault
+                    compute_stats(out, off, seq)
+            pack_d(mm, off + _OFF_TEND, now())
+            pack_Q(mm, _OFF_COMPLETED, next(done_counter))
+            return out
+
+        def sdpa_wrapper(self, orig):
+            def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                             scale=None, enable_gqa=False):
+                """Recorder's wrapper: records the composite SDPA call around what the dispatcher runs."""
+                kw = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
+                if enable_gqa:
+                    kw["enable_gqa"] = enable_gqa
+                site = call_site()
+                seq, off = begin(b"aten.scaled_dot_product_attention.default", (query, key, value, attn_mask),
+                                 1, site)
+                math = False
+                try:
+                    math = int(torch._fused_sdp_choice(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                       is_causal=is_causal, scale=scale,
+                                                       enable_gqa=enable_gqa)) == 0
+                except Exception:  # noqa: BLE001 - the choice is informative only
+                    pass
+                tid = get_ident()
+                d0 = depths.get(tid, 0)
+                depths[tid] = d0 + 1
+                inner = None
+                raised = True
+                try:
+                    if math:
+                        inner = begin(b"aten._scaled_dot_product_attention_math.default",
+                                      (query, key, value, attn_mask), 1, site)
+                        depths[tid] = d0 + 2
+                    out = orig(query, key, value, **kw)
+                    raised = False
+                finally:
+                    if d0:
+                        depths[tid] = d0
+                    else:
+                        depths.pop(tid, None)
+                    if inner is not None:
+                        end(*inner, raised)
+                    end(seq, off, raised)
+                return out
+            scaled_dot_product_attention.__wrapped__ = orig
+            return scaled_dot_product_attention
+
+        def drain_events(self, wait: bool) -> None:
+            """Mark GPU-complete ops in seq order; `wait` only at uninstall (never on the hot path)."""
+            with events_lock:
+                while events:
+                    seq, off, ev = events[0]
+                    if wait:
+                        try:
+                            ev.synchronize()
+                        except RuntimeError:
+                            return
+                    elif not ev.query():
+                        return
+                    events.popleft()
+                    pack_b(mm, off + _OFF_GPUDONE, 1)
+                    pack_q(mm, _OFF_GPU, seq)
+
+    return _Mode()
+
+
+# ---------------------------------------------------------------------------------------------- analysis
+
+def first_nonfinite(snapshot: Snapshot) -> OpRecord | None:
+    """The first op whose floating outputs held NaN/Inf (stats mode), or None."""
+    if snapshot.first_nonfinite is not None:
+        rec = snapshot.by_seq(snapshot.first_nonfinite)
+        if rec is not None:
+            return rec
+    for r in snapshot.records:
+        if r.stats and r.stats.get("nonfinite"):
+            return r
+    return None
+
+
+def _args_brief(args: list) -> str:
+    parts = []
+    for a in args:
+        if "shape" in a:
+            parts.append(f"{a['dtype']}{a['shape']}" + ("" if a["contiguous"] else "nc"))
+        else:
+            parts.append(str(a.get("value", a.get("truncated", ""))))
+    return ", ".join(parts)
+
+
+def to_frame(snapshot: Snapshot):
+    """One row per record (pandas), times relative to the log's creation."""
+    import pandas as pd
+
+    rows = []
+    t0 = snapshot.t0
+    for r in snapshot.records:
+        tensors = [a for a in r.args if "shape" in a]
+        rows.append({
+            "seq": r.seq, "name": r.name, "kind": r.kind, "depth": r.depth, "thread": r.thread,
+            "call_site": r.call_site, "start_ms": (r.t_start - t0) * 1e3,
+            "dur_us": (r.t_end - r.t_start) * 1e6 if r.t_end is not None else float("nan"),
+            "in_flight": r.t_end is None, "raised": r.raised, "gpu_done": r.gpu_done,
+            "args": _args_brief(r.args), "device": tensors[0]["device"] if tensors else "",
+            "dtype": tensors[0]["dtype"] if tensors else "",
+            "min": r.stats["min"] if r.stats else None, "max": r.stats["max"] if r.stats else None,
+            "mean": r.stats["mean"] if r.stats else None, "nan": r.stats["nan"] if r.stats else None,
+            "inf": r.stats["inf"] if r.stats else None,
+            "neginf": r.stats["neginf"] if r.stats else None,
+        })
+    cols = ["seq", "name", "kind", "depth", "thread", "call_site", "start_ms", "dur_us", "in_flight", "raised",
+            "gpu_done", "args", "device", "dtype", "min", "max", "mean", "nan", "inf", "neginf"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def summary(frame):
+    """Per op type: count, total and mean host time (composites excluded: they contain other rows)."""
+    import pandas as pd
+
+    ops = frame[frame["kind"] == "op"]
+    if ops.empty:
+        return pd.DataFrame(columns=["name", "count", "total_ms", "mean_us", "share"])
+    g = ops.groupby("name")["dur_us"].agg(["count", "sum", "mean"]).reset_index()
+    g = g.rename(columns={"sum": "total_ms", "mean": "mean_us"})
+    g["total_ms"] = g["total_ms"] / 1e3
+    total = g["total_ms"].sum()
+    g["share"] = g["total_ms"] / total if total else 0.0
+    return g.sort_values("total_ms", ascending=False).reset_index(drop=True)
+
+
+def memory_frame(snapshot: Snapshot):
+    import pandas as pd
+
+    return pd.DataFrame([{"t_s": m.t - snapshot.t0, "seq": m.seq, "allocated_mb": m.allocated / 2**20,
+                          "reserved_mb": None if m.reserved is None else m.reserved / 2**20}
+                         for m in snapshot.memory], columns=["t_s", "seq", "allocated_mb", "reserved_mb"])
+
+
+def to_chrome_trace(snapshot: Snapshot, path: str | os.PathLike) -> Path:
+    """Chrome-trace JSON (Perfetto / chrome://tracing): one row per thread, memory as a counter track."""
+    import json
+
+    t0 = snapshot.t0
+    end = max([r.t_end or r.t_start for r in snapshot.records] + [t0])
+    ev: list[dict[str, Any]] = []
+    tids: dict[str, int] = {}
+    for r in snapshot.records:
+        tid = tids.setdefault(r.thread, len(tids) + 1)
+        t1 = r.t_end if r.t_end is not None else end
+        ev.append({"name": r.name, "cat": r.kind, "ph": "X", "pid": snapshot.pid, "tid": tid,
+                   "ts": (r.t_start - t0) * 1e6, "dur": max(0.0, (t1 - r.t_start) * 1e6),
+                   "args": {"seq": r.seq, "args": _args_brief(r.args), "call_site": r.call_site,
+                            "in_flight": r.t_end is None, "gpu_done": r.gpu_done, "stats": r.stats}})
+    for name, tid in tids.items():
+        ev.append({"name": "thread_name", "ph": "M", "pid": snapshot.pid, "tid": tid, "args": {"name": name}})
+    label = "cuda allocated MB" if snapshot.device == "cuda" else "memory MB"
+    for m in snapshot.memory:
+        ev.append({"name": label, "ph": "C", "pid": snapshot.pid, "ts": (m.t - t0) * 1e6,
+                   "args": {"allocated": m.allocated / 2**20}})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"traceEvents": ev, "displayTimeUnit": "ms",
+                                "otherData": {"mode": snapshot.mode, "device": snapshot.device,
+                                              "dropped": snapshot.dropped}}))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- child runs
+
+from gpulab.trace._run import (Recording, bootstrap_command, modes_for, overhead,  # noqa: E402
+                               plot_memory, plot_summary, plot_timeline, record)
+
+__all__ = [
+    "MODES", "Progress", "OpRecord", "MemSample", "Snapshot", "Recording", "Recorder", "create", "progress",
+    "read", "parse_args", "first_nonfinite", "to_frame", "summary", "memory_frame", "to_chrome_trace", "record",
+    "bootstrap_command", "overhead", "modes_for", "plot_timeline", "plot_summary", "plot_memory",
+]

@@ -1,0 +1,85 @@
+"""Run a Python program under the recorder, exactly as `python` would run it.
+
+  python -m gpulab.trace --log LOG [--mode ops|sync|gpu|stats] [--faulthandler FILE] [--fault SPEC]
+                         [--capacity N] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
+
+Order matters (the watchdog relies on it): the log exists (header written) before torch is imported, so a
+hang while loading libraries is seen as phase `startup`; a planted fault's dispatch mode is pushed before
+the recorder, so the recorder (outermost) writes the op's record before the fault blocks inside it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if "--" not in argv:
+        raise SystemExit("usage: python -m gpulab.trace --log LOG [--mode MODE] [--faulthandler FILE] "
+                         "[--fault SPEC] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])\n"
+                         "error: missing '--' before the target program")
+    i = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m gpulab.trace")
+    p.add_argument("--log", required=True)
+    p.add_argument("--mode", default="ops", choices=["ops", "sync", "gpu", "stats"])
+    p.add_argument("--faulthandler", default=None)
+    p.add_argument("--fault", default=None)
+    p.add_argument("--capacity", type=int, default=None)
+    ns = p.parse_args(argv[:i])
+    target = argv[i + 1:]
+    if not target or (target[0] == "-m" and len(target) < 2):
+        p.error("no target after '--': give SCRIPT.py [ARGS...] or -m MODULE [ARGS...]")
+    return ns, target
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns, target = _parse(sys.argv[1:] if argv is None else argv)
+    from gpulab import trace  # no torch yet
+
+    kw = {"capacity": ns.capacity} if ns.capacity else {}
+    trace.create(ns.log, ns.mode, **kw)
+    fh = None
+    if ns.faulthandler:
+        import faulthandler
+        import signal
+
+        fh = open(ns.faulthandler, "w")
+        faulthandler.enable(file=fh)
+        faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
+    if ns.fault:
+        import gpulab.faults
+
+        gpulab.faults.plant(ns.fault)
+    rec = trace.Recorder(ns.log, ns.mode, create_log=False)
+    rec.install()
+    code = 0
+    try:
+        if target[0] == "-m":
+            sys.argv = [target[1], *target[2:]]  # run_module(alter_sys=True) puts the module's path in argv[0]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        else:
+            script = target[0]
+            sys.argv = list(target)
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        c = exc.code
+        code = 0 if c is None else c if isinstance(c, int) else 1
+        if not isinstance(c, (int, type(None))):
+            print(c, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as python does: traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        rec.close()
+        if fh is not None:
+            fh.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

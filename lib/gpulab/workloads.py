@@ -1,0 +1,387 @@
+"""The built-in workload (a small diffusion-transformer with joint text+image attention and LoRA), and
+user workloads (`module:callable`, `script:path args`), so every notebook runs the same thing.
+
+Why a ladder of rungs: a failure that shows in a bare attention call (`sdpa`) is a kernel problem; one that
+needs `forward`, `step` (backward + AdamW) or many `steps` (memory growth) points elsewhere.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+RUNGS = ("sdpa", "forward", "step", "steps")
+SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+_INT_KEYS = ("batch", "heads", "head_dim", "text_tokens", "image_tokens", "layers", "lora_rank", "steps", "seed")
+_BACKEND_ENUM = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "cudnn": "CUDNN_ATTENTION"}
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    workload: str = "builtin"   # builtin | module:callable | script:path/to/train.py [args]
+    rung: str = "forward"
+    sdpa_backend: str = "auto"
+    dtype: str = "auto"
+    batch: int = 2
+    heads: int = 4
+    head_dim: int = 32
+    text_tokens: int = 16
+    image_tokens: int = 64
+    layers: int = 2
+    lora_rank: int = 8
+    steps: int = 10
+    device: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key, choices in (("rung", RUNGS), ("sdpa_backend", SDPA_BACKENDS), ("dtype", DTYPES)):
+            if getattr(self, key) not in choices:
+                raise ValueError(f"{key}={getattr(self, key)!r} is not valid; choose one of {', '.join(choices)}")
+        if str(self.device).split(":", 1)[0] not in DEVICES:
+            raise ValueError(f"device={self.device!r} is not valid; choose one of {', '.join(DEVICES)} (or cuda:N)")
+        for key in _INT_KEYS:
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or (v < 1 and key not in ("seed", "lora_rank")) or v < 0:
+                raise ValueError(f"{key}={v!r} is not valid; it must be a positive integer")
+        kind = self.kind
+        if kind == "module" and not _split_callable(self.workload[len("module:"):] if self.workload.startswith(
+                "module:") else self.workload):
+            raise ValueError(f"workload={self.workload!r} is not valid; use module:callable (e.g. mypkg.train:main)")
+        if kind == "script" and not shlex.split(self.workload[len("script:"):]):
+            raise ValueError(f"workload={self.workload!r} is not valid; use script:path/to/train.py [args]")
+
+    @property
+    def kind(self) -> str:
+        w = self.workload.strip()
+        if w == "builtin":
+            return "builtin"
+        if w.startswith("script:"):
+            return "script"
+        if w.startswith("module:") or (":" in w and " " not in w):
+            return "module"
+        raise ValueError(f"workload={self.workload!r} is not valid; choose one of builtin, module:callable, "
+                         f"script:path/to/train.py [args]")
+
+    @classmethod
+    def from_params(cls, **kw: Any) -> "WorkloadConfig":
+        """Build from notebook parameters; keys that are not workload keys are ignored (notebooks pass more)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in kw.items() if k in names})
+
+    def resolved_dtype(self, device: str) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    rung: str
+    device: str
+    dtype: str
+    sdpa_backend: str           # as asked
+    sdpa_backend_used: str      # what torch._fused_sdp_choice picks for this input under the asked backend
+    losses: tuple[float, ...]
+    memory: tuple[dict, ...]    # per step: CUDA allocated/reserved/peak bytes, or CPU rss bytes
+    seconds: float
+    trainable_params: int = 0
+    total_params: int = 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _split_callable(spec: str) -> tuple[str, str] | None:
+    mod, _, fn = spec.partition(":")
+    return (mod, fn) if mod and fn else None
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+def _build(cfg: WorkloadConfig, device: str, dtype):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    dim = cfg.heads * cfg.head_dim
+
+    class LoRALinear(nn.Module):
+        """Frozen base weight plus a trainable low-rank update (B starts at zero, as in LoRA)."""
+
+        def __init__(self, d_in: int, d_out: int, rank: int):
+            super().__init__()
+            self.base = nn.Linear(d_in, d_out)
+            self.rank = rank
+            if rank:
+                self.lora_a = nn.Parameter(torch.randn(rank, d_in) / math.sqrt(d_in))
+                self.lora_b = nn.Parameter(torch.zeros(d_out, rank))
+
+        def forward(self, x):
+            y = self.base(x)
+            if self.rank:
+                y = y + F.linear(F.linear(x, self.lora_a), self.lora_b)
+            return y
+
+    def rope(x, cos, sin):
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mod = nn.Linear(dim, 6 * dim)   # adaLN: shift/scale/gate for attention and MLP
+            self.norm1 = nn.LayerNorm(dim, elementwise_affine=False)
+            self.norm2 = nn.LayerNorm(dim, elementwise_affine=False)
+            self.q, self.k, self.v, self.o = (LoRALinear(dim, dim, cfg.lora_rank) for _ in range(4))
+            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim))
+
+        def forward(self, x, c, cos, sin, mask):
+            s1, sc1, g1, s2, sc2, g2 = self.mod(F.silu(c)).unsqueeze(1).chunk(6, dim=-1)
+            h = self.norm1(x) * (1 + sc1) + s1
+            b, n, _ = h.shape
+            q, k, v = (p(h).view(b, n, cfg.heads, cfg.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            x = x + g1 * self.o(a.transpose(1, 2).reshape(b, n, dim))
+            return x + g2 * self.mlp(self.norm2(x) * (1 + sc2) + s2)
+
+    class DiT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Linear(16, dim)
+            self.text = nn.Linear(dim, dim)
+            self.t_mlp = nn.Sequential(nn.Linear(64, dim), nn.SiLU(), nn.Linear(dim, dim))
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg.layers))
+            self.head = nn.Linear(dim, 16)
+
+        def forward(self, latents, text, t, cos, sin, mask):
+            freqs = torch.exp(-math.log(10000) * torch.arange(32, device=t.device, dtype=torch.float32) / 32)
+            temb = torch.cat([torch.sin(t[:, None] * freqs), torch.cos(t[:, None] * freqs)], -1).to(latents.dtype)
+            c = self.t_mlp(temb)
+            x = torch.cat([self.text(text), self.patch(latents)], dim=1)
+            for blk in self.blocks:
+                x = blk(x, c, cos, sin, mask)
+            return self.head(x[:, cfg.text_tokens:])
+
+    torch.manual_seed(cfg.seed)
+    model = DiT().to(device=device, dtype=dtype)
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return model
+
+
+def _inputs(cfg: WorkloadConfig, device: str, dtype):
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)
+    n = cfg.text_tokens + cfg.image_tokens
+    dim = cfg.heads * cfg.head_dim
+    latents = torch.randn(cfg.batch, cfg.image_tokens, 16, generator=g).to(device, dtype)
+    noise = torch.randn(cfg.batch, cfg.image_tokens, 16, generator=g).to(device, dtype)
+    text = torch.randn(cfg.batch, cfg.text_tokens, dim, generator=g).to(device, dtype)
+    t = torch.rand(cfg.batch, generator=g).to(device)
+    # rotary tables over the joint sequence (text first, then image)
+    half = cfg.head_dim // 2
+    inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
+    ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None]
+    cos, sin = ang.cos().to(device, dtype), ang.sin().to(device, dtype)
+    # key padding mask: the last quarter of each sample's text tokens are padding (never attended to)
+    valid = torch.ones(cfg.batch, n, dtype=torch.bool)
+    pad = cfg.text_tokens // 4
+    if pad:
+        valid[:, cfg.text_tokens - pad:cfg.text_tokens] = False
+    mask = valid[:, None, None, :].expand(cfg.batch, 1, n, n).contiguous().to(device)
+    return latents, noise, text, t, cos, sin, mask
+
+
+def _memory(device: str) -> dict:
+    import torch
+
+    if device.startswith("cuda"):
+        return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+                "peak": torch.cuda.max_memory_allocated()}
+    import psutil
+
+    return {"rss": psutil.Process().memory_info().rss}
+
+
+def _backend_ctx(cfg: WorkloadConfig):
+    import contextlib
+
+    if cfg.sdpa_backend == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, _BACKEND_ENUM[cfg.sdpa_backend]))
+
+
+def _backend_used(cfg: WorkloadConfig, q, mask) -> str:
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    with _backend_ctx(cfg):
+        try:
+            code = int(torch._fused_sdp_choice(q, q, q, mask, 0.0, False))
+        except RuntimeError:
+            return "none"
+    names = {int(v): k for k, v in SDPBackend.__members__.items()}
+    return {"MATH": "math", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
+            "CUDNN_ATTENTION": "cudnn"}.get(names.get(code, ""), names.get(code, str(code)).lower())
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A built model and inputs, so one rung can be re-run (overhead timing) without rebuilding."""
+    cfg: WorkloadConfig
+    device: str
+    dtype: str
+    fn: Callable[[], list]
+    backend_used: str
+    trainable: int
+    total: int
+    state: dict = field(default_factory=dict, repr=False)
+
+
+def prepare(cfg: WorkloadConfig) -> Prepared:
+    """Build the built-in model; `fn()` runs the configured rung once and returns per-step loss/memory."""
+    import torch
+
+    from gpulab import device as _device
+
+    if cfg.kind != "builtin":
+        raise ValueError(f"prepare() needs workload='builtin', got {cfg.workload!r}; use run() or command()")
+    dev = _device.resolve(cfg.device)
+    dtype_name = cfg.resolved_dtype(dev)
+    dtype = getattr(torch, dtype_name)
+    latents, noise, text, t, cos, sin, mask = _inputs(cfg, dev, dtype)
+    n = cfg.text_tokens + cfg.image_tokens
+    q = torch.randn(cfg.batch, cfg.heads, n, cfg.head_dim, generator=torch.Generator().manual_seed(cfg.seed + 2))
+    q = q.to(dev, dtype)
+    used = _backend_used(cfg, q, mask)
+    if cfg.rung == "sdpa":
+        import torch.nn.functional as F
+
+        def fn():
+            with _backend_ctx(cfg):
+                out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            return [(float(out.float().square().mean()), _memory(dev))]
+        return Prepared(cfg, dev, dtype_name, fn, used, 0, 0)
+
+    model = _build(cfg, dev, dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    trainable = sum(p.numel() for p in params)
+    total = sum(p.numel() for p in model.parameters())
+
+    def loss_fn():
+        pred = model(latents + noise, text, t, cos, sin, mask)
+        return torch.nn.functional.mse_loss(pred.float(), noise.float())
+
+    def fn():
+        out = []
+        with _backend_ctx(cfg):
+            if cfg.rung == "forward":
+                out.append((float(loss_fn().detach()), _memory(dev)))
+            else:
+                for _ in range(cfg.steps if cfg.rung == "steps" else 1):
+                    opt.zero_grad(set_to_none=True)
+                    loss = loss_fn()
+                    loss.backward()
+                    opt.step()
+                    out.append((float(loss.detach()), _memory(dev)))
+        return out
+    return Prepared(cfg, dev, dtype_name, fn, used, trainable, total, {"model": model, "optimizer": opt})
+
+
+def run(cfg: WorkloadConfig) -> WorkloadResult:
+    """Run in this process. User workloads: `module:callable` is called with no arguments (its return
+    value is ignored unless it is a WorkloadResult); `script:` runs the script as __main__ with its args."""
+    t0 = time.perf_counter()
+    if cfg.kind == "builtin":
+        prep = prepare(cfg)
+        if prep.device.startswith("cuda"):
+            import torch
+            torch.cuda.reset_peak_memory_stats()
+        steps = prep.fn()
+        if prep.device.startswith("cuda"):
+            import torch
+            torch.cuda.synchronize()
+        return WorkloadResult(cfg.rung, prep.device, prep.dtype, cfg.sdpa_backend, prep.backend_used,
+                              tuple(s[0] for s in steps), tuple(s[1] for s in steps), time.perf_counter() - t0,
+                              prep.trainable, prep.total)
+    if cfg.kind == "module":
+        mod, fn = _split_callable(cfg.workload.removeprefix("module:"))
+        res = getattr(importlib.import_module(mod), fn)()
+        if isinstance(res, WorkloadResult):
+            return res
+    else:
+        import runpy
+
+        argv = shlex.split(cfg.workload[len("script:"):])
+        saved = sys.argv
+        sys.argv = argv
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+        finally:
+            sys.argv = saved
+    return WorkloadResult(cfg.rung, str(cfg.device), cfg.dtype, cfg.sdpa_backend, "unknown", (), (),
+                          time.perf_counter() - t0)
+
+
+def cli_args(cfg: WorkloadConfig) -> list[str]:
+    """The `python -m gpulab.workloads` flags that reproduce cfg."""
+    out = ["--workload", cfg.workload]
+    for f in dataclasses.fields(cfg):
+        if f.name != "workload":
+            out += [f"--{f.name.replace('_', '-')}", str(getattr(cfg, f.name))]
+    return out
+
+
+def command(cfg: WorkloadConfig) -> list[str]:
+    """argv (sys.executable first) that runs the configured workload as a child process."""
+    if cfg.kind == "script":
+        return [sys.executable, *shlex.split(cfg.workload[len("script:"):])]
+    return [sys.executable, "-m", "gpulab.workloads", *cli_args(cfg)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpulab.workloads", description=__doc__.splitlines()[0])
+    defaults = WorkloadConfig()
+    p.add_argument("--workload", default=defaults.workload)
+    for f in dataclasses.fields(WorkloadConfig):
+        if f.name == "workload":
+            continue
+        choices = {"rung": RUNGS, "sdpa_backend": SDPA_BACKENDS, "dtype": DTYPES}.get(f.name)
+        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=getattr(defaults, f.name),
+                       type=int if f.name in _INT_KEYS else str, choices=choices)
+    p.add_argument("--json", default=None, help="write the WorkloadResult here")
+    ns = vars(p.parse_args(argv))
+    out = ns.pop("json")
+    try:
+        cfg = WorkloadConfig(**ns)
+    except ValueError as exc:
+        p.error(str(exc))
+    res = run(cfg)
+    line = (f"{res.rung} on {res.device} ({res.dtype}, sdpa {res.sdpa_backend_used}): "
+            f"{len(res.losses)} step(s), loss {res.losses[-1] if res.losses else float('nan'):.5f}, "
+            f"{res.seconds:.3f} s")
+    print(line, file=sys.stderr)
+    if out:
+        from gpulab.report import write_json
+        write_json(out, res.to_dict())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
