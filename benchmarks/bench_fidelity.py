@@ -1,0 +1,205 @@
+"""Fidelity of gpulab.bench.measure against the reference timers (README figure).
+
+On CUDA: triton.testing.do_bench (CUDA events, 256 MB L2 flush) on bf16 matmuls of 1024/4096/8192 and every
+SDPA backend on the built-in workload's attention shape and on the ANCHORS shape. On the CPU:
+torch.utils.benchmark.Timer.adaptive_autorange on small matmuls and the CPU SDPA backends.
+For each kernel and method: the median, the relative difference of the medians, the 95% CI width of the
+median (BCa bootstrap on each method's own samples), the number of samples and the total wall time.
+The goal: medians within 3%, gpulab's CI at least as tight, for no more total time.
+
+    python benchmarks/bench_fidelity.py --out DIR [--reps 3] [--device auto|cpu|cuda] [--threads N]
+
+Writes DIR/fidelity.json and DIR/fidelity.csv after every kernel (a failure loses nothing measured) and
+prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpulab import bench, champion
+
+GOAL_REL = 0.03
+
+
+def kernels(device: str) -> dict[str, callable]:
+    """name -> zero-argument callable (inputs allocated once, outside the timing)."""
+    out = {}
+    cuda = device.startswith("cuda")
+    dt = torch.bfloat16 if cuda else torch.float32
+    for n in ((1024, 4096, 8192) if cuda else (128, 512)):
+        a = torch.randn(n, n, device=device, dtype=dt)
+        b = torch.randn(n, n, device=device, dtype=dt)
+        out[f"mm{n}_{str(dt).split('.')[-1]}"] = (lambda a=a, b=b: torch.mm(a, b))
+    shapes = {"workload": (2, 4, 80, 32)}  # the built-in workload's default attention (16 text + 64 image tokens)
+    shapes["anchor" if cuda else "cpu512"] = (4, 16, 4096, 128) if cuda else (1, 4, 512, 64)
+    for label, (B, H, S, D) in shapes.items():
+        q, k, v = (torch.randn(B, H, S, D, device=device, dtype=dt) for _ in range(3))
+        for name, (fn, _, _) in champion.builtin_candidates(device).items():
+            if label == "anchor" and name == "math":
+                continue  # 26 ms a call and 4 GB of scores: do_bench's 100 ms window holds 4 samples
+            try:
+                fn(q, k, v)
+                if cuda:
+                    torch.cuda.synchronize()
+            except Exception as exc:  # backend refuses this shape/dtype: say so, keep going
+                print(f"skip sdpa_{name}@{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}",
+                      file=sys.stderr)
+                continue
+            out[f"sdpa_{name}@{label}"] = (lambda fn=fn, q=q, k=k, v=v: fn(q, k, v))
+    return out
+
+
+def ref_cuda(fn) -> tuple[list[float], float]:
+    import triton.testing
+
+    t0 = time.perf_counter()
+    try:
+        samples = triton.testing.do_bench(fn, return_mode="all")
+    except Exception:  # older triton: no return_mode="all"; only the median is available
+        samples = [float(triton.testing.do_bench(fn, return_mode="median"))]
+    return [float(s) for s in samples], time.perf_counter() - t0
+
+
+def ref_cpu(fn) -> tuple[list[float], float]:
+    from torch.utils.benchmark import Timer
+
+    t0 = time.perf_counter()
+    m = Timer(stmt="fn()", globals={"fn": fn}).adaptive_autorange(threshold=0.1)
+    return [t * 1e3 for t in m.times], time.perf_counter() - t0  # per-call means of each block, in ms
+
+
+def one(name: str, fn, device: str, reps: int) -> list[dict]:
+    rows = []
+    cuda = device.startswith("cuda")
+    ref_name = "triton.do_bench" if cuda else "Timer.adaptive_autorange"
+    with torch.no_grad():
+        for rep in range(reps):
+            t0 = time.perf_counter()
+            m = bench.measure(fn, name=name, device=device)
+            ours_s = time.perf_counter() - t0
+            samples, ref_s = (ref_cuda if cuda else ref_cpu)(fn)
+            t1 = time.perf_counter()
+            (lo, hi), method = bench.median_ci(samples) if len(samples) >= 3 else ((float("nan"),) * 2, "none")
+            ref_ci_s = time.perf_counter() - t1
+            ref_med = float(np.median(samples))
+            rows.append({
+                "kernel": name, "rep": rep, "reference": ref_name,
+                "gpulab_median_ms": m.median_ms, "ref_median_ms": ref_med,
+                "rel_diff": m.median_ms / ref_med - 1 if ref_med else float("nan"),
+                "gpulab_ci_rel": m.rel_ci, "ref_ci_rel": (hi - lo) / ref_med if ref_med else float("nan"),
+                "gpulab_n": m.n, "ref_n": len(samples), "gpulab_stopped": m.stopped,
+                "gpulab_total_s": ours_s, "gpulab_timed_s": m.timed_s, "ref_total_s": ref_s,
+                "ref_ci_compute_s": ref_ci_s, "gpulab_throttled": m.n_throttled,
+                "clock_mhz_min": float(np.nanmin(m.clocks_mhz)) if m.clocks_mhz else None,
+                "clock_mhz_max": float(np.nanmax(m.clocks_mhz)) if m.clocks_mhz else None,
+                "ref_ci_method": method, "gpulab_ci_method": m.ci_method})
+            # the same budget as the reference spent: is our CI as tight for no more time?
+            budget = max(ref_s, 0.02)
+            t0 = time.perf_counter()
+            mt = bench.measure(fn, name=name, device=device, max_time_s=budget, min_time_s=budget / 2,
+                               warmup_s=min(0.025, budget / 4))
+            rows[-1].update(matched_median_ms=mt.median_ms, matched_ci_rel=mt.rel_ci, matched_n=mt.n,
+                            matched_total_s=time.perf_counter() - t0,
+                            matched_rel_diff=mt.median_ms / ref_med - 1 if ref_med else float("nan"))
+            if cuda and m.median_ms < 0.05:  # microsecond kernel: also time a CUDA graph of 20 calls
+                t0 = time.perf_counter()
+                g = bench.measure(fn, name=name, device=device, graph_calls=20)
+                rows[-1].update(graph_median_ms=g.median_ms, graph_ci_rel=g.rel_ci, graph_total_s=time.perf_counter() - t0)
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    for k in dict.fromkeys(r["kernel"] for r in rows if "gpulab_median_ms" in r):
+        rs = [r for r in rows if r["kernel"] == k and "gpulab_median_ms" in r]
+        med = lambda key: float(np.median([r[key] for r in rs]))  # noqa: E731
+        rel = med("rel_diff")
+        out.append({"kernel": k, "gpulab_ms": med("gpulab_median_ms"), "ref_ms": med("ref_median_ms"), "rel_diff": rel,
+                    "within_3pct": abs(rel) <= GOAL_REL, "gpulab_ci_rel": med("gpulab_ci_rel"),
+                    "ref_ci_rel": med("ref_ci_rel"), "ci_as_tight": med("gpulab_ci_rel") <= med("ref_ci_rel"),
+                    "gpulab_s": med("gpulab_total_s"), "ref_s": med("ref_total_s"),
+                    "no_more_time": med("gpulab_total_s") <= med("ref_total_s") + med("ref_ci_compute_s"),
+                    "matched_rel_diff": med("matched_rel_diff"), "matched_ci_rel": med("matched_ci_rel"),
+                    "matched_s": med("matched_total_s"),
+                    "matched_ci_as_tight": med("matched_ci_rel") <= med("ref_ci_rel"),
+                    "reps": len(rs)})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads (0: torch's default); 1 avoids scheduler stalls on a busy CPU")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": dev, "device_name": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "config": bench.BenchConfig().__dict__}
+    try:
+        import triton
+        meta["triton"] = triton.__version__
+    except Exception:
+        meta["triton"] = None
+    rows, errors = [], {}
+
+    def save():
+        summary = summarize(rows)
+        (out / "fidelity.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows,
+                                                       "errors": errors}, indent=1, default=str))
+        if rows:
+            keys = list(dict.fromkeys(k for r in rows for k in r))
+            with open(out / "fidelity.csv", "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=keys)
+                w.writeheader()
+                w.writerows(rows)
+        return summary
+
+    try:
+        ks = kernels(dev)
+    except Exception as exc:
+        errors["setup"] = traceback.format_exc()
+        ks = {}
+        print(f"setup failed: {exc}", file=sys.stderr)
+    for name, fn in ks.items():
+        print(f"[fidelity] {name}", file=sys.stderr, flush=True)
+        try:
+            rows += one(name, fn, dev, args.reps)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            print(f"  failed: {errors[name]}", file=sys.stderr)
+        save()
+    summary = save()
+    ref = "do_bench" if dev == "cuda" else "autorange"
+    print(f"\nfidelity on {meta['device_name']} (torch {meta['torch']}, triton {meta['triton']}); "
+          f"median of {args.reps} reps; goal |diff| <= 3%, CI as tight, no more time")
+    print(f"{'kernel':<26}{'gpulab ms':>11}{ref + ' ms':>14}{'diff':>8}{'CI% ours':>10}{'CI% ref':>9}"
+          f"{'s ours':>8}{'s ref':>7}{'same-time diff':>16}{'CI%':>7}  ok")
+    for s in summary:
+        ok = "".join("Y" if s[k] else "n" for k in ("within_3pct", "ci_as_tight", "no_more_time", "matched_ci_as_tight"))
+        print(f"{s['kernel']:<26}{s['gpulab_ms']:>11.4f}{s['ref_ms']:>14.4f}{100 * s['rel_diff']:>7.1f}%"
+              f"{100 * s['gpulab_ci_rel']:>10.2f}{100 * s['ref_ci_rel']:>9.2f}{s['gpulab_s']:>8.2f}{s['ref_s']:>7.2f}"
+              f"{100 * s['matched_rel_diff']:>15.1f}%{100 * s['matched_ci_rel']:>7.2f}  {ok}")
+    for k, e in errors.items():
+        print(f"ERROR {k}: {e.splitlines()[-1] if e else ''}")
+    print(f"(ok = within 3% / CI as tight / no more time / CI as tight on the reference's time budget)"
+          f"  -> {out / 'fidelity.json'}")
+    return 0 if summary and not errors else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

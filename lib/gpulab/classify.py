@@ -1,0 +1,303 @@
+"""Evidence -> failure class, citing the facts used. Pure: no processes, no files, no torch.
+
+Classes (DESIGN.md): gemm, softmax, layout, sync, library_load, host_lock, collective, unknown.
+The rules go from the most specific observation to the least: frames that only appear in one situation
+(NCCL waits, the dynamic loader running a constructor, a host thread parked on a mutex) beat the op's name,
+and the op's name and layouts beat generic hints. Every rule that fires says, in words, what it saw.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from gpulab.capture import Thread, parse_native, parse_python
+
+CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown")
+STATUSES = ("ok", "hang", "crash", "error", "timeout")
+PHASES = ("startup", "ops")
+
+_GEMM = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm", "addmv", "mv",
+         "dot", "vdot", "einsum", "tensordot", "_addmm_activation", "_grouped_mm", "_scaled_grouped_mm"}
+_SOFTMAX_WORDS = ("softmax", "attention", "attn", "logsumexp", "sdpa")
+_LAYOUT = {"copy_", "clone", "contiguous", "_to_copy", "as_strided", "as_strided_", "as_strided_scatter", "cat",
+           "stack", "_copy_from", "_copy_from_and_resize", "transpose_copy", "permute_copy", "t_copy"}
+_SYNC_OPS = {"_local_scalar_dense", "item", "synchronize", "nonzero", "masked_select", "unique", "_unique2",
+             "is_nonzero", "equal", "allclose"}
+_COLLECTIVE_WORDS = ("c10d", "nccl", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
+                     "broadcast_", "barrier", "all_to_all", "alltoall", "_functional_collectives", "gloo")
+_DL_FRAMES = ("_dl_init", "call_init", "dl_open_worker", "_dl_open", "dlopen", "_dl_catch_exception",
+              "_dl_map_object", "_dl_relocate_object")
+_LOCK_FRAMES = ("pthread_mutex_lock", "__lll_lock_wait", "lll_mutex_lock", "pthread_cond_wait", "pthread_cond_timedwait",
+                "__pthread_cond_wait", "sem_wait", "pthread_rwlock_rdlock", "pthread_rwlock_wrlock",
+                "std::mutex::lock", "std::condition_variable::wait", "pthread_join", "take_gil")
+_SYNC_FRAMES = ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cudaDeviceSynchronize",
+                "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cuMemcpyDtoH", "cuMemcpy",
+                "hipDeviceSynchronize", "hipStreamSynchronize", "hipMemcpy", "hsa_signal_wait", "hsaKmtWaitOnEvent",
+                "c10::cuda::device_synchronize", "c10_cuda_check_implementation", "_local_scalar_dense_cuda",
+                "cudaStreamSynchronize", "synchronize (torch/cuda")
+_GEMM_FRAMES = ("cublas", "gemm", "cutlass", "cublasLt", "rocblas", "hipblas", "mkl_blas", "sgemm", "dgemm")
+_COLLECTIVE_FRAMES = ("ncclKernel", "ProcessGroupNCCL", "ncclComm", "c10d::", "gloo::", "ProcessGroupGloo",
+                      "rccl", "WorkNCCL")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the watchdog saw, as plain data (a fixture can be written by hand)."""
+    status: str
+    phase: str = "ops"
+    in_flight_op: Mapping[str, Any] | None = None
+    host_blocked_in: Mapping[str, Any] | None = None
+    native: tuple[Thread, ...] = ()
+    python: tuple[Thread, ...] = ()
+    gpu_text: str = ""
+    signal: str | None = None
+    exit_code: int | None = None
+    stderr_tail: str = ""
+    open_ops: tuple[Mapping[str, Any], ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Evidence":
+        """A fixture/verdict dict -> Evidence; stacks may be raw tool text (py-spy, gdb, faulthandler)."""
+        stacks = d.get("stacks") or {}
+        native = stacks.get("native") or ""
+        python = stacks.get("python") or ""
+        return cls(status=d["status"], phase=d.get("phase", "ops"), in_flight_op=d.get("in_flight_op"),
+                   host_blocked_in=d.get("host_blocked_in"),
+                   native=parse_native(native, d.get("pid")) if isinstance(native, str) else tuple(native),
+                   python=parse_python(python) if isinstance(python, str) else tuple(python),
+                   gpu_text=stacks.get("gpu") or "", signal=d.get("signal"), exit_code=d.get("exit_code"),
+                   stderr_tail=d.get("stderr_tail") or "", open_ops=tuple(d.get("open_ops") or ()))
+
+
+@dataclass(frozen=True)
+class Classification:
+    cls: str
+    facts: tuple[str, ...]
+
+
+# ------------------------------------------------------------------------------------ small helpers
+
+def op_base(name: str | None) -> str:
+    """'aten.bmm.default' -> 'bmm'; 'mylib::flash_attn' -> 'flash_attn'; 'torch.cuda.synchronize' -> 'synchronize'."""
+    if not name:
+        return ""
+    parts = str(name).replace("::", ".").split(".")
+    if parts[0] == "torch" or len(parts) == 1:
+        return parts[-1]
+    return parts[1]
+
+
+def op_kind(name: str | None) -> str | None:
+    """gemm | softmax | layout | sync | collective for an op name, or None."""
+    base = op_base(name)
+    low = str(name or "").lower()
+    if not base:
+        return None
+    if any(w in low for w in _COLLECTIVE_WORDS):
+        return "collective"
+    if base in _GEMM:
+        return "gemm"
+    if any(w in base.lower() for w in _SOFTMAX_WORDS):
+        return "softmax"
+    if base in _SYNC_OPS:
+        return "sync"
+    if base in _LAYOUT:
+        return "layout"
+    return None
+
+
+def describe_op(op: Mapping[str, Any] | None) -> str:
+    if not op:
+        return "none"
+    shapes = op.get("shapes")
+    txt = str(op.get("name"))
+    if shapes:
+        txt += " shapes " + " x ".join(str(list(s)) for s in shapes)
+    if op.get("strides"):
+        txt += " strides " + " x ".join(str(list(s)) for s in op["strides"])
+    if op.get("device"):
+        txt += f" on {op['device']}"
+    if op.get("call_site"):
+        txt += f" at {op['call_site']}"
+    return txt
+
+
+def layout_problems(op: Mapping[str, Any]) -> list[str]:
+    """Trailing 2-D blocks that are neither row- nor column-major, or broadcast (stride 0)."""
+    out = []
+    for i, (shape, stride) in enumerate(zip(op.get("shapes") or (), op.get("strides") or ())):
+        if shape is None or stride is None or len(shape) < 2 or len(stride) < 2:
+            continue
+        if 0 in shape:
+            continue
+        s1, s0 = stride[-1], stride[-2]
+        if (s1 == 1 and s0 >= max(1, shape[-1])) or (s0 == 1 and s1 >= max(1, shape[-2])):
+            continue
+        if shape[-1] == 1 or shape[-2] == 1:
+            continue
+        out.append(f"arg {i} shape {list(shape)} has strides {list(stride)}: neither row- nor column-major")
+    return out
+
+
+def transposed_args(op: Mapping[str, Any]) -> list[int]:
+    res = []
+    for i, (shape, stride) in enumerate(zip(op.get("shapes") or (), op.get("strides") or ())):
+        if shape and stride and len(shape) >= 2 and stride[-2] == 1 and stride[-1] != 1 and shape[-2] > 1:
+            res.append(i)
+    return res
+
+
+def noncontiguous_args(op: Mapping[str, Any]) -> list[int]:
+    return [i for i, c in enumerate(op.get("contiguous") or ()) if c is False]
+
+
+def _hits(frames: Iterable[str], marks: Sequence[str]) -> list[str]:
+    found = []
+    for f in frames:
+        if any(m in f for m in marks) and f not in found:
+            found.append(f)
+    return found
+
+
+def main_thread(threads: Sequence[Thread]) -> Thread | None:
+    for t in threads:
+        if t.main:
+            return t
+    return threads[0] if threads else None
+
+
+def _is_gpu_frame(frame: str) -> bool:
+    return any(m in frame for m in ("libcuda", "libcudart", "libamdhip", "libhsa", "libnccl", "librccl")) or \
+        frame.startswith(("cu", "cuda", "hip", "hsa", "nccl"))
+
+
+def host_phase(recorded: bool, ops_started: int, native: Sequence[Thread], python: Sequence[Thread]) -> str:
+    """startup before the first recorded op; without an op log, from the stacks (loader or import frames)."""
+    if recorded:
+        return "startup" if ops_started == 0 else "ops"
+    frames = [f for t in native for f in t.frames]
+    if _hits(frames, _DL_FRAMES) or _hits(frames, ("cuInit", "cuDevicePrimaryCtxRetain", "hipInit")):
+        return "startup"
+    main = main_thread(python) or main_thread(native)
+    if main and any("_find_and_load" in f or "importlib" in f for f in main.frames):
+        return "startup"
+    return "ops"
+
+
+# ------------------------------------------------------------------------------------ the classifier
+
+def classify(ev: Evidence) -> Classification:
+    """The failure class and the facts it rests on. Never reads `planted`: a drill is judged like a bug."""
+    if ev.status not in STATUSES:
+        raise ValueError(f"evidence status {ev.status!r} is not valid; choose one of {', '.join(STATUSES)}")
+    facts: list[str] = []
+    op = ev.in_flight_op
+    main_n = main_thread(ev.native)
+    all_native = [f for t in ev.native for f in t.frames]
+    facts.append(f"status {ev.status}, phase {ev.phase}")
+    if ev.signal:
+        facts.append(f"the process was killed by {ev.signal}")
+    if op:
+        facts.append(f"in-flight op: {describe_op(op)}")
+    if ev.host_blocked_in:
+        facts.append(f"host thread blocked in {ev.host_blocked_in.get('name')} (a sync waiting behind the "
+                     f"in-flight op's GPU work, which never completed)")
+
+    # 1. collectives: the op or NCCL/gloo frames
+    coll = _hits(all_native, _COLLECTIVE_FRAMES)
+    if (op and op_kind(op.get("name")) == "collective") or coll:
+        if coll:
+            facts.append("native frames in a collective library: " + ", ".join(coll[:4]))
+        return Classification("collective", tuple(facts))
+
+    # 2. the dynamic loader running a library's initializer
+    for t in ev.native:
+        dl = _hits(t.frames, _DL_FRAMES)
+        if dl:
+            ctor = [f for f in t.frames[: t.frames.index(dl[0])] if not f.startswith("0x")][-3:]
+            facts.append(f"thread {t.name or t.tid}{' (main)' if t.main else ''} is inside the dynamic loader: "
+                         + ", ".join(dl[:5]))
+            if ctor:
+                facts.append("frames above the loader (the library initializer): " + ", ".join(ctor))
+            if ev.phase == "startup":
+                facts.append("no op had started yet: the hang is in loading, not in computing")
+            return Classification("library_load", tuple(facts))
+    if ev.phase == "startup" and not ev.native:
+        py_main = main_thread(ev.python)
+        if py_main and any("ctypes" in f and "__init__" in f for f in py_main.frames):
+            facts.append("main Python thread is in ctypes.CDLL(...) (a shared library load); no native stacks")
+            return Classification("library_load", tuple(facts))
+
+    # 3. a host thread parked on a lock (not inside the GPU driver)
+    if main_n is not None:
+        top = main_n.frames[:12]
+        locks = _hits(top, _LOCK_FRAMES)
+        gpu = [f for f in top if _is_gpu_frame(f)]
+        if locks and not gpu:
+            kind = "the GIL" if any("take_gil" in f for f in locks) else "a lock"
+            facts.append(f"main thread waits on {kind} in native code: " + ", ".join(locks[:3]) +
+                         " (no GPU driver frame above it)")
+            waiting_gil = [t for t in ev.native if not t.main and _hits(t.frames[:6], ("take_gil",))]
+            if waiting_gil:
+                facts.append(f"{len(waiting_gil)} other thread(s) wait for the GIL (it is held by the blocked thread)")
+            if op:
+                facts.append(f"the lock is taken inside {op.get('name')} (the op never returned)")
+            return Classification("host_lock", tuple(facts))
+
+    # 4. the in-flight op's own kind and layouts
+    kind = op_kind(op.get("name")) if op else None
+    if op:
+        bad = layout_problems(op)
+        if bad and kind in ("gemm", None, "layout"):
+            facts.extend(bad)
+            return Classification("layout", tuple(facts))
+        nc = noncontiguous_args(op)
+        if kind is None and nc:
+            facts.append(f"{op.get('name')} received non-contiguous input(s) {nc} (strides "
+                         f"{[list(op['strides'][i]) for i in nc if i < len(op.get('strides') or ())]})")
+            return Classification("layout", tuple(facts))
+        if kind == "gemm":
+            tr = transposed_args(op)
+            facts.append(f"{op.get('name')} is a matrix multiply (cuBLAS/BLAS GEMM)" +
+                         (f"; arg(s) {tr} are transposed (column-major), which GEMM handles natively" if tr else ""))
+            g = _hits(all_native, _GEMM_FRAMES)
+            if g:
+                facts.append("native GEMM frames: " + ", ".join(g[:3]))
+            return Classification("gemm", tuple(facts))
+        if kind == "softmax":
+            facts.append(f"{op.get('name')} computes a softmax reduction (attention or softmax kernel)")
+            return Classification("softmax", tuple(facts))
+        if kind == "layout":
+            facts.append(f"{op.get('name')} is a copy/layout op" +
+                         (f" with non-contiguous input(s) {nc}" if nc else ""))
+            return Classification("layout", tuple(facts))
+
+    # 5. the host waits on the device
+    sync_frames = _hits(main_n.frames[:20], _SYNC_FRAMES) if main_n else []
+    gpu_frames = [f for f in (main_n.frames[:12] if main_n else ()) if _is_gpu_frame(f)]
+    if kind == "sync" or ev.host_blocked_in or sync_frames or (ev.status == "hang" and gpu_frames):
+        if sync_frames:
+            facts.append("main thread native frames wait on the device: " + ", ".join(sync_frames[:3]))
+        elif gpu_frames:
+            facts.append("main thread is inside the GPU driver: " + ", ".join(gpu_frames[:3]))
+        if kind == "sync" and not ev.host_blocked_in:
+            facts.append(f"{op.get('name')} makes the host wait for the device; the GPU work it waits on is not "
+                         f"localized (run with trace mode 'gpu' to name it)")
+        return Classification("sync", tuple(facts))
+
+    # 6. generic native hints
+    g = _hits(main_n.frames[:15] if main_n else (), _GEMM_FRAMES)
+    if g:
+        facts.append("main thread native frames are in GEMM code: " + ", ".join(g[:3]))
+        return Classification("gemm", tuple(facts))
+    s = _hits(main_n.frames[:15] if main_n else (), ("softmax", "attention", "flash"))
+    if s:
+        facts.append("main thread native frames are in softmax/attention code: " + ", ".join(s[:3]))
+        return Classification("softmax", tuple(facts))
+    if "memory access fault" in ev.stderr_tail.lower() or "page fault" in ev.stderr_tail.lower():
+        facts.append("the driver reported a GPU memory access (page) fault on stderr")
+    if not ev.native:
+        facts.append("no native stacks were captured")
+    facts.append("no rule matched the evidence")
+    return Classification("unknown", tuple(facts))

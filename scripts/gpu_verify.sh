@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs the GPU verification steps on a lent GPU machine (no network; wheels from
+# ../shared/device/wheelhouse.sh carried in .whl). Every step is bounded; logs and products go to
+# /tmp/gpuv/<step>/ and are packed into $OUT/gpuv-<steps>.tgz so that nothing is lost to a failure.
+#   bash scripts/gpu_verify.sh env trace watch oracle      |   bash scripts/gpu_verify.sh fidelity sdpa chain pytest
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -d .whl ] && ! python3 -c 'import papermill' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD/lib PATH=/tmp/site/bin:$PATH JUPYTER_PATH=/tmp/site/share/jupyter PYTHONUNBUFFERED=1
+RES=/tmp/gpuv; mkdir -p $RES
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.draw --format=csv > $RES/nvidia-smi.csv 2>&1
+python3 -c 'import torch,sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name())' > $RES/versions.txt 2>&1
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2; shift 2; mkdir -p $RES/$name
+  local t0=$(date +%s)
+  timeout -k 10 $limit "$@" > $RES/$name/log.txt 2>&1; local rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - t0 ))s" | tee -a $RES/steps.txt
+  tail -25 $RES/$name/log.txt | sed "s/^/  [$name] /"
+}
+for s in "$@"; do case $s in
+  env)      step env 150 python3 benchmarks/gpu_env.py --out $RES/env ;;
+  trace)    step trace 200 python3 benchmarks/bench_trace_overhead.py --out $RES/trace ;;
+  watch)    step watch 300 python3 benchmarks/gpu_watch.py --out $RES/watch ;;
+  ttv)      step ttv 150 python3 benchmarks/bench_time_to_verdict.py --out $RES/ttv --stalls 2 --repeats 2 --tools py-spy ;;
+  oracle)   step oracle 200 python3 benchmarks/bench_oracle.py --out $RES/oracle ;;
+  fidelity) step fidelity 240 python3 benchmarks/bench_fidelity.py --out $RES/fidelity ;;
+  sdpa)     step sdpa 150 python3 benchmarks/bench_sdpa_table.py --out $RES/sdpa ;;
+  chain)    step chain 420 python3 -m gpulab run --out $RES/chain/outputs --notebook-timeout 300 ;;
+  smoke)    step smoke 300 python3 -m gpulab run --params params/smoke.yaml --out $RES/smoke/outputs ;;
+  pytest)   step pytest 240 python3 -m pytest -q -m gpu -p no:cacheprovider ;;
+  *) echo "unknown step $s" ;;
+esac; done
+ps -eo pid,ppid,etime,cmd | grep -E "gpulab|python" | grep -v grep > $RES/leftover_processes.txt
+# Only the small text products come back (a reply carries 16 MiB per file).
+(cd $RES && find . -type f -size -3M \( -name '*.json' -o -name '*.csv' -o -name '*.txt' -o -name '*.yaml' \
+   -o -name '*.log' \) -print0 | tar czf "${OUT:-/tmp}/gpuv-$(IFS=-; echo "$*").tgz" --null -T -)
+cat $RES/steps.txt

@@ -1,0 +1,94 @@
+"""Classification is a pure function of evidence: every class, the seeds' four scenarios, real captures."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpulab import capture, classify
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "evidence").glob("*.json"))
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_fixture_class_and_cited_facts(path):
+    fx = _load(path)
+    result = classify.classify(classify.Evidence.from_dict(fx["evidence"]))
+    assert result.cls == fx["expect"], (fx["doc"], result.facts)
+    for needle in fx["facts_contain"]:
+        assert any(needle in fact for fact in result.facts), (needle, result.facts)
+
+
+def test_every_class_has_a_fixture():
+    covered = {_load(p)["expect"] for p in FIXTURES}
+    assert covered == set(classify.CLASSES)
+
+
+def test_seed_scenarios_present():
+    names = {p.stem for p in FIXTURES}
+    for seed in ("seed_cublas_stream_gpu_mode", "seed_softmax_reduction", "seed_layout_strided_bmm",
+                 "seed_driver_page_fault_hang"):
+        assert seed in names
+
+
+def test_same_hang_gpu_mode_names_gemm_ops_mode_only_sync():
+    """The sync line lies: with GPU progress the GEMM is named; without it only the sync is seen."""
+    gpu = classify.classify(classify.Evidence.from_dict(_load(FIXTURES[0].parent / "seed_cublas_stream_gpu_mode.json")["evidence"]))
+    ops = classify.classify(classify.Evidence.from_dict(_load(FIXTURES[0].parent / "seed_cublas_stream_ops_mode.json")["evidence"]))
+    assert (gpu.cls, ops.cls) == ("gemm", "sync")
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("aten.mm.default", "gemm"), ("aten.bmm.default", "gemm"), ("aten.addmm.default", "gemm"),
+    ("aten._softmax.default", "softmax"), ("aten._scaled_dot_product_efficient_attention.default", "softmax"),
+    ("mylib.flash_attn.default", "softmax"), ("aten.copy_.default", "layout"), ("aten.clone.default", "layout"),
+    ("aten._local_scalar_dense.default", "sync"), ("torch.cuda.synchronize", "sync"),
+    ("_c10d_functional.all_reduce.default", "collective"), ("aten.relu.default", None), (None, None),
+])
+def test_op_kind(name, kind):
+    assert classify.op_kind(name) == kind
+
+
+@pytest.mark.parametrize("shape,stride,bad", [
+    ([64, 32], [32, 1], False), ([64, 32], [1, 64], False), ([2, 64, 64], [8192, 128, 2], True),
+    ([64, 32], [0, 1], True), ([64, 1], [1, 1], False), ([4, 64, 32], [2048, 32, 1], False),
+])
+def test_layout_problems(shape, stride, bad):
+    assert bool(classify.layout_problems({"shapes": [shape], "strides": [stride]})) is bad
+
+
+def test_bad_status_is_named():
+    with pytest.raises(ValueError, match="status 'stuck'.*hang"):
+        classify.classify(classify.Evidence(status="stuck"))
+
+
+@pytest.mark.parametrize("recorded,started,frames,phase", [
+    (True, 0, (), "startup"), (True, 5, (), "ops"),
+    (False, 0, ("pthread_mutex_lock (libc.so.6)", "_dl_init (ld.so)", "dlopen (libc.so.6)"), "startup"),
+    (False, 0, ("pthread_mutex_lock (libc.so.6)", "ffi_call (libffi.so)"), "ops"),
+])
+def test_host_phase(recorded, started, frames, phase):
+    threads = (capture.Thread("1", "MainThread", frames, True),)
+    assert classify.host_phase(recorded, started, threads, ()) == phase
+
+
+def test_parsers_pyspy_gdb_faulthandler():
+    spy = 'Thread 11 (idle): "MainThread"\n    pthread_mutex_lock (libc.so.6)\n    <module> (x.py:3)\n'
+    gdb = ('Thread 2 (Thread 0x7f (LWP 12) "w"):\n#0  0x1 in poll () from /lib/libc.so.6\n'
+           'Thread 1 (Thread 0x7e (LWP 11) "python"):\n#0  ___pthread_mutex_lock (m=0x1) at x.c:3\n'
+           '#1  0x00007f in ?? () from /lib/libcuda.so.1\n')
+    fh = ('Thread 0x00007f01 (most recent call first):\n  File "/a.py", line 3 in worker\n\n'
+          'Current thread 0x00007f00 (most recent call first):\n  File "/b.py", line 9 in main\n')
+    (t,) = capture.parse_native(spy, 11)
+    assert t.main and t.functions == ("pthread_mutex_lock", "<module>")
+    th = capture.parse_native(gdb, 11)
+    assert [x.tid for x in th] == ["12", "11"] and th[1].main and th[1].functions[0] == "___pthread_mutex_lock"
+    assert th[1].frames[1] == "?? (libcuda.so.1)"
+    py = capture.parse_python(fh)
+    assert [x.functions for x in py] == [("worker",), ("main",)] and py[1].main
+    assert capture.collapse(py)[1].endswith(": main")

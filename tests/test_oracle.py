@@ -1,0 +1,299 @@
+"""The attention oracle: the rule on synthetic tensors, planted bugs caught and named, correct kernels pass."""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from gpulab import candidates, oracle
+
+CORRECT = ["sdpa", "sdpa_math", "sdpa_flash", "decomposed", "tiled", "upcast_fp32"]
+PLANTED = candidates.planted()
+
+
+# ------------------------------------------------------------------------------------------ the rule
+
+def _gold_and_base(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gold = torch.randn(n, generator=g, dtype=torch.float64)
+    base = gold + 1e-3 * torch.randn(n, generator=g, dtype=torch.float64)
+    return gold, base
+
+
+@pytest.mark.parametrize("factor,passed", [(0.0, True), (1.0, True), (1.9, True), (2.5, False), (10.0, False)])
+def test_rule_ratio_threshold(factor, passed):
+    gold, base = _gold_and_base()
+    e_base = float((base - gold).abs().max())
+    out = gold.clone()
+    out[7] += factor * e_base
+    r = oracle.rule(out, gold, [base], torch.float32)
+    assert r.passed is passed
+    assert r.ratio == pytest.approx(factor, rel=1e-6)
+    assert r.ref_error == pytest.approx(e_base)
+
+
+def test_rule_takes_the_largest_baseline_error():
+    gold, base = _gold_and_base()
+    worse = gold + 3 * (base - gold)
+    r = oracle.rule(base, gold, [base, worse], torch.float32)
+    assert r.ref_error == pytest.approx(float((worse - gold).abs().max())) and r.passed
+
+
+@pytest.mark.parametrize("dtype,ulp", [(torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)])
+def test_rule_atol_is_rounding_at_gold_plus_0p3(dtype, ulp):
+    gold = torch.linspace(0.0, 1.0, 1001, dtype=torch.float64)  # gold + 0.3 <= 1.3: rounding step <= ulp
+    r = oracle.rule(gold, gold, [gold], dtype)
+    assert 0 < r.atol <= 2 * ulp
+    out = gold + 0.9 * r.atol  # zero baseline error: only the atol term allows this
+    assert oracle.rule(out, gold, [gold], dtype).passed
+    assert not oracle.rule(gold + 1.1 * r.atol, gold, [gold], dtype).passed
+
+
+def test_rule_nonfinite_where_gold_finite_fails_and_where_gold_nan_is_excluded():
+    gold, base = _gold_and_base()
+    out = base.clone()
+    out[3] = float("nan")
+    out[9] = float("inf")
+    r = oracle.rule(out, gold, [base], torch.float32)
+    assert not r.passed and r.nonfinite == 2
+    gold2 = gold.clone()
+    gold2[3] = float("nan")
+    gold2[9] = float("nan")
+    r2 = oracle.rule(out, gold2, [base], torch.float32)
+    assert r2.passed and r2.nonfinite == 0 and r2.excluded == 2
+
+
+def test_fully_masked_rows_are_excluded_from_gold():
+    q, k, v = (torch.randn(1, 1, 4, 8, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    mask[..., 2, :] = False
+    gold = oracle.reference(q, k, v, mask)["out"]
+    assert torch.isnan(gold[..., 2, :]).all() and torch.isfinite(gold[..., [0, 1, 3], :]).all()
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # NaN (or 0) in row 2
+    r = oracle.rule(out, gold, [gold], torch.float32)
+    assert r.passed and r.excluded == 8
+
+
+# ------------------------------------------------------------------------------------------ analysis
+
+def test_tile_heatmap_and_findings_on_synthetic_errors():
+    err = np.zeros((2, 3, 97, 8))
+    err[:, 1, 70:, :] = 1.0  # head 1, rows of the last partial 64-tile
+    hm = oracle.tile_heatmap(err, allowed=0.1, tile=64)
+    assert hm.shape == (6, 2)
+    assert hm[1, 1] == pytest.approx(10) and hm[4, 1] == pytest.approx(10) and hm[:, 0].max() == 0
+    codes = {f.code for f in oracle.spatial_findings(err, np.isinf(err), 0.1, 64)}
+    assert {"heads", "last_partial_tile"} <= codes and "scattered" not in codes
+    err2 = np.zeros((1, 2, 10, 4))
+    err2[0, 0, 3, :] = np.inf
+    fs = oracle.spatial_findings(err2, np.isinf(err2), 0.1, 64)
+    assert fs[0].code == "nan_rows" and "1 of 20 rows" in fs[0].text
+
+
+def test_across_cases_names_large_magnitude():
+    cases = oracle.case_set("quick")
+    failed = [c for c in cases if c.dist == "large"]
+    passed = [c for c in cases if c.dist != "large"]
+    codes = [f.code for f in oracle.across_cases(failed, passed, 64)]
+    assert "large_magnitude" in codes
+    assert oracle.across_cases(failed[:1], passed, 64) == []  # one failing case proves nothing
+
+
+def test_worst_elements_orders_by_error():
+    err = np.zeros((1, 1, 4, 2))
+    err[0, 0, 2, 1], err[0, 0, 0, 0] = 5.0, np.inf
+    rows = oracle.worst_elements(err, np.ones_like(err), np.zeros_like(err), 2)
+    assert rows[0]["index"] == (0, 0, 0, 0) and rows[1]["index"] == (0, 0, 2, 1)
+
+
+# ------------------------------------------------------------------------------------------ candidates
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_correct_candidates_pass_quick(name):
+    rep = oracle.check(name, "quick", "cpu", progress=False)
+    assert rep.passed, rep.summary()["reason"]
+    assert rep.worst_ratio <= 2.0
+
+
+def test_fused_cpu_kernel_passes_whole_default_set():
+    """No false alarm on the full default set (the one long test: ~30 s on 2 cores)."""
+    rep = oracle.check("sdpa_flash", "default", "cpu", progress=False)
+    t = rep.table
+    assert len(t) == len(oracle.case_set("default")) >= 100
+    assert rep.passed, t[~t.passed].to_string()
+    assert (t.nonfinite == 0).all() and (t.status == "pass").all()
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_planted_bug_fails_with_its_pattern_named(name):
+    p = PLANTED[name]
+    rep = oracle.check(p.candidate, "quick", "cpu", progress=False)
+    assert not rep.passed, f"{name} ({p.description}) was not caught"
+    assert p.expected in rep.patterns, f"{name}: expected {p.expected}, got {rep.patterns}: {rep.explanation()}"
+    assert all(f.worst and f.heatmap is not None for f in rep.failures)
+    assert 1 <= sum(f.tensors is not None for f in rep.failures) <= 3  # the worst cases keep their tensors
+
+
+def test_no_max_subtraction_gives_nan_rows_only_for_large_inputs():
+    rep = oracle.check(PLANTED["bug_no_max_subtraction"].candidate, "quick", "cpu", progress=False)
+    assert {"nan_rows", "large_magnitude"} <= set(rep.patterns)
+    assert all(r.case.dist == "large" for r in rep.failures)
+    assert all(r.rule.nonfinite > 0 for r in rep.failures)
+
+
+def test_intermediate_failure_is_reported_when_output_is_right():
+    def good(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        return candidates.decomposed(q, k, v, attn_mask, is_causal, scale)
+
+    def bad_p(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        got = candidates.tiled_intermediates(q, k, v, attn_mask, is_causal, scale)
+        got["P"] = got["P"] * 1.01
+        return got
+    good.intermediates = bad_p
+    rep = oracle.check(good, [oracle.Case(64, 64, 32)], "cpu", progress=False)
+    assert not rep.passed and "intermediate" in rep.patterns
+    assert dict(rep.failures[0].intermediates)["P"].passed is False
+    assert dict(rep.failures[0].intermediates)["S"].passed is True
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+CASE = [oracle.Case(16, 16, 8)]
+
+
+def test_wrong_signature_names_the_candidate():
+    def two_args(q, k):
+        return q
+    with pytest.raises(oracle.CandidateError, match="'two_args'.*signature"):
+        oracle.check(two_args, CASE, "cpu", progress=False)
+
+
+@pytest.mark.parametrize("ret,match", [("tuple", "returned tuple"), ("shape", "shape"), ("numpy", "returned ndarray")])
+def test_bad_return_names_candidate_and_case(ret, match):
+    def cand(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        out = candidates.decomposed(q, k, v, attn_mask, is_causal, scale)
+        return {"tuple": (out, None), "shape": out[..., :-1], "numpy": out.numpy()}[ret]
+    with pytest.raises(oracle.CandidateError, match=match) as exc:
+        oracle.check(cand, CASE, "cpu", progress=False)
+    assert "'cand'" in str(exc.value) and CASE[0].name in str(exc.value)
+
+
+def test_candidate_type_error_names_case():
+    def cand(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        return q + "x"
+    with pytest.raises(oracle.CandidateError, match=f"'cand' raised TypeError on case {CASE[0].name}"):
+        oracle.check(cand, CASE, "cpu", progress=False)
+
+
+def test_runtime_error_is_unsupported_and_all_unsupported_does_not_pass():
+    def refuses(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        raise RuntimeError("No available kernel. Aborting execution.")
+    rep = oracle.check(refuses, CASE, "cpu", progress=False)
+    assert not rep.passed and rep.results[0].status == "unsupported"
+    assert "no case supported" in rep.summary()["reason"]
+
+
+@pytest.mark.parametrize("kwargs,match", [({"mask": "lower"}, "mask='lower'.*none, bool, additive"),
+                                          ({"dist": "cauchy"}, "dist='cauchy'"),
+                                          ({"causal": True, "mask": "bool"}, "forbids"),
+                                          ({"heads": 4, "kv_heads": 3}, "kv_heads=3")])
+def test_bad_case_is_rejected(kwargs, match):
+    with pytest.raises(oracle.OracleError, match=match):
+        oracle.Case(8, 8, 8, **kwargs)
+
+
+@pytest.mark.parametrize("call,match", [(lambda: oracle.case_set("huge"), "cases='huge'.*default, quick"),
+                                        (lambda: oracle.resolve_dtypes(["float8"], "cpu"), "float8"),
+                                        (lambda: oracle.check("sdpa_math", CASE, "cpu", tile=0), "tile=0")])
+def test_bad_arguments_name_value_and_choices(call, match):
+    with pytest.raises(oracle.OracleError, match=match):
+        call()
+
+
+def test_dtype_defaults():
+    assert oracle.resolve_dtypes(None, "cpu") == (torch.float32,)
+    assert oracle.resolve_dtypes(None, "cuda") == (torch.bfloat16, torch.float16)
+
+
+# ------------------------------------------------------------------------------------------ products, isolation
+
+def test_save_table_and_worst_tensors(tmp_path):
+    rep = oracle.check(PLANTED["bug_dropped_tail_tile"].candidate, "quick", "cpu", progress=False)
+    paths = rep.save(tmp_path)
+    assert (tmp_path / "bug_dropped_tail_tile_table.csv").exists()
+    npys = [p for p in paths if p.suffix == ".npy"]
+    assert npys and any(p.name == "gold.npy" for p in npys)
+    q = np.load([p for p in npys if p.name == "q.npy"][0])
+    assert q.ndim == 4
+
+
+def test_plots_draw(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    rep = oracle.check(PLANTED["bug_no_max_subtraction"].candidate, "quick", "cpu", progress=False)
+    for ax in (rep.plot_heatmap(), rep.plot_nan_map(), rep.plot_ratios(), rep.plot_p_heatmap()):
+        assert ax.get_title()
+    ok = oracle.check("sdpa_math", "quick", "cpu", progress=False)
+    with pytest.raises(oracle.OracleError, match="no case with a heatmap"):
+        ok.plot_heatmap()
+
+
+def test_isolated_check_passes_and_a_hanging_candidate_is_killed(tmp_path, monkeypatch):
+    rep = oracle.check_isolated("sdpa_math", "quick", "cpu", timeout_s=120)
+    assert rep.passed and len(rep.results) == len(oracle.case_set("quick"))
+    (tmp_path / "hangmod.py").write_text(textwrap.dedent("""
+        import time
+        def attn(q, k, v, attn_mask=None, is_causal=False, scale=None):
+            time.sleep(600)
+    """))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    rep = oracle.check_isolated("hangmod:attn", "quick", "cpu", timeout_s=8)
+    assert not rep.passed and rep.error.startswith("hang")
+
+
+# ------------------------------------------------------------------------------------------ notebook, GPU
+
+def test_notebook_05_writes_gate_metrics_and_tensors(tmp_path, root):
+    """The notebook end to end on quick cases, with one planted bug so the failure views run too."""
+    import papermill
+    out = tmp_path / "out"
+    papermill.execute_notebook(
+        str(root / "notebooks" / "05_oracle.ipynb"), str(tmp_path / "05.ipynb"), kernel_name="python3",
+        cwd=str(root), progress_bar=False, execution_timeout=300,
+        parameters={"out_dir": str(out), "device": "cpu", "oracle_cases": "quick",
+                    "candidates": ["math", "flash", "cudnn", "tiled", "bug_gqa_head_map"]})
+    gate = __import__("json").loads((out / "oracle_gate.json").read_text())
+    assert set(gate) == {"sdpa_math", "sdpa_flash", "tiled", "bug_gqa_head_map"}  # cudnn: skipped on the CPU
+    assert gate["sdpa_math"]["passed"] and not gate["bug_gqa_head_map"]["passed"]
+    assert "heads" in gate["bug_gqa_head_map"]["patterns"]
+    m = __import__("gpulab").report.load_metrics(out)["05_oracle"]
+    assert m["metrics"]["candidates_checked"] == 4 and m["metrics"]["passed"] == 3
+    assert m["metrics"]["failures"] == ["bug_gqa_head_map"] and "1 of 4" in m["headline"]
+    assert (out / "oracle_table.csv").exists() and list((out / "oracle_tensors").rglob("gold.npy"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_every_cuda_backend_passes_quick(dtype):
+    vendor = [n for n, c in candidates.available("cuda").items() if c.kind == "vendor"]
+    reps = oracle.check_many(vendor + ["tiled"], "quick", "cuda", [dtype], progress=False)
+    bad = {n: r.summary()["reason"] for n, r in reps.items() if not r.passed}
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+def test_planted_bugs_caught_on_cuda():
+    reps = oracle.check_many([p.candidate for p in PLANTED.values()], "quick", "cuda", ["bfloat16"], progress=False)
+    for name, p in PLANTED.items():
+        assert not reps[name].passed and p.expected in reps[name].patterns, (name, reps[name].patterns)
+
+
+def test_gpu_fault_message_is_an_error_not_unsupported():
+    def faults(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(oracle.CandidateError, match=f"'faults' faulted on case {CASE[0].name}"):
+        oracle.check(faults, CASE, "cpu", progress=False)
