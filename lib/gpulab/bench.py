@@ -41,6 +41,8 @@ class BenchConfig:
     std_rel: float = 0.005         # ... or std/mean < this
     flush_l2: bool = True          # GPU only: zero a buffer >= 2x L2 (and >= 256 MB) before each timed call
     graph_calls: int = 0           # GPU only: >0 times a CUDA graph of this many calls per sample
+    hold_gpu: bool = True          # GPU only: nvbench's blocking kernel - hold the GPU while the host queues a
+                                   # batch, so a sample is GPU time, not the host's launch overhead
     throttle_frac: float = 0.75    # nvbench: a sample whose SM clock < 75% of the run's max is throttled
     confidence: float = 0.95
     n_resamples: int = 2000
@@ -346,6 +348,7 @@ class _Sampler:
         self.flush_bytes = 0
         self.clock = None
         self.graphs: list[Any] = []
+        self.host_per_iter = 1e-3  # seconds the host takes to queue one timed call; refined every batch
         if self.cuda:
             if cfg.flush_l2:
                 self.flush_bytes = flush_buffer_bytes(device)
@@ -417,7 +420,9 @@ class _Sampler:
             # a batch fills ~1/10 of the minimum time, never runs past the deadline or max_samples
             want = max(cfg.min_time_s / 10, 0.01)
             batch = int(min(want, max(deadline - now, 0.0)) / per_round)
-            batch = max(1, min(batch, cfg.max_samples - n, 1000))
+            # With the GPU held, a batch must fit the launch queue (~1024 entries) or the host blocks
+            # and the device starves again once the spin ends.
+            batch = max(1, min(batch, cfg.max_samples - n, 64 if (self.cuda and cfg.hold_gpu) else 1000))
             tb = time.perf_counter()
             self._batch(series, batch)
             per_round = max((time.perf_counter() - tb) / batch, 1e-7)
@@ -439,6 +444,16 @@ class _Sampler:
             return
         torch = self.torch
         events = []
+        hold = self.cfg.hold_gpu and hasattr(torch.cuda, "_sleep")
+        if hold:
+            # Spin the GPU for about as long as the host needs to queue this batch (estimated from the
+            # last batch, capped at 0.2 s): the timed calls then run back to back on the device, as
+            # nvbench's blocking kernel arranges. Without it a microsecond kernel behind a slow Python
+            # wrapper measures the wrapper, since the start event fires before the kernel is launched.
+            host_s = min(self.host_per_iter * batch * k * 1.25, 0.2)
+            mhz = max((self.clock.read() if self.clock else None) or 0.0, 2000.0)  # err towards a longer hold
+            torch.cuda._sleep(int(host_s * mhz * 1e6))
+        t_host = time.perf_counter()
         for _ in range(batch):
             for i in range(k):
                 if self.cache is not None:
@@ -449,6 +464,7 @@ class _Sampler:
                 self._call(i)
                 end.record()
                 events.append((i, start, end, self.clock.read() if self.clock else None))
+        self.host_per_iter = (time.perf_counter() - t_host) / (batch * k)
         self._sync()
         for i, start, end, clk in events:
             series[i].samples.append(start.elapsed_time(end) * scale)

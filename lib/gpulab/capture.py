@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from gpulab.proc import kill_group
 
 PTRACE_REFUSED = "ptrace refused"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -64,10 +65,7 @@ def run_bounded(argv: list[str], timeout_s: float, env: dict | None = None) -> t
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, _ANSI.sub("", out), _ANSI.sub("", err)  # py-spy colours output in some envs
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc)
         out, err = proc.communicate()
         return None, _ANSI.sub("", out or ""), _ANSI.sub("", err or "") + f"\n[gpulab: {argv[0]} overran {timeout_s:.1f} s and was killed]"
 

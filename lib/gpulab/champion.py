@@ -16,13 +16,13 @@ import importlib
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
+from gpulab.proc import kill_group
 
 GATE_FILE = "oracle_gate.json"
 RESULT_FILE = "benchmark.json"
@@ -511,13 +511,7 @@ def run(spec: Spec, out_dir: str | os.PathLike, timeout_s: float | None = None) 
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.2)
-            proc.wait()
+            kill_group(proc, grace_s=0.2)
     elapsed = time.monotonic() - t0
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     if rc is None:

@@ -16,7 +16,6 @@ import platform
 import queue
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -235,14 +234,8 @@ def _run_bounded(argv: list[str], timeout_s: float, env: dict | None = None) -> 
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
+    from gpulab.proc import kill_group
+    kill_group(proc)
 
 
 def _which(tool: str) -> str | None:

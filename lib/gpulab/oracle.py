@@ -41,7 +41,6 @@ import inspect
 import math
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
+from gpulab.proc import kill_group
 
 MASKS = ("none", "bool", "additive")
 DISTS = ("randn", "rand", "large")
@@ -1014,11 +1014,7 @@ def _isolated(specs: Sequence[str], cases: str, device, dtypes, tile: int, worst
             except subprocess.TimeoutExpired:
                 err = f"hang: no result within {timeout_s:.0f}s (child process group killed)"
             finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
+                kill_group(proc)
         _relay(log_path, seen, final=True)
         log = log_path.read_text(errors="replace")
         if not err and (proc.returncode != 0 or not res.exists()):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from gpulab import index, params, report
+from gpulab.proc import kill_group
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
@@ -122,32 +122,6 @@ def needs(nb_path: Path) -> list[str]:
     return list(meta.get("gpulab", {}).get("needs", []))
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    import psutil
-
-    try:
-        kids = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        kids = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        for k in kids:
-            try:
-                k.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(kids, timeout=3)
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            continue
-        if not alive:
-            return
-
-
 def _cells_done(ipynb: Path) -> tuple[int, int, float]:
     """(cells finished, code cells, seconds inside cells) from papermill's per-cell metadata."""
     try:
@@ -213,7 +187,7 @@ def execute(nb_path: Path, out_ipynb: Path, param_file: Path, cfg: RunConfig, lo
                     pass
                 now = time.monotonic()
                 if now - t0 > cfg.notebook_timeout_s:
-                    _kill_tree(proc)
+                    kill_group(proc, grace_s=3)
                     return "killed", now - t0, (f"killed after {now - t0:.0f} s: the notebook's wall-clock "
                                                 f"limit is {cfg.notebook_timeout_s:.0f} s (--notebook-timeout)")
                 if now >= next_beat:
@@ -221,7 +195,7 @@ def execute(nb_path: Path, out_ipynb: Path, param_file: Path, cfg: RunConfig, lo
                     progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)")
                     next_beat = now + HEARTBEAT_S
         except BaseException:
-            _kill_tree(proc)
+            kill_group(proc, grace_s=3)
             raise
     elapsed = time.monotonic() - t0
     if rc == 0:

@@ -190,37 +190,7 @@ def _tree_cpu(proc_ps) -> float:
     return sum(_main_thread_cpu(p.pid) for p in procs)
 
 
-def kill_group(proc: subprocess.Popen, known: Sequence[int] = ()) -> tuple[int, ...]:
-    """SIGKILL the child's process group and any descendant seen earlier; return pids still alive."""
-    import psutil
-
-    pids = set(known)
-    try:
-        pids.update(p.pid for p in psutil.Process(proc.pid).children(recursive=True))
-    except psutil.Error:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    alive = []
-    for pid in pids | {proc.pid}:
-        try:
-            p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.Error:
-            pass
-    return tuple(sorted(alive))
+from gpulab.proc import kill_group  # noqa: E402  (re-exported: the watchdog's public helper)
 
 
 def _tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:

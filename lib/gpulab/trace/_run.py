@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+from gpulab.proc import kill_group
 
 _LIB = str(Path(__file__).resolve().parents[2])
 
@@ -85,11 +86,7 @@ def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str 
             timed_out = True
             rc = None
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # also reaps anything the child left behind
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            kill_group(proc)  # also reaps anything the child left behind
     return (proc.returncode if rc is None and not timed_out else rc), timed_out, time.perf_counter() - t0
 
 
