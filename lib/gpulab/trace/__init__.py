@@ -264,6 +264,29 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+
+
+def _prefault(mm: mmap.mmap) -> None:
+    """Map every page of the log writable now, once, so that the hot path never takes a page fault.
+
+    The first store to a page of a fresh (sparse) file mapping faults into the kernel (block allocation,
+    page-cache page, page-table entry): ~5 us per 4 KiB page, i.e. ~0.7 us per op spread over the 8 slots
+    of a page, until the ring has wrapped once. Populating costs the log's size in page cache up front
+    (~8 ms per 8 MiB) instead. Kernels without MADV_POPULATE_WRITE: rewrite one byte per page (the log has
+    no other writer yet)."""
+    try:
+        mm.madvise(_MADV_POPULATE_WRITE)
+        return
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        for off in range(0, len(mm), mmap.PAGESIZE):
+            mm[off] = mm[off]
+    except (OSError, ValueError, IndexError):
+        pass  # best effort: faults then happen on the hot path, as before
+
+
 class Recorder:
     """Install with `with Recorder(log, mode):` (or `.install()`); one log per recorder."""
 
@@ -277,6 +300,7 @@ class Recorder:
             create(self.log, mode, capacity, mem_capacity)
         self._fh = open(self.log, "r+b")
         self._mm = mmap.mmap(self._fh.fileno(), 0)
+        _prefault(self._mm)
         _, _, _, self.capacity, self.mem_capacity, *_ = _STATIC.unpack_from(self._mm, 0)
         self._mem_interval = mem_interval_s
         self._mode_obj = None
@@ -313,9 +337,12 @@ class Recorder:
         if self._bg is not None:
             self._bg.join(timeout=2)
         self._mode_obj.drain_events(wait=True)
+        self._mode_obj.forget_frames()
 
     def close(self) -> None:
         self.uninstall()
+        if self._mode_obj is not None:
+            self._mode_obj.release()  # its memoryviews of the mapping (an exported buffer blocks close)
         try:
             self._mm.close()
         except (BufferError, ValueError):
@@ -359,6 +386,33 @@ class Recorder:
             pass  # the mmap was closed under us, or CUDA is gone: memory is best effort
 
 
+def _dispatch_depth(torch, TorchDispatchMode) -> int:
+    """sys._getframe(n) that is the op's caller inside a mode's __torch_dispatch__: torch wraps the method in
+    dynamo-disable wrappers (2 frames on torch 2.13), counted once by dispatching a probe op into a probe
+    mode built the same way; the probe raises before anything runs (no mode below it sees the op)."""
+    class _Found(Exception):
+        pass
+
+    class _Probe(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            f, n = sys._getframe(1), 1
+            while f is not None and f is not caller:
+                f, n = f.f_back, n + 1
+            raise _Found(n if f is not None else 1)
+
+    caller = sys._getframe(0)
+    try:
+        with _Probe():
+            torch.empty(0)
+    except _Found as e:
+        return e.args[0]
+    except Exception:  # noqa: BLE001 - fall back to walking from the wrappers (correct, slower)
+        pass
+    finally:
+        caller = None
+    return 1
+
+
 def _make_mode(rec: Recorder):
     """Build the TorchDispatchMode subclass (torch is imported here, not at module import)."""
     import torch
@@ -388,17 +442,28 @@ def _make_mode(rec: Recorder):
     seq_counter = itertools.count()
     done_counter = itertools.count(1)
     names: dict = {}
-    internal: dict = {}
-    sites: dict = {}
+    # id(code) -> True (torch / the recorder / threading: skipped by the call-site walk) or, for user code,
+    # a dict f_lasti -> call-site bytes (f_lasti is O(1); f_lineno decodes the line table on every read)
+    codes: dict = {}
     keep: list = []
     reprs: dict = {}
     simple = (int, float, bool, type(None), str)
     tensors: dict = {}
+    # whole-argument-list cache: flat key (per tensor: dtype, shape, stride, device; per scalar: type, value)
+    # -> the encoded summary. Building the key is the unavoidable cost (4 attribute reads per tensor); a hit
+    # skips the per-arg lookups, the join and the encode.
+    arg_cache: dict = {}
+    ARG_CACHE_MAX = 1 << 14
+    tensor_cls = frozenset((Tensor, torch.nn.Parameter))
+    # scalars whose text is repr(value) and that are hashable with value equality (floats: nonzero only)
+    scalar_cls = frozenset((int, bool, type(None), str, torch.dtype, torch.device, torch.layout,
+                            torch.memory_format))
     threads: dict = {}
     depths: dict = {}  # tid -> nesting depth, only set inside the SDPA wrapper (a TLS getattr costs ~0.7 us)
     events: deque = deque()
     events_lock = threading.Lock()
-    state = {"device_unset": True, "nonfinite_set": False}
+    state = {"nonfinite_set": False}
+    device_unset = True
 
     def name_of(func) -> bytes:
         b = str(func).encode()[:63]
@@ -406,35 +471,36 @@ def _make_mode(rec: Recorder):
         keep.append(func)
         return b
 
-    def is_internal(code) -> bool:
+    def code_kind(code):
+        """True for internal code, else the per-code dict of call sites (created here)."""
         fn = code.co_filename
         v = fn.startswith(internal_dirs) or fn.startswith("<frozen runpy") or fn.startswith("<frozen importlib")
-        internal[id(code)] = v
+        v = True if v else {}
+        codes[id(code)] = v
         keep.append(code)  # ids stay valid: the code object cannot be freed and its id reused
         return v
 
-    def call_site() -> bytes:
-        """Innermost frame outside torch and the recorder; cached per (code, line): no inspect.stack()."""
-        f = getframe(2)
-        while f is not None:
-            c = f.f_code
-            v = internal.get(id(c))
-            if v is None:
-                v = is_internal(c)
-            if not v:
-                break
-            f = f.f_back
-        if f is None:
-            return b""
-        return sites.get((id(c), f.f_lineno)) or site_text(c, f.f_lineno)
-
-    def site_text(c, line: int) -> bytes:
+    def site_text(f, d: dict) -> bytes:
+        c = f.f_code
+        line = f.f_lineno
         fn = c.co_filename
         parts = fn.split(os.sep)
         short = os.sep.join(parts[-2:]) if len(parts) > 2 else fn
         s = f"{short}:{line} in {c.co_name}".encode()[-135:]
-        sites[(id(c), line)] = s
+        d[f.f_lasti] = s
         return s
+
+    def call_site() -> bytes:
+        """Innermost frame outside torch and the recorder; cached per (code, instruction): no inspect.stack()."""
+        f = getframe(2)
+        while f is not None:
+            d = codes.get(id(f.f_code))
+            if d is None:
+                d = code_kind(f.f_code)
+            if d is not True:
+                return d.get(f.f_lasti) or site_text(f, d)
+            f = f.f_back
+        return b""
 
     def thread_name(tid: int) -> bytes:
         t = threading._active.get(tid)
@@ -457,12 +523,15 @@ def _make_mode(rec: Recorder):
             key, s = None, None
         if s is None:
             s = repr(a)[:32].replace(";", ",").replace("|", "/")
-            if key is not None and len(reprs) < 4096:
+            if key is not None and len(reprs) < 4096 and not (key[0] is float and not a):  # -0.0 == 0.0
                 reprs[key] = s
         return s
 
     def args_text(args) -> bytes:
         """Compact text per arg; per-signature strings cached (the hot cost is reading shape/stride)."""
+        nonlocal device_unset
+        if device_unset:
+            set_device(args)
         parts = []
         for a in args:
             ta = a.__class__
@@ -479,12 +548,42 @@ def _make_mode(rec: Recorder):
                 parts.append(other_text(a))
         return ";".join(parts).encode()[:191]
 
+    def args_bytes(args) -> bytes:
+        """args_text(args), cached per argument signature. The flat key is unambiguous: a tensor adds 4
+        items starting with a dtype instance, a scalar adds 2 starting with a class."""
+        key = ()
+        for a in args:
+            ta = a.__class__
+            if ta in tensor_cls:
+                key += (a.dtype, a.shape, a.stride(), a.device)
+            elif ta in scalar_cls or (ta is float and a):
+                key += (ta, a)
+            elif (ta is list or ta is tuple) and (not a or a[0].__class__ is int):  # int[] (sizes, dims)
+                key += (ta, tuple(a))
+            else:  # floats, lists of tensors, other objects: per-arg path
+                return args_text(args)
+        try:
+            b = arg_cache.get(key)
+        except TypeError:  # an unhashable item (a symbolic int)
+            return args_text(args)
+        if b is None:
+            b = args_miss(args, key)
+        return b
+
+    def args_miss(args, key) -> bytes:
+        b = args_text(args)
+        if len(arg_cache) >= ARG_CACHE_MAX:
+            arg_cache.clear()  # scalars that change every step (lr, bias corrections) must not fill it for good
+        arg_cache[key] = b
+        return b
+
     def set_device(args) -> None:
+        nonlocal device_unset
         for a in args:
             if isinstance(a, Tensor):
                 dev = a.device.type.encode()[:31]
                 mm[_OFF_DEVICE:_OFF_DEVICE + 32] = dev.ljust(32, b"\0")
-                state["device_unset"] = False
+                device_unset = False
                 return
 
     def compute_stats(out, off: int, seq: int) -> None:
@@ -523,7 +622,7 @@ def _make_mode(rec: Recorder):
         depth = depths.get(tid, 0)
         off = slots + (seq % cap) * SLOT_SIZE
         pack_slot(mm, off, -1, now(), 0.0, tid, 0 if gpu_mode and cuda.is_initialized() else -1, kind, 0, depth,
-                  name, tn, site, args_text(args))
+                  name, tn, site, args_bytes(args))
         pack_q(mm, off, seq)                 # commit marker last
         pack_Q(mm, _OFF_STARTED, seq + 1)
         return seq, off
@@ -534,52 +633,110 @@ def _make_mode(rec: Recorder):
             pack_b(mm, off + _OFF_FLAGS, F_RAISED)
         pack_Q(mm, _OFF_COMPLETED, next(done_counter))
 
+    plain = not (sync_mode or gpu_mode or stats_mode)
+    # bound methods and module constants as closure cells: a cell read is cheaper than a global or attribute
+    next_seq, next_done = seq_counter.__next__, done_counter.__next__
+    names_get, codes_get, threads_get, cache_get = names.get, codes.get, threads.get, arg_cache.get
+    Parameter = torch.nn.Parameter
+    # single 8-byte fields are stored through typed memoryviews (an item store costs a third of a pack_into)
+    mv_b = memoryview(mm)
+    mv_q, mv_d = mv_b.cast("q"), mv_b.cast("d")
+    slot_q = slots // 8                       # slot i's seq field is mv_q[slot_q + 64 * i]; t_end 2 items on
+    slot_items = SLOT_SIZE // 8
+    i_started, i_completed = _OFF_STARTED // 8, _OFF_COMPLETED // 8
+    i_tend = _OFF_TEND // 8
+    off_flags = _OFF_FLAGS
+    skip = _dispatch_depth(torch, TorchDispatchMode)
+    # (frame the op was called from, innermost user frame above it, that code's site dict): ops called from
+    # the same live activation (every backward op: autograd's engine is called from one frame) skip the
+    # walk. Holding the frames is what makes `is` sound (a live object's id is not reused).
+    walk = (None, None, None)
+
+
     class _Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            # hot path: keep it flat (no helper calls beyond what is needed)
-            seq = next(seq_counter)
-            name = names.get(id(func)) or name_of(func)
+            # hot path: flat (a helper call costs ~0.1 us), closure cells only, every cache hit one dict lookup
+            nonlocal walk
+            seq = next_seq()
             tid = get_ident()
-            tn = threads.get(tid) or thread_name(tid)
-            off = slots + (seq % cap) * SLOT_SIZE
-            # call site, inlined (a call costs ~0.1 us): innermost frame outside torch and the recorder
-            f = getframe(1)
-            while f is not None:
-                c = f.f_code
-                v = internal.get(id(c))
-                if v is None:
-                    v = is_internal(c)
-                if not v:
+            i = seq % cap
+            # call site: innermost frame outside torch and the recorder, cached per (code, instruction)
+            try:
+                f = getframe(skip)
+            except ValueError:  # a native thread (autograd engine worker): no Python caller
+                f = None
+            c = walk
+            if f is c[0]:
+                u, d = c[1], c[2]
+            else:
+                u, d = f, None
+                while u is not None:
+                    d = codes_get(id(u.f_code))
+                    if d is None:
+                        d = code_kind(u.f_code)
+                    if d is not True:
+                        break
+                    u = u.f_back
+                walk = (f, u, d)
+            site = (d.get(u.f_lasti) or site_text(u, d)) if u is not None else b""
+            # argument summary, cached per signature (see args_bytes; same logic, inlined)
+            key = ()
+            for a in args:
+                ta = a.__class__
+                if ta is Tensor or ta is Parameter:
+                    key += (a.dtype, a.shape, a.stride(), a.device)
+                elif ta in scalar_cls or (ta is float and a):  # not 0.0: -0.0 == 0.0, their reprs differ
+                    key += (ta, a)
+                elif (ta is list or ta is tuple) and (not a or a[0].__class__ is int):
+                    key += (ta, tuple(a))
+                else:
+                    ab = args_text(args)
                     break
-                f = f.f_back
-            site = (sites.get((id(c), f.f_lineno)) or site_text(c, f.f_lineno)) if f is not None else b""
-            pack_slot(mm, off, -1, now(), 0.0, tid, 0 if gpu_mode and cuda.is_initialized() else -1, 0, 0,
-                      depths.get(tid, 0), name, tn, site, args_text(args))
-            pack_q(mm, off, seq)             # commit marker last: a reader skips a half-written slot
-            pack_Q(mm, _OFF_STARTED, seq + 1)
-            if state["device_unset"]:
-                set_device(args)
+            else:
+                try:
+                    ab = cache_get(key) or args_miss(args, key)
+                except TypeError:  # an unhashable item (a symbolic int)
+                    ab = args_text(args)
+            iq = slot_q + i * slot_items
+            pack_slot(mm, slots + i * SLOT_SIZE, -1, now(), 0.0, tid,
+                      0 if gpu_mode and cuda.is_initialized() else -1, 0, 0, depths.get(tid, 0) if depths else 0,
+                      names_get(id(func)) or name_of(func), threads_get(tid) or thread_name(tid), site, ab)
+            mv_q[iq] = seq                   # commit marker last: a reader skips a half-written slot
+            mv_q[i_started] = seq + 1
             try:
                 out = func(*args, **(kwargs or {}))
             except BaseException:
-                pack_d(mm, off + _OFF_TEND, now())
-                pack_b(mm, off + _OFF_FLAGS, F_RAISED)
-                pack_Q(mm, _OFF_COMPLETED, next(done_counter))
+                mv_d[iq + i_tend] = now()
+                mv_b[slots + i * SLOT_SIZE + off_flags] = F_RAISED
+                mv_q[i_completed] = next_done()
                 raise
-            if sync_mode:
+            if plain:
+                pass
+            elif sync_mode:
                 if cuda.is_initialized():
                     cuda.synchronize()
             elif gpu_mode:
                 if cuda.is_initialized():
                     ev = cuda.Event()
                     ev.record()
-                    events.append((seq, off, ev))
+                    events.append((seq, slots + i * SLOT_SIZE, ev))
             elif stats_mode:
-                if not name.startswith(_UNINITIALIZED):  # empty() holds garbage: NaNs there are not a fault
-                    compute_stats(out, off, seq)
-            pack_d(mm, off + _OFF_TEND, now())
-            pack_Q(mm, _OFF_COMPLETED, next(done_counter))
+                # empty() holds garbage: NaNs there are not a fault
+                if not names_get(id(func)).startswith(_UNINITIALIZED):
+                    compute_stats(out, slots + i * SLOT_SIZE, seq)
+            mv_d[iq + i_tend] = now()
+            mv_q[i_completed] = next_done()
             return out
+
+        def forget_frames(self) -> None:
+            """Drop the cached frames (they keep their locals alive) once uninstalled."""
+            nonlocal walk
+            walk = (None, None, None)
+
+        def release(self) -> None:
+            self.forget_frames()
+            for v in (mv_q, mv_d, mv_b):
+                v.release()
 
         def sdpa_wrapper(self, orig):
             def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
