@@ -1,5 +1,7 @@
 # The two commands (README): `make run` and `make test`.
 PY := .venv/bin/python
+# The venv's tools (gpulab, py-spy, jupyter) come first, as for a user who activated it.
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 PARAMS ?=
 ARGS ?=
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import os
 import sys
 from pathlib import Path
 
@@ -185,3 +186,14 @@ def test_non_python_command_whole_group_killed(tmp_path):
     v = _run(tmp_path, ["bash", "-c", "sleep 120 & sleep 120; wait"])
     assert v.status == "hang" and v.mode is None and v.log["op_log"] is None
     assert v.left_running == ()
+
+
+def test_bare_python_runs_in_gpulabs_interpreter_not_paths(tmp_path, monkeypatch):
+    """In CI the venv is not on PATH: `python` there has no torch and no recorder."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text("#!/bin/sh\nexit 99\n")
+    (fake / "python").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    assert watch.python_command(["python", "x.py"])[0] == sys.executable
+    assert watch.python_command([str(fake / "python"), "x.py"])[0] == str(fake / "python")

@@ -101,7 +101,10 @@ def python_command(command: Sequence[str]) -> tuple[str, list[str], list[str]] |
             return None
         if rest[0] == "-m" and len(rest) < 2:
             return None
-        return resolved, flags, rest
+        # A bare `python`/`python3` means the interpreter gpulab runs in: it has the recorder (and, in a
+        # venv, the user's torch), while PATH's python may be another one with neither. An explicit path
+        # is kept as given.
+        return (sys.executable if os.sep not in first else resolved), flags, rest
     if base.endswith(".py"):
         return sys.executable, [], list(command)
     return None
