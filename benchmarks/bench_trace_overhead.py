@@ -43,8 +43,12 @@ def jsonl_variant(path: Path):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.n += 1
+            # repr() only of scalars: the repr of a list of CUDA tensors (AdamW's _foreach ops) would
+            # copy them to the host and measure that instead of the recording
             meta = [[list(a.shape), str(a.dtype), list(a.stride()), str(a.device)] if isinstance(a, torch.Tensor)
-                    else repr(a)[:32] for a in args]
+                    else repr(a)[:32] if isinstance(a, (int, float, bool, str, type(None)))
+                    else f"{type(a).__name__}[{len(a)}]" if isinstance(a, (list, tuple)) else type(a).__name__
+                    for a in args]
             self.fh.write(json.dumps({"seq": self.n, "op": str(func), "args": meta, "t": time.time(),
                                       "thread": threading.current_thread().name}) + "\n")
             self.fh.flush()
