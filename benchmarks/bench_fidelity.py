@@ -15,8 +15,6 @@ prints a table last.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 import time
 import traceback
@@ -25,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpulab import bench, champion
+from gpulab import bench, candidates, report
 
 GOAL_REL = 0.03
 
@@ -43,8 +41,9 @@ def kernels(device: str) -> dict[str, callable]:
     shapes["anchor" if cuda else "cpu512"] = (4, 16, 4096, 128) if cuda else (1, 4, 512, 64)
     for label, (B, H, S, D) in shapes.items():
         q, k, v = (torch.randn(B, H, S, D, device=device, dtype=dt) for _ in range(3))
-        for name, (fn, _, _) in champion.builtin_candidates(device).items():
-            if label == "anchor" and name == "math":
+        for name, cand in candidates.sdpa_backends(device).items():
+            fn = cand.fn
+            if name == "auto" or (label == "anchor" and name == "math"):
                 continue  # 26 ms a call and 4 GB of scores: do_bench's 100 ms window holds 4 samples
             try:
                 fn(q, k, v)
@@ -159,14 +158,7 @@ def main(argv=None) -> int:
 
     def save():
         summary = summarize(rows)
-        (out / "fidelity.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows,
-                                                       "errors": errors}, indent=1, default=str))
-        if rows:
-            keys = list(dict.fromkeys(k for r in rows for k in r))
-            with open(out / "fidelity.csv", "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=keys)
-                w.writeheader()
-                w.writerows(rows)
+        report.write_rows(out, "fidelity", rows, meta=meta, summary=summary, errors=errors)
         return summary
 
     try:

@@ -12,8 +12,6 @@ Writes DIR/sdpa_table.json and DIR/sdpa_table.csv after every row, prints the ta
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from gpulab import bench, champion, flops
+from gpulab import bench, candidates, flops, report
 
 # ANCHORS.md, measured on an H100 80GB HBM3 with torch 2.11, bf16, B=4,H=16,S=4096,D=128, non-causal (TFLOP/s)
 ANCHOR_TFLOPS = {"cudnn": 585.0, "flash": 327.0, "efficient": 172.0, "math": 23.0}
@@ -54,14 +52,7 @@ def main(argv=None) -> int:
     meta = {"device": dev, "device_name": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__}
 
     def save():
-        (out / "sdpa_table.json").write_text(json.dumps({"meta": meta, "roofs": roofs, "rows": rows, "errors": errors},
-                                                        indent=1, default=str))
-        if rows:
-            keys = list(dict.fromkeys(k for r in rows for k in r))
-            with open(out / "sdpa_table.csv", "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=keys)
-                w.writeheader()
-                w.writerows(rows)
+        report.write_rows(out, "sdpa_table", rows, meta=meta, roofs=roofs, errors=errors)
 
     for label, (B, H, S, D, dt) in shapes(cuda).items():
         try:
@@ -75,8 +66,8 @@ def main(argv=None) -> int:
             continue
         f = flops.attention_flops(B, H, S, S, D)
         nbytes = flops.attention_bytes(B, H, S, S, D, dtype=dt)
-        for name, (fn, kind, notes) in {"auto": (champion._sdpa_fn("auto"), "vendor", "PyTorch's own choice"),
-                                        **champion.builtin_candidates(dev)}.items():
+        for name, cand in candidates.sdpa_backends(dev).items():
+            fn = cand.fn
             print(f"[sdpa_table] {name} @ {label}", file=sys.stderr, flush=True)
             row = {"shape": label, "B": B, "H": H, "S": S, "D": D, "dtype": dt, "backend": name}
             try:

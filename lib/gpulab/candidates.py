@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn.functional as F
 
+from gpulab.workloads import SDPA_ENUM_NAMES, sdpa_backend_enum
+
 KINDS = ("vendor", "reference", "fix", "user", "planted")
 GROUPS = ("all", "vendor", "reference", "fix", "planted")
 ALIASES = {"math": "sdpa_math", "flash": "sdpa_flash", "efficient": "sdpa_efficient", "cudnn": "sdpa_cudnn"}
@@ -55,17 +57,16 @@ class Planted:
 
 # ------------------------------------------------------------------------------------------ vendor
 
-_BACKENDS = {"sdpa_math": "MATH", "sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
-             "sdpa_cudnn": "CUDNN_ATTENTION"}
+_BACKENDS = {f"sdpa_{b}": b for b in SDPA_ENUM_NAMES}  # registry name -> gpulab backend name
 
 
 def sdpa_backend(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, *, backend: str = ""):
     """SDPA forced onto one backend (raises 'No available kernel' when that backend refuses the inputs)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
     kw = {"enable_gqa": True} if enable_gqa else {}
     if not backend:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
-    with sdpa_kernel([getattr(SDPBackend, backend)]):
+    with sdpa_kernel([sdpa_backend_enum(backend)]):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
 
 
@@ -125,7 +126,7 @@ def decomposed(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=
 def upcast_fp32(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
     """The common fix for low-precision trouble: run SDPA math in fp32 and cast back."""
     m = attn_mask.float() if attn_mask is not None and attn_mask.dtype != torch.bool else attn_mask
-    out = sdpa_backend(q.float(), k.float(), v.float(), m, is_causal, scale, enable_gqa, backend="MATH")
+    out = sdpa_backend(q.float(), k.float(), v.float(), m, is_causal, scale, enable_gqa, backend="math")
     return out.to(q.dtype)
 
 
@@ -279,6 +280,12 @@ def available(device: str | None = None) -> dict[str, Candidate]:
     dev = _device(device)
     vend, _ = _vendor(dev)
     return {**vend, **references(), **fixes()}
+
+
+def sdpa_backends(device: str | None = None) -> dict[str, Candidate]:
+    """The SDPA backends usable on `device` by backend name: auto (PyTorch's own choice), math, flash, ..."""
+    vend, _ = _vendor(_device(device))
+    return {("auto" if n == "sdpa" else n.removeprefix("sdpa_")): c for n, c in vend.items()}
 
 
 def unavailable(device: str | None = None) -> dict[str, str]:

@@ -12,7 +12,6 @@ already measured.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -227,88 +226,34 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return dtype
 
 
-def _sdpa_fn(backend: str):
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    which = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
-             "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-    if backend == "auto":
-        return lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v, **kw)
-    if backend not in which:
-        raise ValueError(f"SDPA backend {backend!r} is not valid; choose one of auto, {', '.join(which)}")
-
-    def fn(q, k, v, **kw):
-        with sdpa_kernel(which[backend]):
-            return F.scaled_dot_product_attention(q, k, v, **kw)
-
-    return fn
-
-
 def canonical(names: Sequence[str]) -> list[str]:
-    """Registry names when gpulab.candidates is there ('math' -> 'sdpa_math'), else as given; no repeats."""
-    try:
-        importlib.import_module("gpulab.candidates")
-        reg = True
-    except ImportError:
-        reg = False
-    return list(dict.fromkeys(ALIASES.get(n, n) if reg else n for n in names))
-
-
-def builtin_candidates(device: str) -> dict[str, tuple[Callable, str, str]]:
-    """The fallback table when gpulab.candidates is absent: SDPA backends this device can have."""
-    names = SDPA_BACKENDS if device.startswith("cuda") else ("math", "flash")
-    notes = {"flash": "fused CPU flash kernel" if not device.startswith("cuda") else "FlashAttention-2 in PyTorch"}
-    return {n: (_sdpa_fn(n), "vendor" if n in VENDOR_KERNELS else "reference",
-                notes.get(n, f"SDPA {n} backend")) for n in names}
+    """Registry names ('math' -> 'sdpa_math'), in order, no repeats."""
+    return list(dict.fromkeys(ALIASES.get(n, n) for n in names))
 
 
 def resolve_candidates(names: Sequence[str], device: str) -> tuple[dict[str, tuple[Callable, str, str]], str, dict[str, str], dict[str, str]]:
-    """name -> (fn, kind, notes), where they came from, names that failed (with why), and names skipped
-    because this device does not have them (e.g. the CUDA-only SDPA backends on a CPU)."""
-    try:
-        reg = importlib.import_module("gpulab.candidates")
-    except ImportError:
-        reg = None
+    """name -> (fn, kind, notes) from gpulab.candidates, where they came from, names that failed (with why),
+    and names skipped because this device does not have them (the CUDA-only SDPA backends on a CPU)."""
+    from gpulab import candidates as reg
+
     failed: dict[str, str] = {}
     skipped: dict[str, str] = {}
     out: dict[str, tuple[Callable, str, str]] = {}
-    if reg is not None and hasattr(reg, "available"):
-        avail = reg.available(device)
-        for n in names:
-            if n in avail:
-                c = avail[n]
-                out[n] = (c.fn, str(getattr(c, "kind", "")), str(getattr(c, "notes", "")))
-                continue
-            try:  # aliases, planted bugs, module:function specs
-                got = reg.resolve([n], device)
-                c = got[n] if isinstance(got, Mapping) else got[0]
-                out[n] = (c.fn, str(getattr(c, "kind", "user")), str(getattr(c, "notes", "")))
-            except Exception as exc:
-                if n in SDPA_BACKENDS or n in ALIASES.values():
-                    skipped[n] = f"not available on {device}"
-                else:
-                    failed[n] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        return out, "gpulab.candidates", failed, skipped
-    table = builtin_candidates(device)
+    avail = reg.available(device)
     for n in names:
-        n_short = n.removeprefix("sdpa_")
-        if n_short in table and n not in table:
-            out[n] = table[n_short]
+        if n in avail:
+            c = avail[n]
+            out[n] = (c.fn, str(c.kind), str(c.notes))
             continue
-        if n in table:
-            out[n] = table[n]
-        elif ":" in n:
-            mod, _, attr = n.partition(":")
-            try:
-                out[n] = (getattr(importlib.import_module(mod), attr), "custom", f"{mod}.{attr}")
-            except Exception as exc:
-                failed[n] = f"{type(exc).__name__}: {exc}"
-        elif n in SDPA_BACKENDS:
-            skipped[n] = f"SDPA backend {n} is CUDA-only; not available on {device}"
-        else:
-            failed[n] = f"unknown candidate {n!r}; valid here: {', '.join(table)} or module:function"
-    return out, "builtin SDPA table (gpulab.candidates not found)", failed, skipped
+        try:  # aliases, planted bugs, module:function specs
+            c = reg.resolve([n], device)[0]
+            out[n] = (c.fn, str(getattr(c, "kind", "user")), str(getattr(c, "notes", "")))
+        except Exception as exc:
+            if n in SDPA_BACKENDS or n in ALIASES.values():
+                skipped[n] = f"not available on {device}"
+            else:
+                failed[n] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    return out, "gpulab.candidates", failed, skipped
 
 
 # ------------------------------------------------------------------------------- the benchmark run

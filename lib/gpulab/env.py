@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from gpulab.workloads import sdpa_backend_enum
+
 # ----------------------------------------------------------------------------------------------------
 # Documented fact keys (rules may only refer to these; dotted paths into the nested ones are allowed).
 
@@ -500,8 +502,7 @@ class _Probe:
                    "math": cb.math_sdp_enabled()}
         on_gpu = self.device.startswith("cuda")
         backends: dict[str, dict] = {}
-        enum = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                "cudnn": getattr(SDPBackend, "CUDNN_ATTENTION", None), "math": SDPBackend.MATH}
+        enum = {b: sdpa_backend_enum(b) for b in SDPA_BACKENDS}
         for b in SDPA_BACKENDS:
             usable, reasons, how = None, [], ""
             if b == "math":
@@ -551,13 +552,12 @@ class _Probe:
         """Run the workload's attention once with one backend forced, synchronized, and time it."""
         torch = self.torch
         import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention import sdpa_kernel
 
         if not hasattr(self, "device"):
             self._device()
         q, k, v, mask = self._tensors()
-        enum = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                "cudnn": getattr(SDPBackend, "CUDNN_ATTENTION", None), "math": SDPBackend.MATH}[backend]
+        enum = sdpa_backend_enum(backend)
         use_mask = mask
         sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
         times = []

@@ -46,6 +46,21 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
     return path
 
 
+def write_rows(out_dir: str | os.PathLike, name: str, rows: list[dict], **extra: Any) -> None:
+    """A benchmark's table as name.json (with `extra`, e.g. meta and errors) and name.csv, rewritten as rows
+    arrive so that a failure part-way keeps what was measured."""
+    import csv
+
+    out = Path(out_dir)
+    write_json(out / f"{name}.json", {**extra, "rows": rows})
+    if rows:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        with open(out / f"{name}.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=keys)
+            w.writeheader()
+            w.writerows(_jsonable(rows))
+
+
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:
     path = Path(path)
     if not path.exists():

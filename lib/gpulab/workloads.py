@@ -23,8 +23,18 @@ SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 _INT_KEYS = ("batch", "heads", "head_dim", "text_tokens", "image_tokens", "layers", "lora_rank", "steps", "seed")
-_BACKEND_ENUM = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-                 "cudnn": "CUDNN_ATTENTION"}
+# gpulab's SDPA backend names -> torch.nn.attention.SDPBackend members (the one mapping in the package)
+SDPA_ENUM_NAMES = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                   "cudnn": "CUDNN_ATTENTION"}
+
+
+def sdpa_backend_enum(name: str):
+    """The SDPBackend for a backend name; None when this torch lacks it (cuDNN before torch 2.5)."""
+    from torch.nn.attention import SDPBackend
+
+    if name not in SDPA_ENUM_NAMES:
+        raise ValueError(f"SDPA backend {name!r} is not valid; choose one of {', '.join(SDPA_ENUM_NAMES)}")
+    return getattr(SDPBackend, SDPA_ENUM_NAMES[name], None)
 
 
 @dataclass(frozen=True)
@@ -221,9 +231,9 @@ def _backend_ctx(cfg: WorkloadConfig):
 
     if cfg.sdpa_backend == "auto":
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
-    return sdpa_kernel(getattr(SDPBackend, _BACKEND_ENUM[cfg.sdpa_backend]))
+    return sdpa_kernel(sdpa_backend_enum(cfg.sdpa_backend))
 
 
 def _backend_used(cfg: WorkloadConfig, q, mask) -> str:

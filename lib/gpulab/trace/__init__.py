@@ -901,11 +901,11 @@ def to_chrome_trace(snapshot: Snapshot, path: str | os.PathLike) -> Path:
 
 # ---------------------------------------------------------------------------------------------- child runs
 
-from gpulab.trace._run import (Recording, bootstrap_command, modes_for, overhead,  # noqa: E402
+from gpulab.trace._run import (Recording, bootstrap_command, finding, modes_for, overhead,  # noqa: E402
                                plot_memory, plot_summary, plot_timeline, record)
 
 __all__ = [
     "MODES", "Progress", "OpRecord", "MemSample", "Snapshot", "Recording", "Recorder", "create", "progress",
     "read", "parse_args", "first_nonfinite", "to_frame", "summary", "memory_frame", "to_chrome_trace", "record",
-    "bootstrap_command", "overhead", "modes_for", "plot_timeline", "plot_summary", "plot_memory",
+    "bootstrap_command", "overhead", "finding", "modes_for", "plot_timeline", "plot_summary", "plot_memory",
 ]

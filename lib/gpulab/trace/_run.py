@@ -164,6 +164,20 @@ def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s
                           "samples_s": s} for n, s in samples.items()])
 
 
+def finding(snap, rec: "Recording", ov, bad, rung: str, device: str) -> tuple[str, dict[str, Any]]:
+    """Notebook 02's headline and metrics from its recording, the overhead table and the first bad op."""
+    per_op = {r.variant: round(r.us_per_op, 2) for r in ov.itertuples() if r.variant != "none"}
+    ratio = (per_op.get("ops", float("nan")) / per_op["passthrough"]) if per_op.get("passthrough") else None
+    headline = (f"{snap.started} ops recorded ({rung} rung on {device}); crash-safe ops mode costs "
+                f"{per_op.get('ops', float('nan')):.1f} us/op"
+                + (f" ({ratio:.2f}x a bare dispatch mode)" if ratio else "")
+                + (f"; first non-finite op: {bad.name}" if bad else "; no non-finite values"))
+    metrics = dict(ops_recorded=snap.started, exit_code=rec.returncode, overhead_us_per_op=per_op,
+                   ops_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
+                   first_nonfinite_seq=bad.seq if bad else None, log=rec.log)
+    return headline, metrics
+
+
 def modes_for(device: str) -> list[str]:
     """Modes worth timing on this device (sync and gpu only differ from ops on CUDA)."""
     return ["ops", "stats", "sync", "gpu"] if str(device).startswith("cuda") else ["ops", "stats"]
