@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpulab import bench, candidates, report
+from gpulab import bench, report
+from gpulab.oracle import candidates
 
 GOAL_REL = 0.03
 

@@ -67,7 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="deadline per candidate and part, seconds")
     a = ap.parse_args(argv)
 
-    from gpulab import candidates, oracle
+    from gpulab import oracle
+    from gpulab.oracle import candidates
     from gpulab.device import resolve
 
     out = Path(a.out)

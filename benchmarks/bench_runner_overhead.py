@@ -33,7 +33,7 @@ def split(run_json: Path) -> list[dict]:
 
 def trivial_chain(n: int, out: Path) -> list[dict]:
     from nbfactory import RECORD, notebook, project
-    from gpulab import runner
+    from gpulab.chain import runner
 
     tmp = Path(tempfile.mkdtemp(prefix="gpulab-ro-"))
     nbs = {f"{i:02d}_t": notebook(f"T{i}", "", RECORD.format(name=f"{i:02d}_t", headline="x")) for i in range(1, n + 1)}
@@ -44,7 +44,7 @@ def trivial_chain(n: int, out: Path) -> list[dict]:
 
 
 def smoke_chain(out: Path) -> tuple[float, list[dict]]:
-    from gpulab import runner
+    from gpulab.chain import runner
 
     t0 = time.monotonic()
     cfg = runner.RunConfig(root=ROOT, out=out / "smoke", param_files=(str(ROOT / "params" / "smoke.yaml"),))

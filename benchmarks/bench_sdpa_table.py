@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-from gpulab import bench, candidates, flops, report
+from gpulab import bench, report
+from gpulab.bench import flops
+from gpulab.oracle import candidates
 
 # ANCHORS.md, measured on an H100 80GB HBM3 with torch 2.11, bf16, B=4,H=16,S=4096,D=128, non-causal (TFLOP/s)
 ANCHOR_TFLOPS = {"cudnn": 585.0, "flash": 327.0, "efficient": 172.0, "math": 23.0}

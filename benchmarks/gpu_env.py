@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
-from gpulab import env, rules  # noqa: E402
+from gpulab import env  # noqa: E402
+from gpulab.env import rules  # noqa: E402
 from gpulab.report import write_json  # noqa: E402
 
 SIZES = {

@@ -36,7 +36,10 @@ def _no_orphans():
     me = psutil.Process(os.getpid())
     before = {p.pid for p in me.children(recursive=True)}
     yield
-    left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
+    from gpulab import proc
+
+    spared = before | {proc.guard_pid()}  # the guard sidecar lives as long as the test session
+    left = [p for p in me.children(recursive=True) if p.pid not in spared and p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE]
     if left:
         gone, alive = psutil.wait_procs(left, timeout=3)

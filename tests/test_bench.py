@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpulab import bench, flops
+from gpulab import bench
+from gpulab.bench import flops
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpulab import candidates, oracle
+from gpulab import oracle
+from gpulab.oracle import candidates
 
 
 def test_cpu_registry_has_vendor_and_reference_kinds():
@@ -39,17 +40,17 @@ def test_resolve_cuda_only_backend_on_cpu_says_why():
         candidates.resolve(["sdpa_efficient"], "cpu")
 
 
-@pytest.mark.parametrize("spec,match", [("gpulab.candidates:nope", "no attribute"),
+@pytest.mark.parametrize("spec,match", [("gpulab.oracle.candidates:nope", "no attribute"),
                                         ("no_such_module_xyz:f", "cannot import"),
-                                        ("gpulab.candidates:", "must look like")])
+                                        ("gpulab.oracle.candidates:", "must look like")])
 def test_bad_specs(spec, match):
     with pytest.raises(candidates.CandidateSpecError, match=match):
         candidates.resolve([spec], "cpu")
 
 
 def test_module_function_spec_resolves_to_user_candidate():
-    (c,) = candidates.resolve(["gpulab.candidates:decomposed"], "cpu")
-    assert c.kind == "user" and c.fn is candidates.decomposed and c.name == "gpulab.candidates:decomposed"
+    (c,) = candidates.resolve(["gpulab.oracle.candidates:decomposed"], "cpu")
+    assert c.kind == "user" and c.fn is candidates.decomposed and c.name == "gpulab.oracle.candidates:decomposed"
 
 
 def test_user_attributes_are_honoured():

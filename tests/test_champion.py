@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab import champion as ch
+from gpulab.bench import champion as ch
 from gpulab.report import record
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab import capture, classify
+from gpulab.hang import capture, classify
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "evidence").glob("*.json"))
 

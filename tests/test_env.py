@@ -11,7 +11,7 @@ from importlib import metadata
 import pytest
 
 from gpulab import env as E
-from gpulab import rules as R
+from gpulab.env import rules as R
 
 SMALL = {"batch": 1, "heads": 2, "head_dim": 16, "text_tokens": 8, "image_tokens": 24, "device": "cpu",
          "rung": "step"}
@@ -196,7 +196,7 @@ def test_workload_ignores_other_shared_keys():
 
 
 def test_import_gpulab_env_does_not_import_torch():
-    code = "import sys, gpulab, gpulab.env, gpulab.rules; gpulab.rules.load_rules(); print('torch' in sys.modules)"
+    code = "import sys, gpulab, gpulab.env, gpulab.env.rules; gpulab.env.rules.load_rules(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulab import faults, trace, watch
+from gpulab import trace
+from gpulab.hang import faults, watch
 
 FIX = Path(__file__).parent / "fixtures"
 STALL = 1.5

@@ -30,5 +30,5 @@ def test_notebook_conventions(path):
 
 
 def test_shared_keys_agree_across_notebooks():
-    from gpulab import params
+    from gpulab.chain import params
     params.notebook_schema(NOTEBOOKS)  # raises when a shared key differs in type or choices

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpulab import candidates, oracle
+from gpulab import oracle
+from gpulab.oracle import candidates
 
 CORRECT = ["sdpa", "sdpa_math", "sdpa_flash", "decomposed", "tiled", "upcast_fp32"]
 PLANTED = candidates.planted()

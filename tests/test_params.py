@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab import params
+from gpulab.chain import params
 from nbfactory import notebook, project
 
 NB1 = notebook("One", 'rung: str = "forward"  # choices: sdpa, forward, step, steps\nsteps: int = 10\nlr: float = 0.001\n')
@@ -97,7 +97,7 @@ def test_conflicting_declarations_are_an_error(tmp_path):
 
 def test_repo_params_are_valid(root):
     """The shipped base, smoke and scenario files validate against the shipped notebooks."""
-    from gpulab import runner
+    from gpulab.chain import runner
     schema = params.notebook_schema(runner.discover(root))
     for scen in params.list_scenarios(root):
         params.validate(params.resolve(root, scen, [root / "params" / "smoke.yaml"]), schema)

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from gpulab import rules as R
+from gpulab.env import rules as R
 from gpulab.env import FACT_KEYS
 
 # A healthy x86 H100 node, shaped like gpulab.env.collect() output.

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpulab import index, runner
+from gpulab.chain import index, runner
 from nbfactory import RECORD, notebook, project
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import trace
-from gpulab.trace import _run
+from gpulab.trace import run as _run
 
 BLOCKING_CHILD = textwrap.dedent("""
     import sys, time, torch

@@ -10,8 +10,7 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = {
-    "bench", "candidates", "capture", "classify", "cli", "device", "env", "faults", "flops",
-    "index", "oracle", "params", "report", "rules", "runner", "trace", "watch", "workloads",
+    "bench", "chain", "cli", "device", "env", "fixes", "hang", "oracle", "proc", "report", "trace", "workloads",
 }
 
 

@@ -35,7 +35,7 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from gpulab import params, runner
+    from gpulab.chain import params, runner
 
     args = _run_parser().parse_args(argv)
     try:
@@ -58,7 +58,7 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def cmd_params(argv: list[str]) -> int:
-    from gpulab import params, runner
+    from gpulab.chain import params, runner
 
     p = argparse.ArgumentParser(prog="gpulab params", description="Show the parameters the notebooks "
                                 "accept, or the merged values of a scenario with where each came from.")
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         from gpulab import env
         return env.main(rest)
     if cmd == "watch":
-        from gpulab import watch
+        from gpulab.hang import watch
         return watch.main(rest)
     print(f"gpulab: unknown command {cmd!r}; choose one of: run, env, watch, params\n\n{USAGE}", file=sys.stderr)
     return 2

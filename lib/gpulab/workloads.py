@@ -16,11 +16,16 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 RUNGS = ("sdpa", "forward", "step", "steps")
-SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The vocabulary every subpackage shares (defined here once).
+BACKENDS = ("math", "flash", "efficient", "cudnn")          # concrete SDPA backends, gpulab's names
+FUSED_BACKENDS = ("flash", "efficient", "cudnn")
+SDPA_BACKENDS = ("auto",) + BACKENDS                        # the sdpa_backend parameter's choices
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto",) + DTYPE_NAMES                            # the dtype parameter's choices
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 DEVICES = ("auto", "cpu", "cuda")
 _INT_KEYS = ("batch", "heads", "head_dim", "text_tokens", "image_tokens", "layers", "lora_rank", "steps", "seed")
 # gpulab's SDPA backend names -> torch.nn.attention.SDPBackend members (the one mapping in the package)
@@ -35,6 +40,85 @@ def sdpa_backend_enum(name: str):
     if name not in SDPA_ENUM_NAMES:
         raise ValueError(f"SDPA backend {name!r} is not valid; choose one of {', '.join(SDPA_ENUM_NAMES)}")
     return getattr(SDPBackend, SDPA_ENUM_NAMES[name], None)
+
+
+def backend_name(code: Any) -> str:
+    """An SDPBackend (or its int, as torch._fused_sdp_choice returns it) -> gpulab's name ('math', ...)."""
+    from torch.nn.attention import SDPBackend
+
+    by_value = {int(v): k for k, v in SDPBackend.__members__.items()}
+    member = by_value.get(int(code), str(code))
+    return {v: k for k, v in SDPA_ENUM_NAMES.items()}.get(member, member.lower())
+
+
+def dtype_name(dtype: Any) -> str:
+    """'bf16', 'bfloat16', torch.bfloat16 -> 'bfloat16'; raises naming the valid choices."""
+    text = str(dtype).replace("torch.", "").strip().lower()
+    text = DTYPE_ALIASES.get(text, text)
+    if text not in DTYPE_NAMES:
+        raise ValueError(f"dtype {dtype!r} is not valid; choose one of {', '.join(DTYPE_NAMES)} "
+                         f"(aliases: {', '.join(DTYPE_ALIASES)})")
+    return text
+
+
+def resolve_dtype(dtype: Any, device: str) -> str:
+    """The 'auto' rule, once: bfloat16 on a GPU, float32 on the CPU; other values normalized by dtype_name."""
+    if str(dtype) == "auto":
+        return "bfloat16" if str(device).startswith("cuda") else "float32"
+    return dtype_name(dtype)
+
+
+def torch_dtype(dtype: Any):
+    import torch
+
+    return getattr(torch, dtype_name(dtype))
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """The scaled_dot_product_attention call the built-in workload makes in every layer (same shapes each
+    time): what notebook 01 probes, 05 judges and 06 times, so all three describe the same call."""
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    dtype: str                  # resolved: float32 | bfloat16 | float16
+    mask: str = "padding"       # padding (boolean key-padding mask, as the workload) | none
+    padded_keys: int = 0        # keys masked out in every row (the padding text tokens)
+    pad_end: int | None = None  # the masked keys end here (default: at the end of the sequence)
+    causal: bool = False
+
+    def describe(self) -> str:
+        m = (f"boolean key-padding mask ({self.padded_keys} of {self.seq_len} keys masked)"
+             if self.mask == "padding" else "no mask")
+        return (f"B={self.batch} H={self.heads} S={self.seq_len} D={self.head_dim} {self.dtype}, {m}"
+                + (", causal" if self.causal else ""))
+
+    def unmasked(self) -> "AttentionCall":
+        return dataclasses.replace(self, mask="none", padded_keys=0, pad_end=None)
+
+    def inputs(self, device: str, seed: int = 0, requires_grad: bool = False) -> tuple:
+        """(q, k, v, attn_mask) on `device`; the mask is None for mask='none'."""
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        shape = (self.batch, self.heads, self.seq_len, self.head_dim)
+        q, k, v = (torch.randn(shape, generator=g).to(device, torch_dtype(self.dtype)).requires_grad_(requires_grad)
+                   for _ in range(3))
+        return q, k, v, (key_padding_mask(self.batch, self.seq_len, self.padded_keys, device, self.pad_end)
+                         if self.mask == "padding" else None)
+
+
+def key_padding_mask(batch: int, seq_len: int, padded: int, device: str, pad_end: int | None = None):
+    """Boolean (B, 1, S, S) mask, True = attend; the `padded` keys ending at `pad_end` (default: the end)
+    are never attended to, as padding tokens are."""
+    import torch
+
+    valid = torch.ones(batch, seq_len, dtype=torch.bool)
+    end = seq_len if pad_end is None else pad_end
+    if padded:
+        valid[:, end - padded:end] = False
+    return valid[:, None, None, :].expand(batch, 1, seq_len, seq_len).contiguous().to(device)
 
 
 @dataclass(frozen=True)
@@ -84,15 +168,27 @@ class WorkloadConfig:
                          f"script:path/to/train.py [args]")
 
     @classmethod
-    def from_params(cls, **kw: Any) -> "WorkloadConfig":
-        """Build from notebook parameters; keys that are not workload keys are ignored (notebooks pass more)."""
+    def from_params(cls, params: Mapping[str, Any] | None = None, /, **kw: Any) -> "WorkloadConfig":
+        """Build from notebook parameters (a mapping such as a notebook's globals(), and/or keywords); keys
+        that are not workload keys are ignored, since notebooks hold more."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in kw.items() if k in names})
+        merged = {**dict(params or {}), **kw}
+        return cls(**{k: v for k, v in merged.items() if k in names})
 
     def resolved_dtype(self, device: str) -> str:
-        if self.dtype != "auto":
-            return self.dtype
-        return "bfloat16" if device.startswith("cuda") else "float32"
+        return resolve_dtype(self.dtype, device)
+
+    @property
+    def padded_text_tokens(self) -> int:
+        """The last quarter of the text tokens are padding (never attended to)."""
+        return self.text_tokens // 4
+
+    def attention(self, device: str) -> AttentionCall:
+        """The attention call this configuration makes (built-in workload; a user workload's calls are
+        what 02 records)."""
+        return AttentionCall(self.batch, self.heads, self.text_tokens + self.image_tokens, self.head_dim,
+                             self.resolved_dtype(device), "padding" if self.padded_text_tokens else "none",
+                             self.padded_text_tokens, self.text_tokens)
 
 
 @dataclass(frozen=True)
@@ -206,12 +302,7 @@ def _inputs(cfg: WorkloadConfig, device: str, dtype):
     inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
     ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None]
     cos, sin = ang.cos().to(device, dtype), ang.sin().to(device, dtype)
-    # key padding mask: the last quarter of each sample's text tokens are padding (never attended to)
-    valid = torch.ones(cfg.batch, n, dtype=torch.bool)
-    pad = cfg.text_tokens // 4
-    if pad:
-        valid[:, cfg.text_tokens - pad:cfg.text_tokens] = False
-    mask = valid[:, None, None, :].expand(cfg.batch, 1, n, n).contiguous().to(device)
+    mask = key_padding_mask(cfg.batch, n, cfg.padded_text_tokens, device, pad_end=cfg.text_tokens)
     return latents, noise, text, t, cos, sin, mask
 
 
@@ -238,16 +329,12 @@ def _backend_ctx(cfg: WorkloadConfig):
 
 def _backend_used(cfg: WorkloadConfig, q, mask) -> str:
     import torch
-    from torch.nn.attention import SDPBackend
 
     with _backend_ctx(cfg):
         try:
-            code = int(torch._fused_sdp_choice(q, q, q, mask, 0.0, False))
+            return backend_name(torch._fused_sdp_choice(q, q, q, mask, 0.0, False))
         except RuntimeError:
             return "none"
-    names = {int(v): k for k, v in SDPBackend.__members__.items()}
-    return {"MATH": "math", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
-            "CUDNN_ATTENTION": "cudnn"}.get(names.get(code, ""), names.get(code, str(code)).lower())
 
 
 @dataclass(frozen=True)

@@ -901,7 +901,7 @@ def to_chrome_trace(snapshot: Snapshot, path: str | os.PathLike) -> Path:
 
 # ---------------------------------------------------------------------------------------------- child runs
 
-from gpulab.trace._run import (Recording, bootstrap_command, finding, modes_for, overhead,  # noqa: E402
+from gpulab.trace.run import (Recording, bootstrap_command, finding, modes_for, overhead,  # noqa: E402
                                plot_memory, plot_summary, plot_timeline, record)
 
 __all__ = [

@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.enable(file=fh)
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
     if ns.fault:
-        import gpulab.faults
+        import gpulab.hang.faults
 
-        gpulab.faults.plant(ns.fault)
+        gpulab.hang.faults.plant(ns.fault)
     rec = trace.Recorder(ns.log, ns.mode, create_log=False)
     rec.install()
     code = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from gpulab.capture import Thread, parse_native, parse_python
+from gpulab.hang.capture import Thread, parse_native, parse_python
 
 CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown")
 STATUSES = ("ok", "hang", "crash", "error", "timeout")

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpulab import capture, classify, faults
+from gpulab import proc
+from gpulab.hang import capture, classify, faults
 from gpulab.report import write_json
 
 MODES = ("ops", "sync", "gpu", "stats")
@@ -68,7 +68,7 @@ class Verdict:
     oplog_tail: tuple[dict, ...] = ()
     collapsed: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
-    left_running: tuple[int, ...] = ()
+    left_running: tuple = ()  # processes of the run still alive after it ended by itself (then ended)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -193,7 +193,6 @@ def _tree_cpu(proc_ps) -> float:
     return sum(_main_thread_cpu(p.pid) for p in procs)
 
 
-from gpulab.proc import kill_group  # noqa: E402  (re-exported: the watchdog's public helper)
 
 
 def _tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
@@ -288,31 +287,24 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
 
     say(f"running {' '.join(argv)}  (stall {stall_s:g} s, timeout {timeout_s:g} s, out {out})")
     t0 = time.monotonic()
-    with open(stdout_f, "wb") as so, open(stderr_f, "wb") as se:
-        proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL, env=child_env,
-                                cwd=str(cwd) if cwd else None, start_new_session=True)
+    child = proc.Child(argv, stdout=stdout_f, stderr=stderr_f, env=child_env, cwd=cwd, label="watched")
     status = None
-    known: set[int] = set()
     caps: dict[str, capture.Capture] = {}
     snap, records = None, []
     last_progress = t0
     hang_started = None
     detected = None
-    left: tuple[int, ...] = ()
+    left: tuple = ()
     try:
-        ps = psutil.Process(proc.pid)
+        ps = psutil.Process(child.pid)
         last_ops: Any = None
         last_size = -1
         cpu_prev = 0.0
         while True:
-            rc = proc.poll()
+            rc = child.poll()
             if rc is not None:
                 break
             now = time.monotonic()
-            try:
-                known.update(p.pid for p in ps.children(recursive=True))
-            except psutil.Error:
-                pass
             prog = _progress(trace, log)
             cpu = _tree_cpu(ps)
             cpu_grew, cpu_prev = cpu > cpu_prev, cpu
@@ -340,8 +332,8 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
                 break
             time.sleep(POLL_S)
         if status in ("hang", "timeout"):
-            caps["python"] = capture.python_stacks(proc.pid, fh_file if pyc else None)
-            caps["native"] = capture.native_stacks(proc.pid, timeout_s=10.0, tools=tuple(native_tools))
+            caps["python"] = capture.python_stacks(child.pid, fh_file if pyc else None)
+            caps["native"] = capture.native_stacks(child.pid, timeout_s=10.0, tools=tuple(native_tools))
             snap_dev = None
             if trace is not None and log.exists():
                 try:
@@ -352,13 +344,13 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
                 (snap_dev and str(snap_dev).startswith("cuda")) or
                 (not pyc and capture.find_tool("nvidia-smi") is not None)))
             if want_gpu or cuda_gdb or coredump:
-                caps["gpu"] = capture.gpu_view(proc.pid, cuda_gdb=cuda_gdb, coredump_dir=out if coredump else None)
+                caps["gpu"] = capture.gpu_view(child.pid, cuda_gdb=cuda_gdb, coredump_dir=out if coredump else None)
             snap, records = _read_log(trace, log, caps, notes)  # the op-log tail, last, before the kill
     finally:
         # also when the leader already exited: anything it started in its group must go too
-        left = kill_group(proc, tuple(known))
+        left = child.stop()
     elapsed = time.monotonic() - t0
-    rc = proc.returncode
+    rc = child.returncode
     if status is None:
         status = "ok" if rc == 0 else ("crash" if rc < 0 else "error")
     sig = signal.Signals(-rc).name if (rc is not None and rc < 0 and status == "crash") else None
@@ -380,9 +372,9 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     if status == "crash" and fh_file.exists():
         py_text = fh_file.read_text(errors="replace")
     py_threads = capture.parse_python(py_text) if "(most recent call first)" in py_text else \
-        (capture.parse_native(py_text, proc.pid) if py_text else ())
+        (capture.parse_native(py_text, child.pid) if py_text else ())
     native_text = caps["native"].text if "native" in caps else ""
-    native_threads = capture.parse_native(native_text, proc.pid)
+    native_threads = capture.parse_native(native_text, child.pid)
     phase = classify.host_phase(pyc is not None and snap is not None, started, native_threads, py_threads)
     blocked_d = op_dict(blocked)
     if inflight is not None and blocked is None and _get(inflight, "t_end") is not None:
@@ -461,7 +453,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the verdict here")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="products folder (default: a temp dir)")
     p.add_argument("--mode", default="ops", choices=MODES, help="op recording mode of gpulab.trace")
-    p.add_argument("--fault", default=None, metavar="SPEC", help="plant a real fault (see gpulab.faults)")
+    p.add_argument("--fault", default=None, metavar="SPEC", help="plant a real fault (see gpulab.hang.faults)")
     p.add_argument("--no-record", action="store_true", help="run a Python command as is (no op log)")
     p.add_argument("--cuda-gdb", action="store_true", help="attach cuda-gdb on a hang (~12 s, pauses the process)")
     p.add_argument("--coredump", action="store_true", help="enable and trigger a CUDA user core dump on a hang")
@@ -504,7 +496,7 @@ AUTO_DRILL = "deadlock:aten.mm@3,gil=held"  # a real native deadlock inside the 
 
 def resolve_fault(fault: str | None, device: str) -> str | None:
     """The notebooks' `fault` parameter: "none", "auto" (a planted hang drill on a CPU-only machine, none
-    on a GPU, where the workload's own behaviour is what we watch) or a spec (see gpulab.faults)."""
+    on a GPU, where the workload's own behaviour is what we watch) or a spec (see gpulab.hang.faults)."""
     text = "none" if fault is None else str(fault).strip()
     if text.lower() == "auto":
         return AUTO_DRILL if str(device).startswith("cpu") else None

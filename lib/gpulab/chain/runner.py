@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -21,8 +22,8 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from gpulab import index, params, report
-from gpulab.proc import kill_group
+from gpulab import proc, report
+from gpulab.chain import index, params
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
@@ -174,29 +175,20 @@ def execute(nb_path: Path, out_ipynb: Path, param_file: Path, cfg: RunConfig, lo
            "--no-progress-bar", "--log-level", "WARNING"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="module://matplotlib_inline.backend_inline")
     t0 = time.monotonic()
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=cfg.root, start_new_session=True)
-        next_beat = t0 + HEARTBEAT_S
-        try:
-            while True:
-                try:
-                    rc = proc.wait(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
+    with tempfile.TemporaryDirectory(prefix="gpulab-kernel-") as runtime:
+        env["JUPYTER_RUNTIME_DIR"] = runtime  # kernel connection files: removed with the folder, whatever happens
+        with proc.Child(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cfg.root, label=nb_path.stem) as child:
+            next_beat = t0 + HEARTBEAT_S
+            while (rc := child.wait(timeout=0.5)) is None:
                 now = time.monotonic()
                 if now - t0 > cfg.notebook_timeout_s:
-                    kill_group(proc, grace_s=3)
+                    child.stop(grace_s=3)
                     return "killed", now - t0, (f"killed after {now - t0:.0f} s: the notebook's wall-clock "
                                                 f"limit is {cfg.notebook_timeout_s:.0f} s (--notebook-timeout)")
                 if now >= next_beat:
                     done, total, _ = _cells_done(out_ipynb)
                     progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)")
                     next_beat = now + HEARTBEAT_S
-        except BaseException:
-            kill_group(proc, grace_s=3)
-            raise
     elapsed = time.monotonic() - t0
     if rc == 0:
         return "ok", elapsed, None

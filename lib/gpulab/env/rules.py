@@ -19,7 +19,7 @@ from typing import Any
 
 from gpulab.env import FACT_KEYS, NESTED_FACTS
 
-DEFAULT_RULES = Path(__file__).resolve().parent / "data" / "risks.yaml"
+DEFAULT_RULES = Path(__file__).resolve().parent / "risks.yaml"
 
 OPERATORS = ("eq", "ne", "in", "not_in", "version_ge", "version_lt", "regex", "prefix", "contains", "empty",
              "exists")

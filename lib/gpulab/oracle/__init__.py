@@ -51,7 +51,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
-from gpulab.proc import kill_group
+from gpulab import proc
 
 MASKS = ("none", "bool", "additive")
 DISTS = ("randn", "rand", "large")
@@ -751,7 +751,7 @@ def _dtype_name(dt: torch.dtype) -> str:
 
 
 def _as_candidate(candidate, device: str):
-    from gpulab import candidates as cands
+    from gpulab.oracle import candidates as cands
     if isinstance(candidate, cands.Candidate):
         return candidate
     if isinstance(candidate, str):
@@ -998,28 +998,20 @@ def _isolated(specs: Sequence[str], cases: str, device, dtypes, tile: int, worst
                                                                                    for d in dtypes])]
         t0 = time.monotonic()
         log_path = Path(tmp) / "child.log"
-        with open(log_path, "w") as log_fh:  # a file, not a pipe: a chatty child can never block on it
-            proc = subprocess.Popen(args, start_new_session=True, stdout=log_fh, stderr=subprocess.STDOUT, text=True)
-            err = ""
-            seen = 0
-            try:
-                while True:  # relay the child's progress lines while it runs
-                    try:
-                        proc.wait(timeout=min(2.0, max(0.01, t0 + timeout_s - time.monotonic())))
-                        break
-                    except subprocess.TimeoutExpired:
-                        if time.monotonic() - t0 >= timeout_s:
-                            raise
-                    seen = _relay(log_path, seen)
-            except subprocess.TimeoutExpired:
-                err = f"hang: no result within {timeout_s:.0f}s (child process group killed)"
-            finally:
-                kill_group(proc)
+        err = ""
+        seen = 0
+        # output to a file, not a pipe: a chatty child can never block on it
+        with proc.Child(args, stdout=log_path, stderr=subprocess.STDOUT, label="oracle") as child:
+            while child.wait(timeout=min(2.0, max(0.01, t0 + timeout_s - time.monotonic()))) is None:
+                if time.monotonic() - t0 >= timeout_s:
+                    err = f"hang: no result within {timeout_s:.0f}s (child process group killed)"
+                    break
+                seen = _relay(log_path, seen)  # relay the child's progress lines while it runs
         _relay(log_path, seen, final=True)
         log = log_path.read_text(errors="replace")
-        if not err and (proc.returncode != 0 or not res.exists()):
+        if not err and (child.returncode != 0 or not res.exists()):
             tail = " | ".join(log.strip().splitlines()[-3:])[-400:]
-            kind = f"crash (signal {-proc.returncode})" if proc.returncode < 0 else f"error (exit {proc.returncode})"
+            kind = f"crash (signal {-child.returncode})" if child.returncode < 0 else f"error (exit {child.returncode})"
             err = f"{kind}: {tail}"
         if err:
             return {s: OracleReport(s, device or "auto", tile, (), wall_s=time.monotonic() - t0, error=err)
@@ -1123,7 +1115,7 @@ def gate(candidates: Sequence[str] | str = ("vendor", "reference", "fix"), cases
          worst_k: int = 8, timeout_s: float = 900.0, isolate: bool = True) -> Gate:
     """Judge candidates by name/group/spec in a child process (deadline timeout_s per candidate); write
     oracle_gate.json, oracle_table.csv and worst-case tensors under out_dir as results arrive."""
-    from gpulab import candidates as cands
+    from gpulab.oracle import candidates as cands
     from gpulab import report as rep_mod
     from gpulab.device import resolve
     dev = resolve("auto" if device is None else device)

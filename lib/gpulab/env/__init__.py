@@ -13,17 +13,16 @@ import ctypes
 import json
 import os
 import platform
-import queue
 import re
 import shutil
-import subprocess
 import sys
-import threading
+import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from gpulab import proc
 from gpulab.workloads import sdpa_backend_enum
 
 # ----------------------------------------------------------------------------------------------------
@@ -220,24 +219,15 @@ def env_vars(environ: dict | None = None) -> dict:
 
 
 def _run_bounded(argv: list[str], timeout_s: float, env: dict | None = None) -> tuple[int | None, str]:
-    """Run a short command in its own process group; kill the group at the deadline. Never raises."""
+    """Run a short command as a gpulab.proc child; (exit code or None on overrun, stdout+stderr). Never raises."""
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", start_new_session=True, env=env)
+        r = proc.run(argv, timeout_s=timeout_s, env=env, capture=True)
     except OSError as exc:
         return None, f"{type(exc).__name__}: {exc}"
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, _ = proc.communicate()
-        return None, f"timed out after {timeout_s:g} s; output so far: {out[-500:]}"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    from gpulab.proc import kill_group
-    kill_group(proc)
+    text = r.stdout + r.stderr
+    if r.timed_out:
+        return None, f"timed out after {timeout_s:g} s; output so far: {text[-500:]}"
+    return r.returncode, text
 
 
 def _which(tool: str) -> str | None:
@@ -318,8 +308,7 @@ def ptrace_probe(timeout_s: float = PTRACE_TIMEOUT_S) -> dict:
         return res
     target = None
     try:
-        target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        target = proc.spawn([sys.executable, "-c", "import time; time.sleep(60)"], label="ptrace-target")
         code, text = _run_bounded([sys.executable, "-c", _PTRACE_PROBER, str(target.pid)], timeout_s)
         try:
             got = json.loads(text.strip().splitlines()[-1])
@@ -331,7 +320,7 @@ def ptrace_probe(timeout_s: float = PTRACE_TIMEOUT_S) -> dict:
         res["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         if target is not None:
-            _kill_group(target)
+            target.stop()
     return res
 
 
@@ -715,6 +704,38 @@ class StageResult:
     error: str | None = None
 
 
+class _LineReader:
+    """Complete lines of a file another process is appending to (the probe's stdout)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.buf = path, 0, b""
+
+    def next_line(self, final: bool = False) -> str | None:
+        if b"\n" not in self.buf:
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self.offset)
+                    chunk = fh.read()
+            except OSError:
+                chunk = b""
+            self.offset += len(chunk)
+            self.buf += chunk
+        if b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            return line.decode("utf-8", "replace")
+        if final and self.buf:
+            line, self.buf = self.buf, b""
+            return line.decode("utf-8", "replace")
+        return None
+
+
+def _tail_text(path: Path, chars: int = 800) -> str:
+    try:
+        return path.read_bytes()[-chars:].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
 def _probe_child(spec: dict, timeouts: dict, env: dict | None,
                  progress: bool = False) -> tuple[list[StageResult], dict, str]:
     """Run `python -m gpulab.env --probe SPEC`, enforcing each stage's deadline; returns the stages,
@@ -726,53 +747,39 @@ def _probe_child(spec: dict, timeouts: dict, env: dict | None,
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     results: list[StageResult] = []
     facts: dict = {}
+    tmp = tempfile.TemporaryDirectory(prefix="gpulab-probe-")
+    out_path, err_path = Path(tmp.name) / "stdout", Path(tmp.name) / "stderr"
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                errors="replace", start_new_session=True, env=child_env)
+        child = proc.spawn(argv, stdout=out_path, stderr=err_path, env=child_env, label="env-probe")
     except OSError as exc:
+        tmp.cleanup()
         return [StageResult("startup", "error", None, f"{type(exc).__name__}: {exc}")], facts, ""
-    lines: queue.Queue = queue.Queue()
-    err_tail: list[str] = []
-
-    def pump_out():
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    def pump_err():
-        for line in proc.stderr:
-            err_tail.append(line)
-            del err_tail[:-40]
-
-    threads = [threading.Thread(target=pump_out, daemon=True), threading.Thread(target=pump_err, daemon=True)]
-    for t in threads:
-        t.start()
+    lines = _LineReader(out_path)
     current, started = "startup", time.monotonic()
     try:
         while True:
             limit = timeouts.get(current, timeouts.get(current.split(":", 1)[0], 120.0))
-            remaining = limit - (time.monotonic() - started)
-            try:
-                line = lines.get(timeout=max(remaining, 0.0))
-            except queue.Empty:
+            if time.monotonic() - started > limit:
                 results.append(StageResult(current, "hang", round(time.monotonic() - started, 3),
                                            f"no progress for {limit:g} s; killed the probe's process group"))
-                _kill_group(proc)
                 break
-            if line is None:  # stdout closed: the child exited
-                proc.wait()
-                if current == "exit" and proc.returncode not in (0, None):
-                    results.append(StageResult("exit", "crash" if proc.returncode < 0 else "error", None,
-                                               f"the probe child ended with code {proc.returncode} after "
-                                               f"its last stage"))
-                elif current != "exit":
-                    code = proc.returncode
-                    status = "crash" if code is not None and code < 0 else "error"
-                    why = (f"killed by signal {-code}" if status == "crash" else f"exited with code {code}")
-                    tail = "".join(err_tail).strip()[-800:]
-                    results.append(StageResult(current, status, round(time.monotonic() - started, 3),
-                                               f"{why} during {current}" + (f": {tail}" if tail else "")))
-                break
+            line = lines.next_line()
+            if line is None:
+                if child.wait(timeout=0.05) is None:
+                    continue
+                line = lines.next_line(final=True)
+                if line is None:  # the child exited and every line was read
+                    code = child.returncode
+                    if current == "exit" and code not in (0, None):
+                        results.append(StageResult("exit", "crash" if code < 0 else "error", None,
+                                                   f"the probe child ended with code {code} after its last stage"))
+                    elif current != "exit":
+                        status = "crash" if code is not None and code < 0 else "error"
+                        why = (f"killed by signal {-code}" if status == "crash" else f"exited with code {code}")
+                        tail = _tail_text(err_path)
+                        results.append(StageResult(current, status, round(time.monotonic() - started, 3),
+                                                   f"{why} during {current}" + (f": {tail}" if tail else "")))
+                    break
             if not line.startswith(_LINE):
                 continue
             try:
@@ -786,6 +793,11 @@ def _probe_child(spec: dict, timeouts: dict, env: dict | None,
                 if progress:
                     print(f"[gpulab env] {current} ...", file=sys.stderr, flush=True)
             elif msg.get("event") in ("done", "error"):
+                took = msg.get("s")
+                if took is not None and took > limit:  # it overran while we were not looking: a hang all the same
+                    results.append(StageResult(current, "hang", round(took, 3),
+                                               f"no progress for {limit:g} s; killed the probe's process group"))
+                    break
                 ok = msg["event"] == "done"
                 results.append(StageResult(msg["stage"], "ok" if ok else "error", msg.get("s"), msg.get("error")))
                 if ok:
@@ -796,11 +808,10 @@ def _probe_child(spec: dict, timeouts: dict, env: dict | None,
                         facts.update(f)
                 current, started = "between_stages", time.monotonic()
     finally:
-        if proc.poll() is None:
-            _kill_group(proc)
-        for t in threads:
-            t.join(timeout=5)
-    return results, facts, "".join(err_tail)
+        child.stop()
+        err_tail = _tail_text(err_path, 40 * 200)
+        tmp.cleanup()
+    return results, facts, err_tail
 
 
 def run_order(sdpa: dict) -> list[str]:
@@ -1033,7 +1044,7 @@ def format_report(facts: dict, matches: list, suggested: list[str]) -> str:
 
 def report(workload: dict | None = None, *, rules_path=None, run_sdpa: bool = True) -> dict:
     """Facts + matched risks + suggested scenarios in one JSON-able dict (what env.json holds)."""
-    from gpulab import rules as rules_mod
+    from gpulab.env import rules as rules_mod
 
     facts = collect(workload, run_sdpa=run_sdpa)
     rules = rules_mod.load_rules(rules_path)
@@ -1060,7 +1071,7 @@ def headline(facts: dict, matches: list) -> str:
 
 def save_products(out_dir, facts: dict, matches: list) -> dict:
     """env.json (facts + risks) and suggested_scenarios.json (read by notebook 04) in out_dir."""
-    from gpulab import rules as rules_mod
+    from gpulab.env import rules as rules_mod
     from gpulab.report import product, write_json
 
     sug = rules_mod.scenarios_product(matches)
@@ -1099,7 +1110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe is not None:
         _Probe(json.loads(args.probe)).run()
         return 0
-    from gpulab import rules as rules_mod
+    from gpulab.env import rules as rules_mod
     from gpulab.report import write_json
 
     try:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
-from gpulab.proc import kill_group
+from gpulab import proc
 
 _LIB = str(Path(__file__).resolve().parents[2])
 
@@ -74,20 +74,10 @@ def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "ops",
 
 def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str | None = None
               ) -> tuple[int | None, bool, float]:
-    """Run cmd in its own process group; kill the whole group at the deadline. -> (rc, timed_out, seconds)."""
-    t0 = time.perf_counter()
-    with open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(list(cmd), stdout=err, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=_child_env(), cwd=cwd)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            rc = None
-        finally:
-            kill_group(proc)  # also reaps anything the child left behind
-    return (proc.returncode if rc is None and not timed_out else rc), timed_out, time.perf_counter() - t0
+    """Run cmd as a gpulab.proc child, output to stderr_path; stopped at the deadline.
+    -> (exit code or None, timed_out, seconds)."""
+    r = proc.run(cmd, timeout_s=timeout_s, env=_child_env(), cwd=cwd, stdout=stderr_path, stderr=subprocess.STDOUT)
+    return r.returncode, r.timed_out, r.elapsed_s
 
 
 def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outputs/trace",

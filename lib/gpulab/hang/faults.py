@@ -29,12 +29,13 @@ import ctypes
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from gpulab import proc
 
 KINDS = ("deadlock", "segfault", "slow", "nan", "error", "spin", "libload")
 _KEYS: Mapping[str, Mapping[str, Any]] = {
@@ -48,7 +49,7 @@ _KEYS: Mapping[str, Mapping[str, Any]] = {
 }
 _GIL_CHOICES = ("held", "released")
 PLANTED_MARK = "gpulab.faults: planted"
-DATA = Path(__file__).resolve().parent / "data" / "faults"
+DATA = Path(__file__).resolve().parent / "native"
 
 
 class FaultSpecError(ValueError):
@@ -149,10 +150,11 @@ def build_library(name: str = "ctor_deadlock", cc: str | None = None) -> Path:
         return lib
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f".lib{name}.{os.getpid()}.so"
-    proc = subprocess.run([compiler, "-shared", "-fPIC", "-O0", "-g", "-o", str(tmp), str(src), "-lpthread"],
-                          capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        raise RuntimeError(f"compiling {src} with {compiler} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    r = proc.run([compiler, "-shared", "-fPIC", "-O0", "-g", "-o", str(tmp), str(src), "-lpthread"],
+                 timeout_s=120, capture=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"compiling {src} with {compiler} failed ({r.status}, exit {r.returncode}): "
+                           f"{r.stderr[-2000:]}")
     os.replace(tmp, lib)
     return lib
 

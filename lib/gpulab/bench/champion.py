@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
-from gpulab.proc import kill_group
+from gpulab import proc
 
 GATE_FILE = "oracle_gate.json"
 RESULT_FILE = "benchmark.json"
@@ -234,7 +234,7 @@ def canonical(names: Sequence[str]) -> list[str]:
 def resolve_candidates(names: Sequence[str], device: str) -> tuple[dict[str, tuple[Callable, str, str]], str, dict[str, str], dict[str, str]]:
     """name -> (fn, kind, notes) from gpulab.candidates, where they came from, names that failed (with why),
     and names skipped because this device does not have them (the CUDA-only SDPA backends on a CPU)."""
-    from gpulab import candidates as reg
+    from gpulab.oracle import candidates as reg
 
     failed: dict[str, str] = {}
     skipped: dict[str, str] = {}
@@ -303,7 +303,8 @@ def worker(spec: Spec, result_path: Path) -> dict[str, Any]:
     """The child's work: time every candidate against the baseline, decide, sweep, time the workload."""
     import torch
 
-    from gpulab import bench, flops
+    from gpulab import bench
+    from gpulab.bench import flops
     from gpulab.report import write_json
 
     dev = spec.device
@@ -447,16 +448,10 @@ def run(spec: Spec, out_dir: str | os.PathLike, timeout_s: float | None = None) 
         result_path.unlink()
     deadline = timeout_s or spec.deadline_s()
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "gpulab.champion", str(spec_path), str(result_path)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            rc = proc.wait(timeout=deadline)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            kill_group(proc, grace_s=0.2)
+    r = proc.run([sys.executable, "-m", "gpulab.bench.champion", str(spec_path), str(result_path)],
+                 timeout_s=deadline, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log_path,
+                 stderr=subprocess.STDOUT, grace_s=0.2)
+    rc = r.returncode
     elapsed = time.monotonic() - t0
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     if rc is None:
@@ -524,7 +519,7 @@ def candidates_table(result: Mapping[str, Any]):
     """One row per candidate: latency with CI, ratio to the baseline with CI, verdict, throughput."""
     import pandas as pd
 
-    from gpulab import flops
+    from gpulab.bench import flops
 
     spec = result.get("spec", {})
     sh = Shape(**spec["shape"]) if spec else None
@@ -749,7 +744,7 @@ def metrics(result: Mapping[str, Any], run_status: str) -> tuple[str, dict[str, 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m gpulab.champion SPEC.json RESULT.json", file=sys.stderr)
+        print("usage: python -m gpulab.bench.champion SPEC.json RESULT.json", file=sys.stderr)
         return 2
     spec = spec_from_dict(json.loads(Path(argv[0]).read_text()))
     worker(spec, Path(argv[1]))

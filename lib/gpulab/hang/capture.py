@@ -10,12 +10,11 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from gpulab.proc import kill_group
+from gpulab import proc
 
 PTRACE_REFUSED = "ptrace refused"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -55,19 +54,15 @@ def find_tool(name: str) -> str | None:
 
 
 def run_bounded(argv: list[str], timeout_s: float, env: dict | None = None) -> tuple[int | None, str, str]:
-    """Run a probe in its own process group; on overrun kill the group and return rc None."""
+    """Run a capture tool as a gpulab.proc child; (exit code or None on overrun, stdout, stderr)."""
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", start_new_session=True, env=env)
+        r = proc.run(argv, timeout_s=timeout_s, env=env, capture=True, label=os.path.basename(argv[0]))
     except OSError as exc:
         return -1, "", f"{argv[0]}: {exc}"
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-        return proc.returncode, _ANSI.sub("", out), _ANSI.sub("", err)  # py-spy colours output in some envs
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, err = proc.communicate()
-        return None, _ANSI.sub("", out or ""), _ANSI.sub("", err or "") + f"\n[gpulab: {argv[0]} overran {timeout_s:.1f} s and was killed]"
+    err = _ANSI.sub("", r.stderr)  # py-spy colours output in some environments
+    if r.timed_out:
+        err += f"\n[gpulab: {argv[0]} overran {timeout_s:.1f} s and was stopped]"
+    return r.returncode, _ANSI.sub("", r.stdout), err
 
 
 def _ptrace_refused(text: str) -> bool:

@@ -1,0 +1,3 @@
+from gpulab.env import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Notebook 04's question: which fix scenario makes the failure go away, at what cost?"""

@@ -1,0 +1,3 @@
+from gpulab.oracle import _main
+
+raise SystemExit(_main())
