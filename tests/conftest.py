@@ -3,12 +3,20 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
+# Every process the tests start inherits this marker; at the end of the session none may be alive.
+SESSION_MARK = ("GPULAB_TEST_SESSION", uuid.uuid4().hex)
+os.environ[SESSION_MARK[0]] = SESSION_MARK[1]
+# ... and orphans re-parent to pytest (a fork without exec shows the environment pytest was started with).
+from gpulab import proc as _proc  # noqa: E402
+
+_proc._become_subreaper()
 
 
 def _has_gpu() -> bool:
@@ -52,3 +60,26 @@ def _no_orphans():
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The test-session check: fail the suite if any process a test started is still running."""
+    from procscan import left_after
+
+    from gpulab import proc
+
+    import psutil
+
+    spared = tuple(p for p in (proc.guard_pid(),) if p)
+    left = left_after(*SESSION_MARK, grace_s=3, exclude=spared)
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid not in spared and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
+                p.kill()
+        except psutil.Error:
+            pass
+    if left:
+        print("\nprocesses started by the tests were still running at the end (now killed):\n  "
+              + "\n  ".join(left), file=sys.stderr)
+        session.exitstatus = 1

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import trace
-from gpulab.hang import faults, watch
+from gpulab.hang import faults, verdict, watch
 
 FIX = Path(__file__).parent / "fixtures"
 STALL = 1.5
@@ -31,7 +31,7 @@ def _assert_hang_evidence(v):
     assert v.stacks["native"].strip(), f"no native stacks: {v.evidence}"
     assert v.left_running == ()
     assert v.time_to_verdict_s is not None and v.time_to_verdict_s >= v.stall_s
-    assert Path(v.log["verdict"]).exists()
+    assert (Path(v.log["dir"]) / v.log["verdict"]).exists()
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -78,10 +78,10 @@ def test_localize_earliest_gpu_incomplete_and_host_blocked():
             R(2, "aten.bmm.default", [], "a.py:2", "main", 1.2, 1.3, False, None),
             R(3, "aten.add.Tensor", [], "a.py:3", "main", 1.4, 1.5, False, None),
             R(4, "aten._local_scalar_dense.default", [], "a.py:4", "main", 1.6, None, None, None)]
-    inflight, blocked, open_ = watch.localize(recs)
+    inflight, blocked, open_ = verdict.localize(recs)
     assert (inflight.name, blocked.name, [r.seq for r in open_]) == ("aten.bmm.default",
                                                                       "aten._local_scalar_dense.default", [4])
-    inflight, blocked, _ = watch.localize(recs[:1] + [recs[3]])
+    inflight, blocked, _ = verdict.localize(recs[:1] + [recs[3]])
     assert (inflight.seq, blocked) == (4, None)
 
 
@@ -162,7 +162,7 @@ def test_slow_op_within_stall_window_is_ok(tmp_path):
 def test_nan_fault_is_seen_by_stats_mode(tmp_path):
     v = _run(tmp_path, ["python", str(FIX / "slow_then_ok.py"), "0"], fault="nan:aten.mm@2", mode="stats")
     assert v.status == "ok"
-    snap = trace.read(v.log["op_log"])
+    snap = trace.read(Path(v.log["dir"]) / v.log["op_log"])
     first = trace.first_nonfinite(snap)
     assert first is not None and first.name == "aten.mm.default"
     assert [r.seq for r in snap.records if r.name == "aten.mm.default"].index(first.seq) == 1

@@ -101,11 +101,11 @@ def test_cli_runs_all_scenarios_and_prints_index_last(tmp_path):
 
 
 def test_index_render_is_pure_and_escapes():
-    html = index.render({"run_id": "r1", "scenarios": [{"name": "baseline", "description": "d", "notebooks": [
+    html = index.render({"run_id": "r1", "status": "failed", "scenarios": [{"name": "baseline", "description": "d", "notebooks": [
         {"name": "01_x", "status": "failed", "duration_s": 1.5, "error": "<boom>", "report": "baseline/01_x.html"},
         {"name": "02_y", "status": "ok", "headline": "fine", "duration_s": 2.0}]}]})
     assert "&lt;boom&gt;" in html and "<boom>" not in html
-    assert "1 of 2 notebooks ok" in html and 'href="baseline/01_x.html"' in html
+    assert "FAILED: 1 failed, 1 ok" in html and 'href="baseline/01_x.html"' in html
 
 
 def test_only_still_validates_against_every_notebook(tmp_path):

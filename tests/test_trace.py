@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import trace
+from gpulab.trace import ring
 from gpulab.trace import run as _run
 
 BLOCKING_CHILD = textwrap.dedent("""
@@ -187,18 +188,18 @@ def test_torn_and_truncated_logs_are_tolerated(tmp_path):
     with trace.Recorder(log, capacity=32) as rec:
         fn()
     rec.close()
-    slots = trace.HEADER_SIZE + trace.DEFAULT_MEM_CAPACITY * trace.MEM_SIZE
+    slots = ring.HEADER_SIZE + ring.DEFAULT_MEM_CAPACITY * ring.MEM_SIZE
     raw = bytearray(log.read_bytes())
     # a slot caught mid-write (commit marker -1), and garbage in another
-    raw[slots + 9 * trace.SLOT_SIZE: slots + 9 * trace.SLOT_SIZE + 8] = (-1).to_bytes(8, "little", signed=True)
-    raw[slots + 5 * trace.SLOT_SIZE: slots + 6 * trace.SLOT_SIZE] = os.urandom(trace.SLOT_SIZE)
+    raw[slots + 9 * ring.SLOT_SIZE: slots + 9 * ring.SLOT_SIZE + 8] = (-1).to_bytes(8, "little", signed=True)
+    raw[slots + 5 * ring.SLOT_SIZE: slots + 6 * ring.SLOT_SIZE] = os.urandom(ring.SLOT_SIZE)
     torn = tmp_path / "torn.log"
     torn.write_bytes(bytes(raw))
     snap = trace.read(torn)
     assert [r.seq for r in snap.records] == [0, 1, 2, 3, 4, 6, 7, 8] and snap.torn == 2
     # cut off in the middle of slot 4: the first 4 records survive
     cut = tmp_path / "cut.log"
-    cut.write_bytes(bytes(raw[: slots + 4 * trace.SLOT_SIZE + 100]))
+    cut.write_bytes(bytes(raw[: slots + 4 * ring.SLOT_SIZE + 100]))
     assert [r.seq for r in trace.read(cut).records] == [0, 1, 2, 3]
     bad = tmp_path / "bad.log"
     bad.write_bytes(b"not a log at all")

@@ -6,6 +6,7 @@ Products (verdicts, tables, tensors) are plain files in the same `out_dir`, name
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -34,31 +35,50 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Atomic write: a reader (the runner, a later notebook) never sees half a file."""
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Atomic write, readable by the team (0644 under the usual umask; mkstemp alone gives 0600). On any
+    failure (a full disk included) the temporary file is removed and the target is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(_jsonable(data), fh, indent=2, sort_keys=False)
-        fh.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Atomic JSON: a reader (the runner, a later notebook) never sees half a file."""
+    return write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
+
+
 def write_rows(out_dir: str | os.PathLike, name: str, rows: list[dict], **extra: Any) -> None:
-    """A benchmark's table as name.json (with `extra`, e.g. meta and errors) and name.csv, rewritten as rows
-    arrive so that a failure part-way keeps what was measured."""
+    """A table as name.json (with `extra`, e.g. meta and errors) and name.csv, rewritten as rows arrive so
+    that a failure part-way keeps what was measured."""
     import csv
+    import io
 
     out = Path(out_dir)
     write_json(out / f"{name}.json", {**extra, "rows": rows})
     if rows:
         keys = list(dict.fromkeys(k for r in rows for k in r))
-        with open(out / f"{name}.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=keys)
-            w.writeheader()
-            w.writerows(_jsonable(rows))
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+        w.writeheader()
+        w.writerows(_jsonable(rows))
+        write_text(out / f"{name}.csv", buf.getvalue())
 
 
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:

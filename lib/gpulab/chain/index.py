@@ -11,10 +11,30 @@ from typing import Any, Mapping
 STATUS_STYLE = {
     "ok": ("#1a7f37", "ok"),
     "failed": ("#cf222e", "failed"),
-    "killed": ("#cf222e", "killed"),
+    "killed": ("#cf222e", "stopped at its time limit"),
     "skipped": ("#9a6700", "skipped"),
     "running": ("#0969da", "running"),
+    "interrupted": ("#bc4c00", "interrupted"),
+    "not_run": ("#59636e", "not run"),
 }
+
+
+def run_summary(run: Mapping[str, Any]) -> str:
+    """The run's state in one sentence: never 'ok' unless every notebook ran and passed."""
+    nbs = [nb for sc in run.get("scenarios", []) for nb in sc.get("notebooks", [])]
+    counts: dict[str, int] = {}
+    for nb in nbs:
+        counts[nb.get("status", "?")] = counts.get(nb.get("status", "?"), 0) + 1
+    status = run.get("status", "running")
+    parts = ", ".join(f"{n} {STATUS_STYLE.get(k, ('', k))[1]}" for k, n in counts.items())
+    if status == "interrupted":
+        return f"INTERRUPTED ({run.get('note') or 'by a signal'}): {parts}"
+    if status == "running":
+        return f"running: {parts or 'nothing finished yet'}"
+    if status == "failed" or any(k != "ok" for k in counts):
+        return f"FAILED{' (' + run['note'] + ')' if run.get('note') else ''}: {parts}"
+    return f"all {len(nbs)} notebooks ok"
+
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2rem;color:#1f2328;max-width:1400px}
@@ -58,9 +78,7 @@ def render(run: Mapping[str, Any]) -> str:
         for nb in sc.get("notebooks", []):
             if nb["name"] not in names:
                 names.append(nb["name"])
-    total = sum(len(sc.get("notebooks", [])) for sc in scenarios)
-    failed = sum(1 for sc in scenarios for nb in sc.get("notebooks", []) if nb.get("status") in ("failed", "killed"))
-    summary = (f"{total - failed} of {total} notebooks ok" if failed else f"all {total} notebooks ok")
+    summary = html.escape(run_summary(run))
     head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
     rows = []
     for sc in scenarios:

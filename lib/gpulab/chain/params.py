@@ -22,6 +22,8 @@ SCENARIO_KEYS = frozenset({"description"})
 INJECTED = frozenset({"out_dir"})
 
 _CHOICES = re.compile(r"choices:\s*(?P<list>[^#;]+)", re.IGNORECASE)
+_RANGE = re.compile(r"range:\s*(?P<lo>-?[0-9.e+-]*)\s*\.\.\s*(?P<hi>-?[0-9.e+-]*)", re.IGNORECASE)
+_SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
 
 
@@ -37,6 +39,23 @@ class ParamSpec:
     choices: tuple[str, ...] = ()
     help: str = ""
     notebooks: tuple[str, ...] = ()
+    range: tuple[float | None, float | None] | None = None  # inclusive bounds (`# range: lo..hi`); lists: each item
+
+    @property
+    def description(self) -> str:
+        """The help comment without its machine-read parts (choices, range)."""
+        text = _RANGE.sub("", _CHOICES.sub("", self.help))
+        return re.sub(r"\s*[;,]\s*$", "", re.sub(r"\s{2,}", " ", text)).strip(" ;,") or ""
+
+    def range_text(self) -> str:
+        if not self.range:
+            return ""
+        lo, hi = self.range
+        return f"{_num(lo) if lo is not None else ''}..{_num(hi) if hi is not None else ''}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
 
 
 @dataclass(frozen=True)
@@ -71,7 +90,15 @@ def _spec_from_inspect(name: str, raw: Mapping[str, Any], notebook: str) -> Para
     choices = tuple(c.strip() for c in m.group("list").split(",") if c.strip()) if m else ()
     if type_name not in _TYPES:
         type_name = "None" if default is None else type(default).__name__
-    return ParamSpec(name, type_name, default, choices, help_text, (notebook,))
+    bounds = None
+    r = _RANGE.search(help_text)
+    if r:
+        try:
+            bounds = (float(r.group("lo")) if r.group("lo") else None, float(r.group("hi")) if r.group("hi") else None)
+        except ValueError as exc:
+            raise ParamError(f"{notebook}: parameter {name!r} has a malformed range in {help_text!r}; "
+                             f"write e.g. '# range: 1..64'") from exc
+    return ParamSpec(name, type_name, default, choices, help_text, (notebook,), bounds)
 
 
 def notebook_schema(paths: Iterable[str | Path]) -> dict[str, ParamSpec]:
@@ -86,13 +113,15 @@ def notebook_schema(paths: Iterable[str | Path]) -> dict[str, ParamSpec]:
             spec = _spec_from_inspect(name, raw, nb_name)
             if name in schema:
                 old = schema[name]
-                if (old.type, old.choices) != (spec.type, spec.choices):
+                if (old.type, old.choices, old.range, old.default) != (spec.type, spec.choices, spec.range,
+                                                                      spec.default):
                     raise ParamError(
                         f"parameter {name!r} is declared differently in {old.notebooks[0]} "
-                        f"({old.type}, choices {list(old.choices)}) and {nb_name} ({spec.type}, "
-                        f"choices {list(spec.choices)}); make them agree")
+                        f"({old.type} = {old.default!r}, choices {list(old.choices)}, range {old.range_text() or '-'}) "
+                        f"and {nb_name} ({spec.type} = {spec.default!r}, choices {list(spec.choices)}, range "
+                        f"{spec.range_text() or '-'}); make them agree")
                 spec = ParamSpec(name, old.type, old.default, old.choices, old.help or spec.help,
-                                 old.notebooks + (nb_name,))
+                                 old.notebooks + (nb_name,), old.range)
             schema[name] = spec
     return schema
 
@@ -103,6 +132,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ParamError(f"params file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ParamError(f"params file {str(path)!r} is a folder, not a YAML file; give a file such as "
+                         f"params/smoke.yaml")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -187,10 +219,32 @@ def validate(layered: Layered, schema: Mapping[str, ParamSpec]) -> dict[str, Any
             problems.append(f"parameter {key!r} {where} = {value!r} is not a valid choice; "
                             f"choose one of: {', '.join(spec.choices)}")
             continue
+        bad = _out_of_range(spec, value)
+        if bad is not None:
+            problems.append(f"parameter {key!r} {where} = {bad!r} is out of range; it must be within "
+                            f"{spec.range_text()} (inclusive)")
+            continue
         out[key] = value
+    if len(problems) == 1:
+        raise ParamError(problems[0])
     if problems:
-        raise ParamError("bad parameters:\n  - " + "\n  - ".join(problems))
+        raise ParamError(f"{len(problems)} bad parameters:\n  - " + "\n  - ".join(problems))
     return out
+
+
+def _out_of_range(spec: ParamSpec, value: Any) -> Any:
+    """The first value (the value itself, or an item of a list) outside the declared range, or None."""
+    if not spec.range:
+        return None
+    lo, hi = spec.range
+    for v in (value if isinstance(value, list) else [value]):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if isinstance(value, list):
+                return v  # a list parameter with a range holds numbers only
+            continue
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            return v
+    return None
 
 
 def for_notebook(values: Mapping[str, Any], schema: Mapping[str, ParamSpec], notebook: str) -> dict[str, Any]:
@@ -219,3 +273,55 @@ def resolve(root: str | Path, scenario: str, param_files: Iterable[str | Path] =
 
 def list_scenarios(root: str | Path) -> list[str]:
     return sorted(p.stem for p in (Path(root) / "params" / "scenarios").glob("*.yaml"))
+
+
+def parse_scenarios(root: str | Path, text: str) -> tuple[str, ...]:
+    """`--scenario` text -> names: 'all', or a comma list of names from params/scenarios/ (checked)."""
+    if text.strip() == "all":
+        names = tuple(list_scenarios(root))
+        if not names:
+            raise ParamError("--scenario all: there is no scenario in params/scenarios/")
+        return names
+    names = tuple(n.strip() for n in text.split(","))
+    check_scenarios(root, names)
+    return names
+
+
+def check_scenarios(root: str | Path, names: Iterable[str]) -> None:
+    """Scenario names are names of files in params/scenarios/, each once; a path is refused (a parameter
+    file goes with --params), so nothing is read from or written outside the project and --out."""
+    names = list(names)
+    valid = list_scenarios(root)
+    listing = ", ".join(valid) or "(none in params/scenarios/)"
+    if not names or not any(names):
+        raise ParamError(f"--scenario names no scenario; give one or more of {listing} (comma-separated), "
+                         f"or 'all'")
+    problems = []
+    for n in names:
+        if not n:
+            problems.append(f"--scenario has an empty name in the list; valid scenarios: {listing}")
+        elif "/" in n or "\\" in n or n.endswith((".yaml", ".yml")) or not _SCENARIO_NAME.match(n):
+            problems.append(f"scenario {n!r} is not a scenario name; scenarios are names from params/scenarios/ "
+                            f"({listing}); to layer a YAML file of your own, use --params {n}")
+        elif n not in valid:
+            close = difflib.get_close_matches(n, valid, n=2)
+            problems.append(f"unknown scenario {n!r}" + (f" (did you mean {', '.join(map(repr, close))}?)" if close
+                                                         else "") + f"; valid scenarios: {listing}")
+    dup = sorted({n for n in names if n and names.count(n) > 1})
+    if dup:
+        problems.append(f"scenario(s) {', '.join(map(repr, dup))} listed more than once in --scenario")
+    if problems:
+        raise ParamError("; ".join(problems) if len(problems) == 1 else "\n  - " + "\n  - ".join(problems))
+
+
+def schema_text(schema: Mapping[str, ParamSpec]) -> str:
+    """`gpulab params`: one block per parameter, what a user needs to set it."""
+    lines = []
+    for spec in sorted(schema.values(), key=lambda s: s.name):
+        allowed = (f"choices: {', '.join(spec.choices)}" if spec.choices else
+                   f"range: {spec.range_text()}" if spec.range else "")
+        lines.append(f"{spec.name}  ({spec.type}, default {spec.default!r}{'; ' + allowed if allowed else ''})")
+        if spec.description:
+            lines.append(f"    {spec.description}")
+        lines.append(f"    used by: {', '.join(spec.notebooks)}")
+    return "\n".join(lines)

@@ -1,21 +1,23 @@
 """The chain runner: every numbered notebook, per scenario, through papermill, rendered, indexed.
 
-Each notebook runs in its own papermill child (own process group) under two limits: papermill's per-cell
-execution timeout and our outer wall-clock limit, which kills the whole tree when a kernel stalls
-(papermill has open bugs where it waits forever). Papermill saves the notebook after every cell, so a
-killed notebook keeps the cells it finished; it is rendered and indexed like any other. The index and
-run.json are rewritten after every notebook, so an interrupted run is still browsable.
+The index and run.json are rewritten after every notebook, so a run stopped at any point is browsable and
+says so: an interrupt (SIGINT/SIGTERM/SIGHUP) stops every child, marks the notebook it cut off as
+`interrupted` and the rest `not run`, and the index says interrupted; a full disk ends the run as
+`failed`, never as a success. Scenarios may run side by side (`jobs`), each in its own thread that only
+waits on its papermill child.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
 import json
 import os
 import socket
-import subprocess
 import sys
-import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -23,11 +25,13 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from gpulab import proc, report
-from gpulab.chain import index, params
+from gpulab.chain import index, notebook, params
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
-HEARTBEAT_S = 15.0
+NOTEBOOK_STATUSES = ("ok", "failed", "killed", "skipped", "interrupted", "not_run")
+RUN_STATUSES = ("running", "ok", "failed", "interrupted")
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 @dataclass(frozen=True)
@@ -41,12 +45,22 @@ class RunConfig:
     kernel: str = "python3"
     cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S
     notebook_timeout_s: float = DEFAULT_NOTEBOOK_TIMEOUT_S
+    jobs: int = 1  # scenarios run side by side
+
+    def __post_init__(self) -> None:
+        for key in ("cell_timeout_s", "notebook_timeout_s"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and v > 0):
+                flag = "--" + key.replace("_s", "").replace("_", "-")
+                raise params.ParamError(f"{flag} {v!r} is not valid; it must be a positive number of seconds")
+        if not (isinstance(self.jobs, int) and self.jobs >= 1):
+            raise params.ParamError(f"--jobs {self.jobs!r} is not valid; it must be a whole number >= 1")
 
 
 @dataclass(frozen=True)
 class NotebookResult:
     name: str
-    status: str  # ok | failed | killed | skipped
+    status: str  # one of NOTEBOOK_STATUSES
     duration_s: float | None = None
     headline: str | None = None
     error: str | None = None
@@ -63,6 +77,10 @@ class ScenarioResult:
     description: str
     params: dict[str, Any]
     notebooks: tuple[NotebookResult, ...] = field(default_factory=tuple)
+
+
+class DiskFull(OSError):
+    """Writing a product failed for lack of space (or a size limit): the run cannot go on."""
 
 
 def find_root(start: str | Path | None = None) -> Path:
@@ -123,108 +141,13 @@ def needs(nb_path: Path) -> list[str]:
     return list(meta.get("gpulab", {}).get("needs", []))
 
 
-def _cells_done(ipynb: Path) -> tuple[int, int, float]:
-    """(cells finished, code cells, seconds inside cells) from papermill's per-cell metadata."""
-    try:
-        nb = json.loads(ipynb.read_text())
-    except (OSError, ValueError):
-        return 0, 0, 0.0
-    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
-    done = [c for c in code if c.get("metadata", {}).get("papermill", {}).get("status") == "completed"]
-    secs = sum(float(c["metadata"]["papermill"].get("duration") or 0.0) for c in done)
-    return len(done), len(code), secs
-
-
-def notebook_error(ipynb: Path) -> str | None:
-    """The first error a cell raised, as 'Name: message' (what a reader of the index needs first)."""
-    try:
-        nb = json.loads(ipynb.read_text())
-    except (OSError, ValueError):
-        return None
-    for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []) or []:
-            if out.get("output_type") == "error":
-                return f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip()
-    return None
-
-
-def render(ipynb: Path) -> tuple[Path | None, Path | None, str | None]:
-    """Two HTML renderings: a no-input report for the team and the full notebook for engineers."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    try:
-        nb = nbformat.read(str(ipynb), as_version=4)
-        report_path = ipynb.with_suffix(".html")
-        full_path = ipynb.with_suffix(".full.html")
-        body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                               exclude_output_prompt=True).from_notebook_node(nb)
-        report_path.write_text(body)
-        body, _ = HTMLExporter().from_notebook_node(nb)
-        full_path.write_text(body)
-        return report_path, full_path, None
-    except Exception as exc:  # a broken notebook file must not stop the chain
-        return None, None, f"rendering failed: {type(exc).__name__}: {exc}"
-
-
-def execute(nb_path: Path, out_ipynb: Path, param_file: Path, cfg: RunConfig, log: Path,
-            progress: Callable[[str], None]) -> tuple[str, float, str | None]:
-    """Run one notebook in a papermill child; returns (status, seconds, error)."""
-    cmd = [sys.executable, "-m", "papermill", str(nb_path), str(out_ipynb), "-k", cfg.kernel,
-           "--cwd", str(cfg.root), "-f", str(param_file), "--execution-timeout", str(int(cfg.cell_timeout_s)),
-           "--no-progress-bar", "--log-level", "WARNING"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="module://matplotlib_inline.backend_inline")
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="gpulab-kernel-") as runtime:
-        env["JUPYTER_RUNTIME_DIR"] = runtime  # kernel connection files: removed with the folder, whatever happens
-        with proc.Child(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cfg.root, label=nb_path.stem) as child:
-            next_beat = t0 + HEARTBEAT_S
-            while (rc := child.wait(timeout=0.5)) is None:
-                now = time.monotonic()
-                if now - t0 > cfg.notebook_timeout_s:
-                    child.stop(grace_s=3)
-                    return "killed", now - t0, (f"killed after {now - t0:.0f} s: the notebook's wall-clock "
-                                                f"limit is {cfg.notebook_timeout_s:.0f} s (--notebook-timeout)")
-                if now >= next_beat:
-                    done, total, _ = _cells_done(out_ipynb)
-                    progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)")
-                    next_beat = now + HEARTBEAT_S
-    elapsed = time.monotonic() - t0
-    if rc == 0:
-        return "ok", elapsed, None
-    err = notebook_error(out_ipynb)
-    if err is None:
-        tail = log.read_text(errors="replace").strip().splitlines()[-8:]
-        err = "\n".join(tail) or f"papermill exited with {rc}"
-    return "failed", elapsed, err
-
-
 def _rel(path: Path | None, base: Path) -> str | None:
     return None if path is None else os.path.relpath(path, base)
 
 
-def _summary(cfg: RunConfig, run_dir: Path, started: float, scenarios: list[ScenarioResult]) -> dict[str, Any]:
-    return {
-        "run_id": run_dir.name,
-        "started": _dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
-        "duration_s": time.time() - started,
-        "host": socket.gethostname(),
-        "command": " ".join(sys.argv),
-        "scenarios": [
-            {"name": s.name, "description": s.description, "params": s.params,
-             "notebooks": [asdict(n) for n in s.notebooks]} for s in scenarios],
-    }
-
-
-def write_index(run_dir: Path, summary: dict[str, Any]) -> Path:
-    report.write_json(run_dir / "run.json", summary)
-    path = run_dir / "index.html"
-    path.write_text(index.render(summary))
-    return path
-
-
 def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, tuple[dict, str]]]:
     """Everything that can be wrong with the input, checked before any notebook runs."""
+    params.check_scenarios(cfg.root, cfg.scenarios)
     notebooks = discover(cfg.root, cfg.only)
     # The schema comes from every notebook, so a shared params file stays valid with --only.
     schema = params.notebook_schema(discover(cfg.root))
@@ -235,63 +158,192 @@ def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[
             layered = params.resolve(cfg.root, scen, cfg.param_files, cfg.overrides)
             resolved[scen] = (params.validate(layered, schema), layered.description)
         except params.ParamError as exc:
-            problems.append(f"scenario {scen!r}: {exc}")
+            problems.append(f"scenario {scen!r}: {exc}" if len(cfg.scenarios) > 1 else str(exc))
     if problems:
         raise params.ParamError("\n".join(problems))
     return notebooks, schema, resolved
 
 
+class _Run:
+    """The state of one run, shared by the scenario threads; every change rewrites run.json and the index."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, notebooks: list[Path],
+                 resolved: dict[str, tuple[dict, str]], say: Callable[[str], None]):
+        self.cfg, self.run_dir, self.notebooks, self.say = cfg, run_dir, notebooks, say
+        self.started = time.time()
+        self.lock = threading.RLock()
+        self.stopping = threading.Event()
+        self.status = "running"
+        self.note: str | None = None
+        self.results = {s: ScenarioResult(s, resolved[s][1], resolved[s][0]) for s in cfg.scenarios}
+
+    def add(self, scen: str, res: NotebookResult) -> None:
+        with self.lock:
+            r = self.results[scen]
+            self.results[scen] = replace(r, notebooks=r.notebooks + (res,))
+            self.write_index()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_dir.name,
+            "status": self.status,
+            "note": self.note,
+            "started": _dt.datetime.fromtimestamp(self.started).isoformat(timespec="seconds"),
+            "duration_s": time.time() - self.started,
+            "host": socket.gethostname(),
+            "command": " ".join(sys.argv),
+            "scenarios": [{"name": s.name, "description": s.description, "params": s.params,
+                           "notebooks": [asdict(n) for n in s.notebooks]} for s in self.results.values()],
+        }
+
+    def write_index(self) -> Path:
+        with self.lock:
+            summary = self.summary()
+            report.write_json(self.run_dir / "run.json", summary)
+            return report.write_text(self.run_dir / "index.html", index.render(summary))
+
+    def finish_unrun(self, status: str, why: str) -> None:
+        """Every notebook that never ran gets a row saying so (the index must not look complete)."""
+        with self.lock:
+            for scen, r in self.results.items():
+                done = {n.name for n in r.notebooks}
+                rest = tuple(NotebookResult(p.stem, status, error=why) for p in self.notebooks if p.stem not in done)
+                self.results[scen] = replace(r, notebooks=r.notebooks + rest)
+
+
+def _disk(exc: OSError, what: Path) -> DiskFull:
+    return DiskFull(exc.errno, f"cannot write {what}: {exc.strerror or exc} (is the disk full?)")
+
+
+def _run_notebook(run: _Run, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict) -> NotebookResult:
+    cfg, name = run.cfg, nb_path.stem
+    nb_params = params.for_notebook(values, schema, name)
+    nb_params["out_dir"] = str(sc_dir)
+    if "scenario" in schema and name in schema["scenario"].notebooks:
+        nb_params["scenario"] = scen
+    pfile = sc_dir / "logs" / f"{name}.params.yaml"
+    report.write_text(pfile, yaml.safe_dump(nb_params, sort_keys=True))
+    out_ipynb = sc_dir / f"{name}.ipynb"
+    run.say(f"[{scen}] {name}: running")
+    ex = notebook.execute(nb_path, out_ipynb, pfile, root=cfg.root, kernel=cfg.kernel,
+                          cell_timeout_s=cfg.cell_timeout_s, notebook_timeout_s=cfg.notebook_timeout_s,
+                          log=sc_dir / "logs" / f"{name}.log", progress=run.say, stopping=run.stopping,
+                          env=_scenario_env(scen, run))
+    _, _, cells_s = notebook.cells_done(out_ipynb)
+    t_render = time.monotonic()
+    rep, full, render_err = notebook.render(out_ipynb) if out_ipynb.exists() else (None, None, "no notebook was written")
+    entry = report.load_metrics(sc_dir).get(name, {})
+    err = ex.error
+    if ex.status == "ok" and not out_ipynb.exists():
+        err = "papermill ended well but wrote no notebook"
+    res = NotebookResult(name, ex.status if err is None or ex.status != "ok" else "failed", ex.seconds,
+                         entry.get("headline"), err or (render_err if ex.status != "ok" else None),
+                         _rel(out_ipynb if out_ipynb.exists() else None, run.run_dir), _rel(rep, run.run_dir),
+                         _rel(full, run.run_dir), cells_s, time.monotonic() - t_render)
+    run.say(f"[{scen}] {name}: {res.status} in {ex.seconds:.1f} s" + (f" - {err.splitlines()[0]}" if err else ""))
+    return res
+
+
+def _scenario_env(scen: str, run: _Run) -> dict[str, str] | None:
+    """The environment a scenario's notebooks run in (None: this process's own)."""
+    return None
+
+
+def _run_scenario(run: _Run, scen: str, schema: dict) -> None:
+    values = run.results[scen].params
+    sc_dir = run.run_dir / scen
+    try:
+        (sc_dir / "logs").mkdir(parents=True)
+        report.write_text(sc_dir / "params.yaml", yaml.safe_dump(values, sort_keys=True))
+    except OSError as exc:
+        raise _disk(exc, sc_dir) if exc.errno in DISK_ERRNOS else exc
+    status_of: dict[str, str] = {}
+    for nb_path in run.notebooks:
+        if run.stopping.is_set():
+            return
+        name = nb_path.stem
+        missing = [n for n in needs(nb_path) if status_of.get(n, "ok") != "ok"]
+        if missing:
+            res = NotebookResult(name, "skipped", error=f"skipped: needs {', '.join(missing)}, which did not succeed")
+            run.say(f"[{scen}] {name}: skipped (needs {', '.join(missing)})")
+        else:
+            try:
+                res = _run_notebook(run, scen, sc_dir, nb_path, schema, values)
+            except proc.Interrupted as exc:
+                run.add(scen, _cut_off(run, sc_dir, name, exc))
+                raise
+            except OSError as exc:
+                if exc.errno not in DISK_ERRNOS:
+                    raise
+                run.add(scen, NotebookResult(name, "failed", error=str(_disk(exc, sc_dir))))
+                raise _disk(exc, sc_dir) from None
+        status_of[name] = res.status
+        run.add(scen, res)
+
+
+def _cut_off(run: _Run, sc_dir: Path, name: str, exc: proc.Interrupted) -> NotebookResult:
+    """The notebook a signal stopped: its finished cells (papermill saved them) are still rendered."""
+    ipynb = sc_dir / f"{name}.ipynb"
+    rep = full = None
+    if ipynb.exists():
+        with contextlib.suppress(Exception):
+            rep, full, _ = notebook.render(ipynb)
+    done, total, _ = notebook.cells_done(ipynb)
+    return NotebookResult(name, "interrupted", None, None,
+                          f"cut off by {exc.name} after {done} of {total} code cells",
+                          _rel(ipynb if ipynb.exists() else None, run.run_dir), _rel(rep, run.run_dir),
+                          _rel(full, run.run_dir))
+
+
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[int, Path]:
-    """Run the chain; returns (exit status, index.html). Raises ParamError before running on bad input."""
+    """Run the chain; returns (exit status, index.html). Raises ParamError before anything runs on bad
+    input, and proc.Interrupted (after writing the index) when a signal stops the run."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     notebooks, schema, resolved = plan(cfg)
     out = (cfg.out or cfg.root / "outputs").resolve()
     run_dir = new_run_dir(out)
     _point_latest(out, run_dir)
-    started = time.time()
+    state = _Run(cfg, run_dir, notebooks, resolved, say)
     say(f"gpulab run {run_dir.name}: {len(cfg.scenarios)} scenario(s) x {len(notebooks)} notebook(s) -> {run_dir}")
-    results: list[ScenarioResult] = []
-    failed = False
-    for scen in cfg.scenarios:
-        values, description = resolved[scen]
-        sc_dir = run_dir / scen
-        (sc_dir / "logs").mkdir(parents=True)
-        (sc_dir / "params.yaml").write_text(yaml.safe_dump(values, sort_keys=True))
-        scen_result = ScenarioResult(scen, description, values)
-        results.append(scen_result)
-        status_of: dict[str, str] = {}
-        for nb_path in notebooks:
-            name = nb_path.stem
-            missing = [n for n in needs(nb_path) if status_of.get(n, "ok") != "ok"]
-            if missing:
-                res = NotebookResult(name, "skipped", error=f"skipped: needs {', '.join(missing)}, which did not succeed")
-                say(f"[{scen}] {name}: skipped (needs {', '.join(missing)})")
-            else:
-                nb_params = params.for_notebook(values, schema, name)
-                nb_params["out_dir"] = str(sc_dir)
-                if "scenario" in schema and name in schema["scenario"].notebooks:
-                    nb_params["scenario"] = scen
-                pfile = sc_dir / "logs" / f"{name}.params.yaml"
-                pfile.write_text(yaml.safe_dump(nb_params, sort_keys=True))
-                out_ipynb = sc_dir / f"{name}.ipynb"
-                say(f"[{scen}] {name}: running")
-                status, secs, err = execute(nb_path, out_ipynb, pfile, cfg, sc_dir / "logs" / f"{name}.log", say)
-                _, _, cells_s = _cells_done(out_ipynb)
-                t_render = time.monotonic()
-                rep, full, render_err = render(out_ipynb) if out_ipynb.exists() else (None, None, "no notebook was written")
-                render_s = time.monotonic() - t_render
-                entry = report.load_metrics(sc_dir).get(name, {})
-                res = NotebookResult(
-                    name, status, secs, entry.get("headline"),
-                    err or (render_err if status != "ok" else None),
-                    _rel(out_ipynb if out_ipynb.exists() else None, run_dir), _rel(rep, run_dir),
-                    _rel(full, run_dir), cells_s, render_s)
-                say(f"[{scen}] {name}: {status} in {secs:.1f} s" + (f" - {err.splitlines()[0]}" if err else ""))
-            status_of[name] = res.status
-            failed |= res.status in ("failed", "killed")
-            scen_result = replace(scen_result, notebooks=scen_result.notebooks + (res,))
-            results[-1] = scen_result
-            write_index(run_dir, _summary(cfg, run_dir, started, results))
-    index_path = write_index(run_dir, _summary(cfg, run_dir, started, results))
-    say(f"done in {time.time() - started:.0f} s: " + ("some notebooks FAILED" if failed else "all notebooks ok"))
+    try:
+        state.write_index()
+        if cfg.jobs == 1 or len(cfg.scenarios) == 1:
+            for scen in cfg.scenarios:
+                _run_scenario(state, scen, schema)
+        else:
+            with ThreadPoolExecutor(max_workers=cfg.jobs, thread_name_prefix="scenario") as pool:
+                futures = [pool.submit(_run_scenario, state, scen, schema) for scen in cfg.scenarios]
+                try:
+                    for f in futures:
+                        while not f.done():
+                            time.sleep(0.2)  # the main thread stays interruptible
+                        f.result()
+                except BaseException:
+                    state.stopping.set()
+                    proc.stop_all(grace_s=1)
+                    raise
+    except proc.Interrupted as exc:
+        state.stopping.set()
+        proc.stop_all(grace_s=1)
+        state.status, state.note = "interrupted", f"interrupted by {exc.name}"
+        state.finish_unrun("not_run", f"not run: the run was interrupted by {exc.name}")
+        with contextlib.suppress(OSError):
+            state.write_index()
+        say(f"interrupted by {exc.name}: children stopped; {run_dir / 'index.html'} says what finished")
+        raise
+    except DiskFull as exc:
+        state.stopping.set()
+        proc.stop_all()
+        state.status, state.note = "failed", str(exc)
+        state.finish_unrun("not_run", "not run: the run stopped when the disk was full")
+        try:
+            path = state.write_index()
+        except OSError:
+            path = run_dir / "index.html"
+        say(f"gpulab run: {exc}; the run stopped (nothing is reported as a success)")
+        return 1, path
+    failed = any(n.status != "ok" for r in state.results.values() for n in r.notebooks)
+    state.status = "failed" if failed else "ok"
+    index_path = state.write_index()
+    say(f"done in {time.time() - state.started:.0f} s: " + ("some notebooks FAILED" if failed else "all notebooks ok"))
     return (1 if failed else 0), index_path

@@ -15,6 +15,9 @@ import runpy
 import sys
 import traceback
 
+from gpulab.hang import faults
+from gpulab.trace import recorder, ring  # no torch yet
+
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" not in argv:
@@ -37,10 +40,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ns, target = _parse(sys.argv[1:] if argv is None else argv)
-    from gpulab import trace  # no torch yet
 
     kw = {"capacity": ns.capacity} if ns.capacity else {}
-    trace.create(ns.log, ns.mode, **kw)
+    ring.create(ns.log, ns.mode, **kw)
     fh = None
     if ns.faulthandler:
         import faulthandler
@@ -50,10 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.enable(file=fh)
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
     if ns.fault:
-        import gpulab.hang.faults
-
-        gpulab.hang.faults.plant(ns.fault)
-    rec = trace.Recorder(ns.log, ns.mode, create_log=False)
+        faults.plant(ns.fault)
+    rec = recorder.Recorder(ns.log, ns.mode, create_log=False)
     rec.install()
     code = 0
     try:

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping
 
+from gpulab import workloads
+from gpulab.report import write_json
+from gpulab.trace.recorder import Recorder
+from gpulab.trace.ring import _check_mode
+
 
 @dataclass(frozen=True)
 class OverheadRow:
@@ -85,7 +90,6 @@ def rows(samples: Mapping[str, list[float]], ops: int, baseline: str = "none",
 
 def recorder_variants(modes, log_dir: str | Path) -> tuple[dict, list]:
     """Context factories for each recorder mode (one log per mode, re-installed per call) + the recorders."""
-    from gpulab.trace import Recorder
 
     recs = {m: Recorder(Path(log_dir) / f"overhead_{m}.log", m, capacity=1 << 14) for m in modes}
     return {m: (lambda r=r: r) for m, r in recs.items()}, list(recs.values())
@@ -109,11 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="ops,stats")
     p.add_argument("--repeats", type=int, default=5)
     ns = p.parse_args(argv[:i])
-    from gpulab import trace, workloads
 
     modes = [m for m in ns.modes.split(",") if m]
     for m in modes:
-        trace._check_mode(m)
+        _check_mode(m)
     cfg = _cfg_from_flags(argv[i + 1:])
     prep = workloads.prepare(cfg)
     import torch
@@ -127,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         for r in recs:
             r.close()
     out = [r.__dict__ | {"samples_s": list(r.samples_s)} for r in rows(samples, ops)]
-    from gpulab.report import write_json
 
     write_json(ns.json, {"rung": cfg.rung, "device": prep.device, "ops": ops, "rows": out})
     return 0
@@ -136,13 +138,12 @@ def main(argv: list[str] | None = None) -> int:
 def _cfg_from_flags(flags: list[str]):
     import dataclasses
 
-    from gpulab.workloads import _INT_KEYS, WorkloadConfig
 
     p = argparse.ArgumentParser(prog="workload flags")
-    for f in dataclasses.fields(WorkloadConfig):
+    for f in dataclasses.fields(workloads.WorkloadConfig):
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
-                       type=int if f.name in _INT_KEYS else str)
-    return WorkloadConfig(**vars(p.parse_args(flags)))
+                       type=int if f.name in workloads._INT_KEYS else str)
+    return workloads.WorkloadConfig(**vars(p.parse_args(flags)))
 
 
 if __name__ == "__main__":

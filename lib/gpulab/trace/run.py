@@ -1,4 +1,4 @@
-"""Record a workload in a child process (own process group, deadline) and plot what was recorded.
+"""Record a workload in a gpulab.proc child (own process group, deadline) and measure what recording costs.
 
 Why a child: the workload may hang or crash the interpreter; the notebook kernel must survive, and the
 log (a mmap'ed ring) keeps everything that was recorded up to the kill.
@@ -14,7 +14,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
 from gpulab import proc
+from gpulab.trace.ring import _check_mode, read
+from gpulab.workloads import WorkloadConfig, cli_args, command
 
 _LIB = str(Path(__file__).resolve().parents[2])
 
@@ -44,8 +47,6 @@ def _child_env() -> dict[str, str]:
 
 def _target(cfg_or_command) -> list[str]:
     """The part after `--`: SCRIPT.py [ARGS] or -m MODULE [ARGS] (a leading python executable is dropped)."""
-    from gpulab.workloads import WorkloadConfig, command
-
     argv = command(cfg_or_command) if isinstance(cfg_or_command, WorkloadConfig) else list(cfg_or_command)
     if not argv:
         raise ValueError("cfg_or_command is empty; give a WorkloadConfig or an argv list")
@@ -61,8 +62,6 @@ def _target(cfg_or_command) -> list[str]:
 def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "ops",
                       faulthandler: str | None = None, fault: str | None = None) -> list[str]:
     """argv that runs the workload under the recorder (what `record` and the watchdog start)."""
-    from gpulab.trace import _check_mode
-
     _check_mode(mode)
     cmd = [sys.executable, "-m", "gpulab.trace", "--log", str(log), "--mode", mode]
     if faulthandler:
@@ -83,8 +82,6 @@ def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str 
 def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outputs/trace",
            timeout_s: float = 300.0, name: str | None = None) -> Recording:
     """Run the workload under the recorder in a child; whatever was recorded is kept, even on timeout."""
-    from gpulab import trace
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = name or f"trace_{mode}"
@@ -93,7 +90,7 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     if log.exists():
         log.unlink()
     rc, timed_out, secs = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt")
-    snap = trace.read(log) if log.exists() else None
+    snap = read(log) if log.exists() else None
     tail = (out / f"{stem}.stderr.txt").read_text(errors="replace")[-4000:]
     sig = -rc if rc is not None and rc < 0 else (signal.SIGKILL if timed_out else None)
     return Recording(snap, None if timed_out else rc, sig, timed_out, secs, str(log), tuple(cmd), tail)
@@ -107,11 +104,8 @@ def overhead(cfg, modes: Sequence[str] = ("ops", "stats"), repeats: int = 5, out
     """
     import pandas as pd
 
-    from gpulab import trace
-    from gpulab.workloads import WorkloadConfig, cli_args
-
     for m in modes:
-        trace._check_mode(m)
+        _check_mode(m)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
@@ -133,9 +127,6 @@ def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s
 
     import pandas as pd
 
-    from gpulab import trace
-    from gpulab.workloads import WorkloadConfig, command
-
     bare = command(cfg_or_command) if isinstance(cfg_or_command, WorkloadConfig) else list(cfg_or_command)
     variants = {"none": bare, **{m: bootstrap_command(cfg_or_command, out / f"overhead_{m}.log", m) for m in modes}}
     samples: dict[str, list[float]] = {n: [] for n in variants}
@@ -147,7 +138,7 @@ def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s
                 raise RuntimeError(f"overhead run {n!r} failed (rc={rc}, timed_out={timed_out}); see "
                                    f"{out / f'overhead_{n}.stderr.txt'}")
             samples[n].append(secs)
-    ops = trace.read(out / f"overhead_{modes[0]}.log").started if modes else 0
+    ops = read(out / f"overhead_{modes[0]}.log").started if modes else 0
     base = statistics.median(samples["none"])
     return pd.DataFrame([{"variant": n, "ops": ops, "median_s": statistics.median(s), "baseline_s": base,
                           "us_per_op": (statistics.median(s) - base) / max(ops, 1) * 1e6, "ratio": None,
@@ -171,63 +162,3 @@ def finding(snap, rec: "Recording", ov, bad, rung: str, device: str) -> tuple[st
 def modes_for(device: str) -> list[str]:
     """Modes worth timing on this device (sync and gpu only differ from ops on CUDA)."""
     return ["ops", "stats", "sync", "gpu"] if str(device).startswith("cuda") else ["ops", "stats"]
-
-
-# ---------------------------------------------------------------------------------------------- plots
-
-def plot_timeline(frame, ax=None, max_rows: int = 4000):
-    """Host time of each op against wall time, one lane per thread (composite SDPA records drawn wide)."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(11, 3.2))[1]
-    f = frame.head(max_rows)
-    threads = list(dict.fromkeys(f["thread"]))
-    names = f["name"].str.replace("aten.", "", regex=False).str.split(".").str[0]
-    top = names.value_counts().index[:9].tolist()
-    cmap = plt.get_cmap("tab10")
-    for i, th in enumerate(threads):
-        sub = f[f["thread"] == th]
-        sn = names[sub.index]
-        for j, key in enumerate(top + ["other"]):
-            sel = sub[sn.isin([key]) if key != "other" else ~sn.isin(top)]
-            if sel.empty:
-                continue
-            dur = (sel["dur_us"].fillna(0) / 1e3).clip(lower=0.002)
-            ax.broken_barh(list(zip(sel["start_ms"], dur)), (i - 0.4, 0.8), color=cmap(j % 10),
-                           label=key if i == 0 or key not in ax.get_legend_handles_labels()[1] else None)
-        fl = sub[sub["in_flight"]]
-        if not fl.empty:
-            ax.scatter(fl["start_ms"], [i] * len(fl), marker="x", color="red", zorder=5, label="in flight")
-    ax.set_yticks(range(len(threads)), [t[:28] for t in threads])
-    ax.set_xlabel("ms since the recorder started")
-    ax.set_title(f"op timeline ({len(f)} records)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
-    return ax
-
-
-def plot_summary(summ, ax=None, top: int = 15):
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(8, 4))[1]
-    s = summ.head(top).iloc[::-1]
-    ax.barh(s["name"].str.replace("aten.", "", regex=False), s["total_ms"])
-    ax.set_xlabel("total host time (ms)")
-    ax.set_title("time per op type")
-    return ax
-
-
-def plot_memory(mem, device: str, ax=None):
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(8, 3))[1]
-    if mem.empty:
-        ax.text(0.5, 0.5, "no memory samples", ha="center", transform=ax.transAxes)
-        return ax
-    ax.plot(mem["t_s"], mem["allocated_mb"], label="allocated" if device == "cuda" else "process RSS")
-    if device == "cuda" and mem["reserved_mb"].notna().any():
-        ax.plot(mem["t_s"], mem["reserved_mb"], label="reserved")
-    ax.set_xlabel("s since the recorder started")
-    ax.set_ylabel("MB")
-    ax.set_title("memory during the recording" + (" (CUDA caching allocator)" if device == "cuda" else ""))
-    ax.legend()
-    return ax

@@ -1,0 +1,118 @@
+"""One notebook of the chain: executed by papermill in a gpulab.proc child, then rendered to HTML.
+
+Two limits bound a notebook: papermill's per-cell execution timeout and our wall-clock limit, which stops
+the whole tree when a kernel stalls (papermill has open bugs where it waits forever). Papermill saves the
+notebook after every cell, so a stopped notebook keeps the cells it finished and is rendered like any other.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from gpulab import proc, report
+
+HEARTBEAT_S = 15.0
+
+
+@dataclass(frozen=True)
+class Execution:
+    status: str                 # ok | failed | killed (wall-clock limit) | interrupted (a signal stopped the run)
+    seconds: float
+    error: str | None
+
+
+def cells_done(ipynb: Path) -> tuple[int, int, float]:
+    """(cells finished, code cells, seconds inside cells) from papermill's per-cell metadata."""
+    try:
+        nb = json.loads(ipynb.read_text())
+    except (OSError, ValueError):
+        return 0, 0, 0.0
+    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+    done = [c for c in code if c.get("metadata", {}).get("papermill", {}).get("status") == "completed"]
+    secs = sum(float(c["metadata"]["papermill"].get("duration") or 0.0) for c in done)
+    return len(done), len(code), secs
+
+
+def first_error(ipynb: Path) -> str | None:
+    """The first error a cell raised, as 'Name: message' (what a reader of the index needs first)."""
+    try:
+        nb = json.loads(ipynb.read_text())
+    except (OSError, ValueError):
+        return None
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []) or []:
+            if out.get("output_type") == "error":
+                return f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip()
+    return None
+
+
+def execute(nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, kernel: str, cell_timeout_s: float,
+            notebook_timeout_s: float, log: Path, progress: Callable[[str], None],
+            stopping: threading.Event | None = None, env: dict[str, str] | None = None) -> Execution:
+    """Run one notebook in a papermill child. `stopping` set by another thread (an interrupt while
+    scenarios run in parallel) stops it as `interrupted`."""
+    cmd = [sys.executable, "-m", "papermill", str(nb_path), str(out_ipynb), "-k", kernel,
+           "--cwd", str(root), "-f", str(param_file), "--execution-timeout", str(int(cell_timeout_s)),
+           "--no-progress-bar", "--log-level", "WARNING"]
+    child_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1",
+                     MPLBACKEND="module://matplotlib_inline.backend_inline")
+    t0 = time.monotonic()
+    # Kernel connection files go to the runtime dir (jupyter_client) or the temp dir (nbclient): both point
+    # into a folder that is removed when the notebook ends, however it ends.
+    with tempfile.TemporaryDirectory(prefix="gpulab-kernel-") as runtime:
+        child_env.update(JUPYTER_RUNTIME_DIR=runtime, TMPDIR=runtime)
+        with proc.Child(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, cwd=root,
+                        label=nb_path.stem) as child:
+            next_beat = t0 + HEARTBEAT_S
+            while (rc := child.wait(timeout=0.25)) is None:
+                now = time.monotonic()
+                if stopping is not None and stopping.is_set():
+                    child.stop(grace_s=1)
+                    return Execution("interrupted", now - t0, "the run was interrupted while this notebook ran")
+                if now - t0 > notebook_timeout_s:
+                    child.stop(grace_s=3)
+                    return Execution("killed", now - t0, f"stopped after {now - t0:.0f} s: the notebook's "
+                                     f"wall-clock limit is {notebook_timeout_s:.0f} s (--notebook-timeout)")
+                if now >= next_beat:
+                    done, total, _ = cells_done(out_ipynb)
+                    progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)")
+                    next_beat = now + HEARTBEAT_S
+    elapsed = time.monotonic() - t0
+    if stopping is not None and stopping.is_set():
+        return Execution("interrupted", elapsed, "the run was interrupted while this notebook ran")
+    if rc == 0:
+        return Execution("ok", elapsed, None)
+    err = first_error(out_ipynb)
+    if err is None:
+        tail = log.read_text(errors="replace").strip().splitlines()[-8:] if log.exists() else []
+        err = "\n".join(tail) or f"papermill exited with {rc}"
+    return Execution("failed", elapsed, err)
+
+
+def render(ipynb: Path) -> tuple[Path | None, Path | None, str | None]:
+    """Two HTML renderings: a no-input report for the team and the full notebook for engineers."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    try:
+        nb = nbformat.read(str(ipynb), as_version=4)
+        report_path = ipynb.with_suffix(".html")
+        full_path = ipynb.with_suffix(".full.html")
+        body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
+                               exclude_output_prompt=True).from_notebook_node(nb)
+        report.write_text(report_path, body)
+        body, _ = HTMLExporter().from_notebook_node(nb)
+        report.write_text(full_path, body)
+        return report_path, full_path, None
+    except OSError:
+        raise  # a full disk is the run's problem, not this notebook's
+    except Exception as exc:  # a broken notebook file must not stop the chain
+        return None, None, f"rendering failed: {type(exc).__name__}: {exc}"

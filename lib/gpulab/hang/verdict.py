@@ -1,0 +1,273 @@
+"""What the watchdog saw -> the verdict (DESIGN.md's contract). Pure: plain data in, plain data out.
+
+The watchdog (`gpulab.hang.watch`) gathers an `Observation` (how the run ended, the op log, the stacks,
+stderr); `judge` turns it into a `Verdict`, so the verdict logic is tested on recorded inputs without
+running anything. The sync line lies: when earlier ops finished on the host but their GPU work never
+completed, the earliest of them is the op in flight and the op the host waits in is reported apart.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+from gpulab.hang import capture, classify
+
+STATUSES = ("ok", "hang", "crash", "error", "timeout")
+EXIT_CODES = {"ok": 0, "error": 1, "hang": 3, "crash": 4, "timeout": 5}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str
+    phase: str
+    cls: str | None
+    in_flight_op: dict | None
+    host_blocked_in: dict | None
+    last_completed_op: dict | None
+    ops_completed: int
+    signal: str | None
+    exit_code: int | None
+    elapsed_s: float
+    stacks: dict
+    evidence: tuple[str, ...]
+    planted: str | None
+    capture_s: dict
+    command: tuple[str, ...]
+    log: dict
+    stderr_tail: str = ""
+    mode: str | None = None
+    stall_s: float = 0.0
+    timeout_s: float = 0.0
+    hang_started_s: float | None = None     # elapsed time of the last progress before the hang
+    time_to_verdict_s: float | None = None  # from the last progress to the verdict (stall + capture + kill)
+    open_ops: tuple[dict, ...] = ()
+    oplog_tail: tuple[dict, ...] = ()
+    collapsed: dict = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    left_running: tuple = ()  # processes of the run still alive after it ended by itself (then ended)
+    localized: str | None = None  # how in_flight_op was found: host | gpu_event | gpu_bisect | raised | None
+
+    @property
+    def drill(self) -> bool:
+        """A planted fault: the verdict is a self-test of the watchdog, not a finding about the workload."""
+        return self.planted is not None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["class"] = d.pop("cls")
+        d["drill"] = self.drill
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Verdict":
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        kw["cls"] = d.get("class")
+        for k in ("evidence", "command", "open_ops", "oplog_tail", "notes", "left_running"):
+            kw[k] = tuple(d.get(k) or ())
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the watchdog observed of one run, before judging it."""
+    command: tuple[str, ...]
+    status: str                       # ok | hang | timeout | crash | error (from the loop and the exit code)
+    exit_code: int | None
+    elapsed_s: float
+    recorded: bool                    # a Python command under the recorder, whose op log exists
+    records: tuple = ()               # trace.OpRecord (or dicts with the same keys)
+    ops_started: int = 0
+    ops_completed: int = 0
+    dropped: int = 0
+    python_text: str = ""             # faulthandler dump (or py-spy text)
+    native_text: str = ""             # py-spy --native or gdb text
+    gpu_text: str | None = None
+    capture_notes: tuple[tuple[str, str], ...] = ()  # (step, note) of capture steps that fell short
+    capture_s: dict = field(default_factory=dict)
+    stderr_tail: str = ""
+    planted: str | None = None
+    mode: str | None = None
+    stall_s: float = 0.0
+    timeout_s: float = 0.0
+    hang_started_s: float | None = None
+    verdict_at_s: float | None = None
+    pid: int | None = None
+    notes: tuple[str, ...] = ()
+    left_running: tuple = ()
+    tail: int = 20
+
+
+# ------------------------------------------------------------------------------------ pure helpers
+
+def _get(rec: Any, key: str, default: Any = None) -> Any:
+    if isinstance(rec, Mapping):
+        return rec.get(key, default)
+    return getattr(rec, key, default)
+
+
+def op_dict(rec: Any) -> dict | None:
+    """An op record -> the verdict's op: name, shapes, dtypes, strides, device, call site."""
+    if rec is None:
+        return None
+    args = list(_get(rec, "args", ()) or ())
+    tensors = [a for a in args if isinstance(a, Mapping) and "shape" in a]
+    device = next((a.get("device") for a in tensors if a.get("device")), None)
+    t0, t1 = _get(rec, "t_start"), _get(rec, "t_end")
+    return {
+        "seq": _get(rec, "seq"),
+        "name": _get(rec, "name"),
+        "shapes": [list(a.get("shape") or ()) for a in tensors],
+        "dtypes": [a.get("dtype") for a in tensors],
+        "strides": [list(a.get("stride") or ()) for a in tensors],
+        "contiguous": [a.get("contiguous") for a in tensors],
+        "device": device,
+        "call_site": _get(rec, "call_site"),
+        "thread": _get(rec, "thread"),
+        "t_start": t0,
+        "t_end": t1,
+        "duration_s": (t1 - t0) if (t0 is not None and t1 is not None) else None,
+        "gpu_done": _get(rec, "gpu_done"),
+    }
+
+
+def localize(records: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
+    """(in-flight record, host-blocked-in record, all open records).
+
+    When earlier ops finished on the host but their GPU work never completed, the earliest of those is
+    the culprit and the op the host is still inside (a sync) is reported apart."""
+    open_host = [r for r in records if _get(r, "t_end") is None]
+    gpu_pending = [r for r in records if _get(r, "t_end") is not None and _get(r, "gpu_done") is False]
+    host = max(open_host, key=lambda r: _get(r, "seq")) if open_host else None
+    if gpu_pending:
+        first = min(gpu_pending, key=lambda r: _get(r, "seq"))
+        blocked = host if host is not None and _get(host, "seq") > _get(first, "seq") else None
+        return first, blocked, open_host
+    return host, None, open_host
+
+
+def python_blocked_frame(py_threads: Sequence[capture.Thread]) -> dict | None:
+    """Where the main Python thread waits when no recorded op is open (e.g. torch.cuda.synchronize())."""
+    main = classify.main_thread(py_threads)
+    if not main or not main.frames:
+        return None
+    func, _, where = main.frames[0].partition(" (")
+    return {"name": f"{func} (Python frame, not a recorded op)", "call_site": where.rstrip(")")}
+
+
+def oplog_line(o: Mapping[str, Any]) -> str:
+    return (f"{o['seq']:>6} {'OPEN ' if o['t_end'] is None else 'done '}"
+            f"{'' if o['gpu_done'] is None else ('gpu-done ' if o['gpu_done'] else 'gpu-PENDING ')}"
+            f"{o['name']} {o['shapes']} {o['call_site'] or ''}")
+
+
+def _threads(obs: Observation) -> tuple[tuple[capture.Thread, ...], tuple[capture.Thread, ...]]:
+    py = obs.python_text
+    python = capture.parse_python(py) if "(most recent call first)" in py else \
+        (capture.parse_native(py, obs.pid) if py else ())
+    return python, capture.parse_native(obs.native_text, obs.pid)
+
+
+# ------------------------------------------------------------------------------------ the judgement
+
+def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
+    """The verdict of one observed run. Never reads `planted` to decide anything: a drill is judged like a
+    bug, and only labelled afterwards."""
+    if obs.status not in STATUSES:
+        raise ValueError(f"observation status {obs.status!r} is not valid; choose one of {', '.join(STATUSES)}")
+    status, records, notes = obs.status, list(obs.records), list(obs.notes)
+    inflight, blocked, open_recs = localize(records) if status != "ok" else (None, None, [])
+    localized = None
+    if inflight is not None:
+        localized = "gpu_event" if _get(inflight, "gpu_done") is False else "host"
+    if inflight is None and status == "error":
+        raised = [r for r in records if _get(r, "raised")]
+        if raised:  # the op whose exception ended the program
+            inflight = max(raised, key=lambda r: _get(r, "seq"))
+            localized = "raised"
+            notes.append(f"{_get(inflight, 'name')} raised (the recorder marked it); it is reported as in_flight_op")
+    done = [r for r in records if _get(r, "t_end") is not None]
+    last_done = max(done, key=lambda r: _get(r, "seq")) if done else None
+    py_threads, native_threads = _threads(obs)
+    phase = classify.host_phase(obs.recorded, obs.ops_started, native_threads, py_threads)
+    blocked_d = op_dict(blocked)
+    if inflight is not None and blocked is None and _get(inflight, "t_end") is not None:
+        blocked_d = python_blocked_frame(py_threads)  # host waits outside any recorded op
+    sig = _signal_name(obs.exit_code) if status == "crash" else None
+    evidence = classify.Evidence(
+        status=status, phase=phase, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
+        native=native_threads, python=py_threads, gpu_text=obs.gpu_text or "", signal=sig,
+        exit_code=obs.exit_code, stderr_tail=obs.stderr_tail, open_ops=tuple(op_dict(r) for r in open_recs))
+    if status == "ok":
+        cls, facts = None, [f"exit code 0 after {obs.ops_completed} recorded op(s)" if obs.recorded else "exit code 0"]
+    else:
+        c = classify.classify(evidence)
+        cls, facts = c.cls, list(c.facts)
+    if status in ("hang", "timeout"):
+        facts.append(f"the watchdog stopped the whole process tree after the capture; exit code {obs.exit_code}")
+    if status == "error":
+        facts.append(f"exit code {obs.exit_code}; stderr tail: "
+                     + " | ".join(obs.stderr_tail.strip().splitlines()[-3:]))
+    if status == "crash" and "Fatal Python error" in obs.python_text:
+        facts.append("faulthandler: " + obs.python_text.strip().splitlines()[0])
+    facts.extend(f"{step} capture: {note}" for step, note in obs.capture_notes if note)
+    if obs.left_running:
+        facts.append(f"{len(obs.left_running)} process(es) of the run were still running after it ended: "
+                     + ", ".join(str(p) for p in obs.left_running) + " (then ended)")
+    if obs.planted:
+        facts.append(f"PLANTED fault {obs.planted} (a self-test: the failure was put there on purpose)")
+    if obs.dropped:
+        notes.append(f"op log ring dropped {obs.dropped} old record(s)")
+    oplog_tail = tuple(op_dict(r) for r in records[-obs.tail:])
+    return Verdict(
+        status=status, phase=phase, cls=cls, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
+        last_completed_op=op_dict(last_done), ops_completed=obs.ops_completed, signal=sig,
+        exit_code=obs.exit_code, elapsed_s=round(obs.elapsed_s, 3),
+        stacks={"python": obs.python_text, "native": obs.native_text, "gpu": obs.gpu_text},
+        evidence=tuple(facts), planted=obs.planted, capture_s=dict(obs.capture_s), command=tuple(obs.command),
+        log=dict(log or {}), stderr_tail=obs.stderr_tail[-2000:], mode=obs.mode, stall_s=obs.stall_s,
+        timeout_s=obs.timeout_s,
+        hang_started_s=round(obs.hang_started_s, 3) if obs.hang_started_s is not None else None,
+        time_to_verdict_s=(round(obs.verdict_at_s - obs.hang_started_s, 3)
+                           if obs.hang_started_s is not None and obs.verdict_at_s is not None else None),
+        open_ops=tuple(op_dict(r) for r in open_recs), oplog_tail=oplog_tail,
+        collapsed={"python": capture.collapse(py_threads), "native": capture.collapse(native_threads)},
+        notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized)
+
+
+def _signal_name(rc: int | None) -> str | None:
+    if rc is None or rc >= 0:
+        return None
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def op_brief(op: Mapping[str, Any] | None) -> str:
+    if not op:
+        return "-"
+    shapes = " x ".join(str(tuple(s)) for s in op.get("shapes") or ())
+    return f"{op.get('name')} {shapes}".strip()
+
+
+def headline(v: Verdict) -> str:
+    """One sentence for the index. A drill says so first: it tests the watchdog, not the workload."""
+    if v.status == "ok":
+        text = f"the program finished (ok, {v.ops_completed} ops recorded)"
+    else:
+        where = op_brief(v.in_flight_op) if v.in_flight_op else f"phase {v.phase}"
+        site = f" at {v.in_flight_op['call_site']}" if v.in_flight_op and v.in_flight_op.get("call_site") else ""
+        blocked = f"; host blocked in {v.host_blocked_in['name']}" if v.host_blocked_in else ""
+        text = f"{v.status} ({v.cls}) in {where}{site}{blocked}"
+    return f"self-test of the watchdog with a planted {v.planted}: {text}" if v.drill else text
+
+
+def finding(v: Verdict) -> tuple[str, dict]:
+    """Notebook 03's headline and metrics from one watched run."""
+    op = v.in_flight_op or {}
+    return headline(v), {
+        "status": v.status, "phase": v.phase, "class": v.cls, "in_flight_op": op.get("name"),
+        "call_site": op.get("call_site"), "host_blocked_in": (v.host_blocked_in or {}).get("name"),
+        "localized": v.localized, "planted": v.planted, "drill": v.drill, "time_to_verdict_s": v.time_to_verdict_s,
+        "capture_s": v.capture_s.get("total"), "ops_completed": v.ops_completed, "elapsed_s": v.elapsed_s}
