@@ -21,6 +21,10 @@ commands:
   env      the environment report and platform risks                gpulab env --json env.json
   watch    run a command under the hang watchdog                     gpulab watch --stall 30 -- python train.py
   params   the parameters the notebooks accept, or a scenario's merged values   gpulab params
+  ladder   each rung (attention, forward, step, steps) repeated under the watchdog: failure rates
+                                                                     gpulab ladder --json l.json --repeats 10
+  bisect   shrink a failing configuration to the smallest that still fails
+                                 gpulab bisect --json b.json --space seq=128:1 -- python x.py --seq {{seq}}
 """
 
 
@@ -176,8 +180,19 @@ def _watch(session: proc.Session, argv: list[str]) -> int:
     return watch.main(argv)
 
 
+def _ladder(session: proc.Session, argv: list[str]) -> int:
+    from gpulab.hang import commands
+    return commands.ladder_main(argv)
+
+
+def _bisect(session: proc.Session, argv: list[str]) -> int:
+    from gpulab.hang import commands
+    return commands.bisect_main(argv)
+
+
+# Commands are imported when called: `gpulab --help` must not pay for torch, psutil and pandas.
 COMMANDS: dict[str, Callable[[proc.Session, list[str]], int]] = {
-    "run": cmd_run, "env": _env, "watch": _watch, "params": cmd_params,
+    "run": cmd_run, "env": _env, "watch": _watch, "params": cmd_params, "ladder": _ladder, "bisect": _bisect,
 }
 
 

@@ -7,10 +7,13 @@ Products (verdicts, tables, tensors) are plain files in the same `out_dir`, name
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import math
+import re
 import os
 import tempfile
+from urllib.parse import quote
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +47,17 @@ def _umask() -> int:
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Atomic write, readable by the team (0644 under the usual umask; mkstemp alone gives 0600). On any
     failure (a full disk included) the temporary file is removed and the target is left as it was."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """write_text for bytes (a zip, an image)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
@@ -108,3 +116,43 @@ def record(out_dir: str | os.PathLike, notebook: str, headline: str, **metrics: 
 
 def load_metrics(out_dir: str | os.PathLike) -> dict:
     return read_json(Path(out_dir) / METRICS_FILE, default={}) or {}
+
+
+# ---------------------------------------------------------------------------------------------- safe text
+# nbconvert renders Markdown outputs to HTML and passes raw HTML through, so any string that comes from
+# outside (paths, op names, program output, parameter values, exception text) must be made inert.
+
+_MD_ACTIVE = re.compile(r"([\\`*_{}\[\]#|~!])")
+
+
+def esc(value: Any) -> str:
+    """Outside text for Markdown prose: HTML-escaped, and Markdown's active characters neutralized."""
+    return _MD_ACTIVE.sub(r"\\\1", html.escape(str(value), quote=True))
+
+
+def code(value: Any) -> str:
+    """Outside text shown as inline code in Markdown (an HTML <code>, so a backtick cannot break out)."""
+    return f"<code>{html.escape(str(value), quote=True)}</code>"
+
+
+def pre(value: Any) -> str:
+    """Outside text shown as a block (a program, a stack) in Markdown."""
+    return f"<pre>{html.escape(str(value), quote=True)}</pre>"
+
+
+def url(path: Any) -> str:
+    """A relative link target, URL-encoded (a path with spaces or markup still links, and stays inert)."""
+    return html.escape(quote(str(path).replace(os.sep, "/")), quote=True)
+
+
+def progress_log(out_dir: str | os.PathLike, notebook: str, echo: bool = False):
+    """A progress callable for long notebook work: lines go to out_dir/progress.log (which `gpulab run`
+    shows in its heartbeat), not into the published HTML; `echo` also prints them (interactive use)."""
+    path = product(out_dir, "progress.log")
+
+    def say(msg: str) -> None:
+        with open(path, "a") as fh:
+            fh.write(f"{notebook}: {msg}\n")
+        if echo:
+            print(msg, flush=True)
+    return say

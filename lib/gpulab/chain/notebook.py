@@ -54,6 +54,19 @@ def first_error(ipynb: Path) -> str | None:
     return None
 
 
+def last_progress(log: Path, notebook: str, chars: int = 4096) -> str | None:
+    """The newest line a notebook wrote to the scenario's progress.log (gpulab.report.progress_log)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, log.stat().st_size - chars))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    prefix = f"{notebook}: "
+    mine = [ln[len(prefix):] for ln in lines if ln.startswith(prefix)]
+    return mine[-1][:160] if mine else None
+
+
 def execute(nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, kernel: str, cell_timeout_s: float,
             notebook_timeout_s: float, log: Path, progress: Callable[[str], None],
             stopping: threading.Event | None = None, env: dict[str, str] | None = None) -> Execution:
@@ -83,7 +96,9 @@ def execute(nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, ker
                                      f"wall-clock limit is {notebook_timeout_s:.0f} s (--notebook-timeout)")
                 if now >= next_beat:
                     done, total, _ = cells_done(out_ipynb)
-                    progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)")
+                    last = last_progress(out_ipynb.parent / "progress.log", nb_path.stem)
+                    progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)"
+                             + (f": {last}" if last else ""))
                     next_beat = now + HEARTBEAT_S
     elapsed = time.monotonic() - t0
     if stopping is not None and stopping.is_set():

@@ -270,3 +270,21 @@ def plant(spec: str | FaultSpec | None) -> FaultSpec | None:
 def planted_from_stderr(text: str) -> list[str]:
     """The planted-fault lines a child printed, so a verdict can say a failure was planted."""
     return [ln.strip() for ln in text.splitlines() if ln.startswith(PLANTED_MARK)]
+
+
+EXPECTED_STATUS = {"deadlock": "hang", "segfault": "crash", "error": "error", "spin": "hang", "libload": "hang",
+                   "slow": "ok", "nan": "ok"}
+
+
+def self_test(spec: FaultSpec | str | None, status: str, in_flight_op: str | None) -> tuple[bool, str]:
+    """Did the watchdog find the fault that was planted? (passed, in words). Pure."""
+    fs = parse(spec) if not isinstance(spec, FaultSpec) else spec
+    if fs is None:
+        raise ValueError("self_test needs a planted fault spec")
+    want = EXPECTED_STATUS[fs.kind]
+    if status != want:
+        return False, f"the planted {fs} should end as {want}, but the run ended as {status}"
+    if fs.op and want != "ok" and not (in_flight_op and fs.matches(in_flight_op)):
+        return False, f"the planted {fs} was not localized: the in-flight op is {in_flight_op or 'unknown'}"
+    where = f" in {in_flight_op}" if in_flight_op and want != "ok" else ""
+    return True, f"the planted {fs} was found: {status}{where}"

@@ -2,8 +2,11 @@
 itself must import without them in a watched child)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from gpulab import report
+from gpulab.hang import bisect, faults, ladder, repro
 from gpulab.hang.verdict import Verdict, op_brief
 
 
@@ -79,3 +82,184 @@ def plot_time_to_verdict(v: Verdict, ax: Any = None):
     ax.set_title(f"time to verdict {v.time_to_verdict_s:.2f} s ({v.status}, {v.cls})")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, fontsize=8, frameon=False)
     return ax
+
+
+# ------------------------------------------------------------------------------------ ladder and bisection
+
+def ladder_table(lad: ladder.LadderResult):
+    import pandas as pd
+
+    return pd.DataFrame(ladder.table_rows(lad)).set_index("rung") if lad.rungs else pd.DataFrame()
+
+
+def plot_ladder(lad: ladder.LadderResult, ax: Any = None):
+    """Failure rate per rung with its Wilson 95% interval: one look says where the ladder breaks."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 2.8))
+    if not lad.rungs:
+        ax.text(0.5, 0.5, "no rung ran", ha="center", va="center")
+        ax.set_axis_off()
+        return ax
+    names = [r.name for r in lad.rungs]
+    rates = [r.fail_rate * 100 for r in lad.rungs]
+    lo = [max(0.0, (r.fail_rate - r.fail_rate_ci[0]) * 100) for r in lad.rungs]
+    hi = [max(0.0, (r.fail_rate_ci[1] - r.fail_rate) * 100) for r in lad.rungs]
+    colors = ["#cf222e" if r.failed else "#1a7f37" for r in lad.rungs]
+    ax.bar(names, rates, color=colors, alpha=0.8)
+    ax.errorbar(names, rates, yerr=[lo, hi], fmt="none", ecolor="k", capsize=6, lw=1)
+    for i, r in enumerate(lad.rungs):
+        ax.text(i, min(100, r.fail_rate_ci[1] * 100) + 3, f"{r.trials - r.counts['pass']}/{r.trials}",
+                ha="center", fontsize=9)
+    ax.set_ylim(0, 112)
+    ax.set_ylabel("failed runs (%)")
+    ax.set_title("failure rate per rung, with its 95% interval (Wilson)")
+    return ax
+
+
+def probes_table(bis: bisect.BisectResult):
+    import pandas as pd
+
+    rows = [{"probe": i + 1, "shrinking": p.dimension or "(the failing values)",
+             "configuration": ", ".join(f"{k}={v}" for k, v in p.config.items()), "outcome": p.outcome,
+             "trials": ", ".join(f"{n} {o}" for o, n in p.counts.items()), "seconds": round(p.seconds, 1)}
+            for i, p in enumerate(bis.probes)]
+    return pd.DataFrame(rows).set_index("probe")
+
+
+def plot_probes(bis: bisect.BisectResult):
+    """One panel per integer dimension: the value each probe tried, red when it failed: the threshold is
+    where the colours meet."""
+    import matplotlib.pyplot as plt
+
+    dims = [d for d in dict.fromkeys(p.dimension for p in bis.probes if p.dimension)
+            if isinstance(bis.minimal.get(d), int)]
+    if not dims:
+        fig, ax = plt.subplots(figsize=(6, 1.5))
+        ax.text(0.5, 0.5, "no integer dimension was shrunk", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    fig, axes = plt.subplots(1, len(dims), figsize=(4.2 * len(dims), 2.8), squeeze=False)
+    for ax, d in zip(axes[0], dims):
+        pts = [(i + 1, p.config[d], p.outcome) for i, p in enumerate(bis.probes) if d in p.config]
+        for outcome, color in (("pass", "#1a7f37"), ("fail", "#cf222e"), ("other", "#9a6700")):
+            sel = [(x, y) for x, y, o in pts if o == outcome]
+            if sel:
+                ax.scatter(*zip(*sel), color=color, label=outcome, zorder=3)
+        ax.axhline(bis.minimal[d], color="#cf222e", ls="--", lw=1)
+        ax.text(0.02, 0.95, f"smallest failing {d} = {bis.minimal[d]}", transform=ax.transAxes, va="top", fontsize=9)
+        ax.set_xlabel("probe")
+        ax.set_ylabel(d)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("bisection: value tried vs outcome")
+    fig.tight_layout()
+    return fig
+
+
+def finding_md(headline: str) -> str:
+    return f"**Finding.** {report.esc(headline)}."
+
+
+def repro_md(rep: repro.ReproResult | None, out_dir: str | Path) -> str:
+    """The verified repro inline (escaped), or why there is none."""
+    if rep is None:
+        return "No repro: nothing failed."
+    if not rep.verified:
+        return f"**No op replay reproduces the failure.** {report.esc(rep.explanation)}"
+    src = (Path(out_dir) / "repro" / rep.verified).read_text()
+    return f"**Verified repro** ({report.esc(rep.explanation)}):\n\n{report.pre(src)}"
+
+
+def bundle_md(path: Path | None, out_dir: str | Path) -> str:
+    if path is None:
+        return "No evidence bundle: nothing failed."
+    rel = Path(path).relative_to(Path(out_dir))
+    return (f"**Evidence bundle for an upstream report:** <a href=\"{report.url(rel)}\">{report.esc(rel)}</a> "
+            f"(with <a href=\"{report.url('issue.md')}\">issue.md</a>, in the shape PyTorch's bug template asks for).")
+
+
+def intro_md(cfg: Any, fault: str | None, repeats: int, stall_s: float) -> str:
+    planted = faults.parse(fault)
+    if planted:
+        return (f"**Self-test of the watchdog:** the fault {report.code(planted)} is planted in every run on purpose. "
+                "What follows tests gpulab, not the workload.")
+    what = ("the built-in workload" if cfg.kind == "builtin" else report.code(cfg.workload))
+    return (f"**Watching {what} as it runs:** each rung {repeats} time(s), a hang is {stall_s:g} s without "
+            "progress (no op finishing, no CPU time in the main thread).")
+
+
+def stacks_html(v: Verdict) -> str:
+    """Every thread's stack, folded (innermost frame in the summary, the whole stack inside): never cut."""
+    parts = []
+    for kind in ("python", "native"):
+        for line in v.collapsed.get(kind, ()):
+            thread, _, stack = line.partition(": ")
+            frames = stack.split(";")
+            parts.append(f"<details><summary>{report.esc(kind)} · {report.esc(thread)} · innermost: "
+                         f"{report.code(frames[-1] if frames else '')}</summary>"
+                         f"{report.pre(chr(10).join(reversed(frames)))}</details>")
+    return "\n".join(parts) or "<p>No stacks were captured.</p>"
+
+
+def show_verdict(v: Verdict | None, out_dir: str | Path) -> None:
+    """The first failure in full, or one sentence when nothing failed."""
+    from IPython.display import HTML, Markdown, display
+
+    if v is None:
+        display(Markdown("**No run failed**, so there is no failure to describe."))
+        return
+    display(verdict_table(v))
+    display(Markdown("**Evidence the class rests on:**\n\n" + "\n".join(f"- {report.esc(f)}" for f in v.evidence)))
+    folder = Path(v.log.get("dir", "."))
+    links = [f'<a href="{report.url(Path(folder).relative_to(Path(out_dir)) / name)}">{report.esc(name)}</a>'
+             for key, name in v.log.items() if key.startswith("stacks") and name]
+    display(HTML("<p><b>Stacks</b> (innermost frame first inside each fold)"
+                 + (": full text in " + ", ".join(links) if links else "") + "</p>" + stacks_html(v)))
+    if v.oplog_tail:
+        display(oplog_table(v))
+    if v.time_to_verdict_s is not None:
+        plot_time_to_verdict(v)
+
+
+def show_bisection(bis: bisect.BisectResult | None, why: str) -> None:
+    from IPython.display import Markdown, display
+
+    if bis is None:
+        display(Markdown(f"**No bisection:** {report.esc(why)}."))
+        return
+    display(Markdown(f"**Smallest failing configuration:** "
+                     + ", ".join(report.code(f"{k}={v}") for k, v in bis.minimal.items())
+                     + f" ({report.esc(why)}; {report.esc(bis.detection)})"))
+    plot_probes(bis)
+    display(probes_table(bis))
+
+
+def ladder_controls(cfg: Any, out_dir: str | Path, **climb_kw: Any) -> None:
+    """Widgets for the top rung, the repeats and the sizes to shrink; a button climbs again (interactive only)."""
+    import dataclasses
+
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    from gpulab import workloads
+    from gpulab.hang import investigate
+
+    rung = widgets.Dropdown(options=list(workloads.RUNGS), value=cfg.rung, description="top rung")
+    reps = widgets.IntSlider(value=3, min=1, max=50, description="repeats")
+    dims = widgets.SelectMultiple(options=list(bisect.SHRINKABLE), value=("layers", "heads"), description="shrink")
+    go = widgets.Button(description="climb", button_style="primary")
+    shown = widgets.Output()
+
+    def climb(_: Any) -> None:
+        shown.clear_output()
+        with shown:
+            c = dataclasses.replace(cfg, rung=rung.value)
+            lad = investigate.climb(c, Path(out_dir) / "interactive", repeats=reps.value, jobs=1, **climb_kw)
+            display(ladder_table(lad))
+            bis, why = investigate.shrink(c, lad, list(dims.value), Path(out_dir) / "interactive",
+                                          repeats=reps.value, jobs=1, **climb_kw)
+            show_bisection(bis, why)
+
+    go.on_click(climb)
+    display(widgets.VBox([widgets.HBox([rung, reps, dims, go]), shown]))

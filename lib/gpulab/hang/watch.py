@@ -288,9 +288,11 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
         capture_gpu: bool | str = "auto", cuda_gdb: bool = False, coredump: bool = False,
         env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
         tail: int = 20, native_tools: tuple[str, ...] = ("py-spy", "gdb"), progress: Any = None,
-        fixes: Sequence[str] = ()) -> Verdict:
+        fixes: Sequence[str] = (), stacks: bool = True) -> Verdict:
     """Run COMMAND under the watchdog and return the verdict (also written to out_dir/verdict.json).
-    `log` paths in the verdict are relative to out_dir (`Verdict.log['dir']` is out_dir itself)."""
+    `log` paths in the verdict are relative to out_dir (`Verdict.log['dir']` is out_dir itself).
+    stacks=False skips the stacks and the GPU view on a hang (a bisection probe needs only the outcome
+    and the op log; gdb alone can take seconds)."""
     command = [str(c) for c in command]
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not valid; choose one of {', '.join(MODES)}")
@@ -314,9 +316,11 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     with proc.Child(launch.argv, stdout=launch.stdout, stderr=launch.stderr, env=launch.env, cwd=cwd,
                     label="watched") as child:
         stalled, hang_started = _wait(child, launch, stall_s, timeout_s, t0, say)
-        if stalled:
+        if stalled and stacks:
             caps = _capture(child, launch, capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
                             native_tools=native_tools)
+        elif stalled:
+            caps = {"python": capture.Capture("python", "", None, 0.0, False, "not taken (stack capture off)")}
         t_log = time.monotonic()
         snap, log_notes = _read_log(launch)  # last, before the stop: the op-log tail as the hang left it
         caps["oplog"] = capture.Capture("oplog", "", "gpulab.trace" if snap is not None else None,
