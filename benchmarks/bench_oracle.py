@@ -70,20 +70,20 @@ def main(argv=None) -> int:
     from gpulab import oracle
     from gpulab.oracle import candidates
     from gpulab.device import resolve
+    from gpulab.workloads import dtype_name
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve(a.device)
     dtypes = oracle.resolve_dtypes(None if a.dtypes == "auto" else a.dtypes.split(","), dev)
-    dnames = [str(d).replace("torch.", "") for d in dtypes]
+    dnames = [dtype_name(d) for d in dtypes]
     result: dict = {"env": _env(), "device": dev, "cases": a.cases, "n_cases": len(oracle.case_set(a.cases)),
                     "planted_cases": a.planted_cases, "dtypes": dnames, "parts": {}, "errors": {}}
     path = out / "bench_oracle.json"
     rows: list[dict] = []
 
-    def save():
-        result["rows"] = rows
-        report.write_json(path, result)
+    def save():  # bench_oracle.json (result + rows) and bench_oracle.csv, rewritten after every part
+        report.write_rows(out, "bench_oracle", rows, **result)
 
     def part(name, fn):
         print(f"== {name}", file=sys.stderr, flush=True)
@@ -145,8 +145,6 @@ def main(argv=None) -> int:
 
     def cell(v):
         return f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))
-    if rows:
-        oracle._write_csv(out / "bench_oracle.csv", rows)
     if rows:  # plain formatting: pandas may be missing on the GPU host
         table = [[cell(r.get(c)) for c in cols] for r in rows]
         widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]

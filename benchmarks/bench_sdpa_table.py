@@ -1,8 +1,10 @@
 """Each SDPA backend's latency, TFLOP/s and % of peak (README figure: the H100 SDPA table).
 
-Shapes: the built-in workload's attention at its default sizes (B=2, H=4, S=16+64=80, D=32, non-causal) and
-the ANCHORS reference shape (bf16, B=4, H=16, S=4096, D=128, non-causal). On the CPU the reference shape is
-replaced by a small one (fp32, B=1, H=4, S=512, D=64): the math backend would need 4 GB of scores.
+Calls: the built-in workload's own attention call at its default sizes (B=2, H=4, S=16+64=80, D=32,
+non-causal, with its boolean key-padding mask: a backend that refuses the mask gets a "not supported" row
+with torch's reason) and the ANCHORS reference shape (bf16, B=4, H=16, S=4096, D=128, non-causal, no mask).
+On the CPU the reference shape is replaced by a small one (fp32, B=1, H=4, S=512, D=64): the math backend
+would need 4 GB of scores.
 Peak: the datasheet table in gpulab.flops for a known GPU, else a measured large matmul (the roof says which).
 
     python benchmarks/bench_sdpa_table.py --out DIR [--device auto|cpu|cuda] [--max-time-s 2]
@@ -19,21 +21,22 @@ from pathlib import Path
 
 import torch
 
-from gpulab import bench, report
-from gpulab.bench import flops
+from gpulab import report
+from gpulab.bench import flops, measure
+from gpulab.bench.worker import refusal
 from gpulab.oracle import candidates
+from gpulab.workloads import AttentionCall, WorkloadConfig
 
 # ANCHORS.md, measured on an H100 80GB HBM3 with torch 2.11, bf16, B=4,H=16,S=4096,D=128, non-causal (TFLOP/s)
 ANCHOR_TFLOPS = {"cudnn": 585.0, "flash": 327.0, "efficient": 172.0, "math": 23.0}
 
 
-def shapes(cuda: bool) -> dict[str, tuple[int, int, int, int, str]]:
-    dt = "bfloat16" if cuda else "float32"
-    out = {"workload": (2, 4, 80, 32, dt)}
-    if cuda:
-        out["anchor"] = (4, 16, 4096, 128, "bfloat16")
+def calls(device: str) -> dict[str, AttentionCall]:
+    out = {"workload": WorkloadConfig().attention(device)}
+    if device.startswith("cuda"):
+        out["anchor"] = AttentionCall(4, 16, 4096, 128, "bfloat16", mask="none")
     else:
-        out["cpu512"] = (1, 4, 512, 64, "float32")
+        out["cpu512"] = AttentionCall(1, 4, 512, 64, "float32", mask="none")
     return out
 
 
@@ -56,12 +59,14 @@ def main(argv=None) -> int:
     def save():
         report.write_rows(out, "sdpa_table", rows, meta=meta, roofs=roofs, errors=errors)
 
-    for label, (B, H, S, D, dt) in shapes(cuda).items():
+    for label, call in calls(dev).items():
+        B, H, S, D, dt = call.batch, call.heads, call.seq_len, call.head_dim, call.dtype
         try:
             if dt not in roofs:
                 roofs[dt] = asdict(flops.device_roof(dev, dt, max_time_s=args.max_time_s))
             roof = flops.Roof(**roofs[dt])
-            q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=getattr(torch, dt)) for _ in range(3))
+            inputs = call.inputs(dev)
+            q, k, v, mask = inputs
         except Exception as exc:
             errors[label] = f"{type(exc).__name__}: {exc}"
             save()
@@ -71,12 +76,18 @@ def main(argv=None) -> int:
         for name, cand in candidates.sdpa_backends(dev).items():
             fn = cand.fn
             print(f"[sdpa_table] {name} @ {label}", file=sys.stderr, flush=True)
-            row = {"shape": label, "B": B, "H": H, "S": S, "D": D, "dtype": dt, "backend": name}
+            row = {"shape": label, "B": B, "H": H, "S": S, "D": D, "dtype": dt, "mask": call.mask, "backend": name}
+            refused = refusal(fn, call, inputs, dev)
+            if refused is not None:
+                row["error"] = f"{'not supported' if refused[0] == 'unsupported' else 'error'}: {refused[1]}"
+                rows.append(row)
+                save()
+                continue
             try:
                 with torch.no_grad():
-                    fn(q, k, v)
                     t0 = time.perf_counter()
-                    m = bench.measure(lambda fn=fn: fn(q, k, v), name=name, device=dev, max_time_s=args.max_time_s)
+                    m = measure(lambda fn=fn: fn(q, k, v, attn_mask=mask), name=name, device=dev,
+                                max_time_s=args.max_time_s)
                 fig = flops.figures(f, nbytes, m.median_ms, roof)
                 row.update(median_ms=m.median_ms, ci_lo_ms=m.ci_ms[0], ci_hi_ms=m.ci_ms[1], n=m.n, stopped=m.stopped,
                            throttled=m.n_throttled, tflops=fig["tflops"], pct_peak=fig["pct_peak"], gbs=fig["gbs"],
@@ -87,18 +98,19 @@ def main(argv=None) -> int:
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             rows.append(row)
             save()
-        del q, k, v
+        del q, k, v, mask, inputs
         if cuda:
             torch.cuda.empty_cache()
     save()
-    print(f"\nSDPA backends on {meta['device_name']} (torch {meta['torch']}), non-causal forward")
+    print(f"\nSDPA backends on {meta['device_name']} (torch {meta['torch']}), non-causal forward; "
+          f"workload = {calls(dev)['workload'].describe()}")
     for dt, r in roofs.items():
         print(f"roof {dt}: {r['tflops']:.4g} TFLOP/s, {r['mem_gbs']} GB/s ({r['source']})")
     print(f"{'shape':<10}{'backend':<11}{'median ms':>11}{'CI ms':>22}{'TFLOP/s':>10}{'% peak':>8}{'GB/s':>9}"
           f"{'anchor':>8}")
     for r in rows:
         if "error" in r:
-            print(f"{r['shape']:<10}{r['backend']:<11}  {r['error'][:80]}")
+            print(f"{r['shape']:<10}{r['backend']:<11}  {r['error'][:160]}")
             continue
         ci = f"[{r['ci_lo_ms']:.4g}, {r['ci_hi_ms']:.4g}]"
         anc = f"{r['anchor_tflops']:.0f}" if r.get("anchor_tflops") else ""

@@ -1,4 +1,5 @@
-"""gpulab.bench and gpulab.flops: real timings decide, the statistics are right, the caps hold."""
+"""gpulab.bench (measure, compare), gpulab.bench.stats and gpulab.bench.flops: real timings decide, the
+statistics are right, the caps hold."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from gpulab import bench
-from gpulab.bench import flops
+from gpulab.bench import flops, stats
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +134,7 @@ def test_bootstrap_ci_covers_known_median_at_nominal_rate(dist, true_median):
     trials, hits = 150, 0
     for t in range(trials):
         x = rng.lognormal(0.0, 0.3, 60) if dist == "lognormal" else rng.exponential(1.0, 60)
-        (lo, hi), method = bench.median_ci(x, confidence=0.95, n_resamples=999, seed=t)
+        (lo, hi), method = stats.median_ci(x, confidence=0.95, n_resamples=999, seed=t)
         assert method == "BCa"
         hits += lo <= true_median <= hi
     rate = hits / trials
@@ -146,17 +147,17 @@ def test_ratio_ci_covers_known_ratio():
     for t in range(trials):
         a = rng.lognormal(math.log(1.3), 0.2, 50)
         b = rng.lognormal(0.0, 0.2, 50)
-        (lo, hi), method = bench.ratio_ci(a, b, n_resamples=999, seed=t)
+        (lo, hi), method = stats.ratio_ci(a, b, n_resamples=999, seed=t)
         assert method == "BCa"
         hits += lo <= 1.3 <= hi
     assert 0.86 <= hits / trials <= 1.0, hits
 
 
 def test_median_ci_degenerate_inputs():
-    assert bench.median_ci([2.0, 2.0, 2.0, 2.0]) == ((2.0, 2.0), "none")
-    (lo, hi), method = bench.median_ci([1.0, 2.0])
+    assert stats.median_ci([2.0, 2.0, 2.0, 2.0]) == ((2.0, 2.0), "none")
+    (lo, hi), method = stats.median_ci([1.0, 2.0])
     assert method == "none" and math.isnan(lo)
-    (lo, hi), method = bench.median_ci([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.1])  # ties: BCa may fail
+    (lo, hi), method = stats.median_ci([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.1])  # ties: BCa may fail
     assert method in ("BCa", "percentile") and lo <= 1.0 <= hi
 
 
@@ -170,12 +171,12 @@ def test_median_ci_degenerate_inputs():
     ((float("nan"), float("nan")), 0.01, "tie"),
 ])
 def test_decide(ci, delta, verdict):
-    assert bench.decide(ci, delta) == verdict
+    assert stats.decide(ci, delta) == verdict
 
 
 def test_decide_bad_delta():
     with pytest.raises(ValueError, match="delta"):
-        bench.decide((0.9, 0.95), delta=1.5)
+        stats.decide((0.9, 0.95), delta=1.5)
 
 
 def test_hedges_g_known_value():
@@ -183,8 +184,8 @@ def test_hedges_g_known_value():
     b = a - 1.0
     sd = float(np.std(a, ddof=1))
     expected = 1.0 / sd * (1 - 3 / (4 * 10 - 9))
-    assert bench.hedges_g(a, b) == pytest.approx(expected)
-    assert bench.hedges_g(b, a) == pytest.approx(-expected)
+    assert stats.hedges_g(a, b) == pytest.approx(expected)
+    assert stats.hedges_g(b, a) == pytest.approx(-expected)
 
 
 def test_comparison_from_synthetic_samples():
@@ -209,7 +210,7 @@ def test_comparison_from_synthetic_samples():
     ([1000, 900], 0.95, [False, True]),
 ])
 def test_flag_throttled(clocks, frac, flags):
-    assert list(bench.flag_throttled(clocks, frac)) == flags
+    assert list(stats.flag_throttled(clocks, frac)) == flags
 
 
 def test_throttled_samples_are_kept_but_left_out_of_the_median():
@@ -229,7 +230,7 @@ def test_clock_count_must_match_samples():
 
 @pytest.mark.parametrize("samples, stable", [([1.0] * 9 + [1.001], True), ([1.0, 2.0] * 10, False)])
 def test_is_stable(samples, stable):
-    assert bench.is_stable(samples, iqr_rel=0.01, std_rel=0.005) is stable
+    assert stats.is_stable(samples, iqr_rel=0.01, std_rel=0.005) is stable
 
 
 # ---------------------------------------------------------------------------------------- flops
@@ -293,3 +294,13 @@ def test_figures_and_roofline():
 def test_measured_roof_on_cpu():
     roof = flops.device_roof("cpu", "float32", max_time_s=0.3)
     assert roof.source.startswith("measured") and roof.tflops > 0
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+
+def test_contract_names_live_on_the_package():
+    """DESIGN.md's contract: gpulab.bench.measure(fn) and gpulab.bench.compare(a, b) are functions."""
+    assert callable(bench.measure) and callable(bench.compare)
+    assert bench.Measurement.__dataclass_fields__.keys() >= {"samples_ms", "median_ms", "ci_ms"}
+    assert set(stats.VERDICTS) == {"faster", "slower", "tie"}

@@ -91,7 +91,7 @@ def test_tiled_intermediates_are_softmax():
 
 
 def test_planted_expectations_are_codes_the_oracle_emits():
-    codes = set(oracle._PRIORITY)
+    codes = set(oracle.PRIORITY)
     for name, p in candidates.planted().items():
         assert p.expected in codes, f"{name}: {p.expected}"
         assert p.candidate.kind == "planted" and p.candidate.name == name

@@ -220,6 +220,13 @@ def test_dtype_defaults():
     assert oracle.resolve_dtypes(None, "cuda") == (torch.bfloat16, torch.float16)
 
 
+@pytest.mark.parametrize("given,expected", [("bf16", (torch.bfloat16,)), (torch.float16, (torch.float16,)),
+                                            (["fp32", "float32", "half"], (torch.float32, torch.float16)),
+                                            ("auto", (torch.float32,))])
+def test_dtypes_take_the_workload_vocabulary(given, expected):
+    assert oracle.resolve_dtypes(given, "cpu") == expected
+
+
 # ------------------------------------------------------------------------------------------ products, isolation
 
 def test_save_table_and_worst_tensors(tmp_path):
@@ -241,6 +248,19 @@ def test_plots_draw(tmp_path):
     ok = oracle.check("sdpa_math", "quick", "cpu", progress=False)
     with pytest.raises(oracle.OracleError, match="no case with a heatmap"):
         ok.plot_heatmap()
+
+
+def test_gate_in_process_writes_products_and_its_finding(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    g = oracle.gate(["math", "bug_mask_ignored"], "quick", "cpu", isolate=False, out_dir=tmp_path)
+    headline, metrics = oracle.finding(g)
+    assert headline.startswith("1 of 2 attention candidates fail") and "bug_mask_ignored" in headline
+    assert metrics["failures"] == ["bug_mask_ignored"] and metrics["passed"] == 1
+    assert {"oracle_gate.json", "oracle_table.csv"} <= {p.name for p in tmp_path.iterdir()}
+    assert len(g.table) == 2 * len(oracle.case_set("quick")) and list(g.verdicts.candidate) == list(g.reports)
+    fig = oracle.view.failure_figure(g.failing[0])
+    assert len(fig.axes) >= 3 and fig.axes[0].get_title()
 
 
 def test_isolated_check_passes_and_a_hanging_candidate_is_killed(tmp_path, monkeypatch):

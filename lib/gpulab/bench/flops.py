@@ -1,14 +1,18 @@
-"""Work counts and roofs: turn a median time into TFLOP/s, GB/s and % of what the device can do.
+"""Work counts and peaks: turn a median time into TFLOP/s, GB/s and % of what the device can do.
 
 A latency alone does not say whether a kernel is good; 23 TFLOP/s on an H100 (989 peak) does. Peaks come
-from vendor datasheets (sources inline); on a device not in the table, a measured large matmul is the roof,
-and the figure says which roof it used.
+from vendor datasheets (sources inline); on a device not in the table, a measured large matmul stands in for
+the peak (the "roof" of the roofline model), and the figure says which one it used.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+
+from gpulab.bench.measure import measure
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 _MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # backward = 2.5x forward (FlashAttention's count)
@@ -132,16 +136,12 @@ def table_roof(device_name: str, dtype: str) -> Roof | None:
 
 def measured_roof(device: str, dtype: str, *, size: int | None = None, max_time_s: float = 1.0) -> Roof:
     """A large matmul's TFLOP/s stands in for the peak on a device the table does not know."""
-    import torch
-
-    from gpulab import bench
-
     dt = str(dtype).replace("torch.", "")
     cuda = str(device).startswith("cuda")
     n = size or (8192 if cuda else 1024)
     a = torch.randn(n, n, device=device, dtype=getattr(torch, dt))
     b = torch.randn(n, n, device=device, dtype=getattr(torch, dt))
-    m = bench.measure(lambda: torch.mm(a, b), name=f"mm{n}", device=device, max_time_s=max_time_s,
+    m = measure(lambda: torch.mm(a, b), name=f"mm{n}", device=device, max_time_s=max_time_s,
                       min_time_s=min(0.1, max_time_s / 4))
     name = torch.cuda.get_device_name(torch.device(device)) if cuda else "cpu"
     p = peak_for(name) if cuda else None
@@ -152,8 +152,6 @@ def measured_roof(device: str, dtype: str, *, size: int | None = None, max_time_
 
 def device_roof(device: str, dtype: str, *, measure_if_unknown: bool = True, max_time_s: float = 1.0) -> Roof:
     """Table roof when the device is known, else a measured matmul (or an empty roof when told not to)."""
-    import torch
-
     dt = str(dtype).replace("torch.", "")
     cuda = str(device).startswith("cuda")
     name = torch.cuda.get_device_name(torch.device(device)) if cuda else "cpu"

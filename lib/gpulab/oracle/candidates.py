@@ -15,17 +15,21 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
 
-from gpulab.workloads import SDPA_ENUM_NAMES, sdpa_backend_enum
+from gpulab.device import resolve as resolve_device
+from gpulab.workloads import BACKENDS, sdpa_backend_enum
 
 KINDS = ("vendor", "reference", "fix", "user", "planted")
 GROUPS = ("all", "vendor", "reference", "fix", "planted")
-ALIASES = {"math": "sdpa_math", "flash": "sdpa_flash", "efficient": "sdpa_efficient", "cudnn": "sdpa_cudnn"}
+ALIASES = {b: f"sdpa_{b}" for b in BACKENDS}  # gpulab backend name -> registry name ("math" -> "sdpa_math")
+CPU_BACKENDS = ("math", "flash")             # the SDPA backends PyTorch has on the CPU
 
 
 class CandidateSpecError(ValueError):
@@ -57,12 +61,11 @@ class Planted:
 
 # ------------------------------------------------------------------------------------------ vendor
 
-_BACKENDS = {f"sdpa_{b}": b for b in SDPA_ENUM_NAMES}  # registry name -> gpulab backend name
+_BACKENDS = {v: k for k, v in ALIASES.items()}  # registry name -> gpulab backend name
 
 
 def sdpa_backend(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, *, backend: str = ""):
     """SDPA forced onto one backend (raises 'No available kernel' when that backend refuses the inputs)."""
-    from torch.nn.attention import sdpa_kernel
     kw = {"enable_gqa": True} if enable_gqa else {}
     if not backend:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
@@ -84,8 +87,7 @@ def _probe(fn: Callable, device: str, gqa: bool) -> str | None:
 
 @functools.lru_cache(maxsize=8)
 def _vendor(device: str) -> tuple[dict[str, Candidate], dict[str, str]]:
-    import warnings
-    names = ["sdpa", "sdpa_math", "sdpa_flash"] + ([] if device.startswith("cpu") else ["sdpa_efficient", "sdpa_cudnn"])
+    names = ["sdpa"] + [ALIASES[b] for b in BACKENDS if b in CPU_BACKENDS or not device.startswith("cpu")]
     found, missing = {}, {}
     for name in names:
         fn = functools.partial(sdpa_backend, backend=_BACKENDS.get(name, ""))
@@ -271,8 +273,7 @@ def planted() -> dict[str, Planted]:
 # ------------------------------------------------------------------------------------------ registry
 
 def _device(device: str | None) -> str:
-    from gpulab.device import resolve
-    return resolve("auto" if device is None else device)
+    return resolve_device("auto" if device is None else device)
 
 
 def available(device: str | None = None) -> dict[str, Candidate]:
@@ -285,7 +286,7 @@ def available(device: str | None = None) -> dict[str, Candidate]:
 def sdpa_backends(device: str | None = None) -> dict[str, Candidate]:
     """The SDPA backends usable on `device` by backend name: auto (PyTorch's own choice), math, flash, ..."""
     vend, _ = _vendor(_device(device))
-    return {("auto" if n == "sdpa" else n.removeprefix("sdpa_")): c for n, c in vend.items()}
+    return {_BACKENDS.get(n, "auto"): c for n, c in vend.items()}
 
 
 def unavailable(device: str | None = None) -> dict[str, str]:

@@ -1,0 +1,134 @@
+"""Notebook 06's benchmark as a child process: what to time (`Spec`), and `run`, which starts the child.
+
+A candidate kernel can hang or fault, so the timing runs in `python -m gpulab.bench.worker` through
+gpulab.proc (own process group, deadline); the child writes its results file after every step, so a hang
+loses nothing already measured. The parent never touches the device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gpulab import proc, report
+from gpulab import device as _device
+from gpulab.bench.decision import Gate, parse_gate
+from gpulab.bench.stats import check_delta
+from gpulab.oracle import GATE_FILE
+from gpulab.oracle.candidates import ALIASES
+from gpulab.workloads import BACKENDS, AttentionCall, WorkloadConfig
+
+RESULT_FILE = "benchmark.json"
+SPEC_FILE = "benchmark_spec.json"
+LOG_FILE = "benchmark.log"
+WORKER = "gpulab.bench.worker"
+STATUSES = ("ok", "hang", "crash", "error")
+
+
+def canonical(names: Sequence[str]) -> list[str]:
+    """Registry names in order, no repeats: the registry's aliases ('math' -> 'sdpa_math') applied."""
+    return list(dict.fromkeys(ALIASES.get(n, n) for n in names))
+
+
+def at_length(call: AttentionCall, seq_len: int) -> AttentionCall:
+    """The same call at another sequence length, with the same kind of mask: the masked (text padding) keys
+    stay where they are when they fit, else they shrink in proportion, as a shorter prompt's would."""
+    if call.mask == "none" or not call.padded_keys:
+        return dataclasses.replace(call, seq_len=seq_len)
+    end = call.seq_len if call.pad_end is None else call.pad_end
+    if end > seq_len:
+        end = max(1, round(end * seq_len / call.seq_len))
+    padded = min(call.padded_keys, max(1, end - 1))
+    return dataclasses.replace(call, seq_len=seq_len, padded_keys=padded, pad_end=end)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything the benchmark child needs; JSON-able so it crosses the process boundary."""
+
+    device: str
+    call: AttentionCall             # the workload's attention call: what every candidate is timed on
+    candidates: tuple[str, ...]     # registry names (gpulab.oracle.candidates)
+    baseline: str = "sdpa_math"
+    seq_lens: tuple[int, ...] = ()
+    delta: float = 0.01
+    max_time_s: float = 1.0
+    workload: dict | None = None    # gpulab.workloads.WorkloadConfig fields: the scenario's workload to time
+    gate: dict | None = None        # 05's gate JSON as read, None when absent
+
+    def sweep_calls(self) -> tuple[AttentionCall, ...]:
+        return tuple(at_length(self.call, s) for s in self.seq_lens)
+
+    def deadline_s(self) -> float:
+        """Caps of every measurement the child may take, plus start-up and bootstrap time."""
+        n = len(set(self.candidates) | {self.baseline})
+        timed = (2 * n + 1 + n * len(self.seq_lens) + 1)
+        return 90.0 + timed * (1.5 * self.max_time_s + 5.0)
+
+
+def spec_from_dict(d: Mapping[str, Any]) -> Spec:
+    return Spec(**{**d, "call": AttentionCall(**d["call"]), "candidates": tuple(d["candidates"]),
+                   "seq_lens": tuple(d["seq_lens"])})
+
+
+def load_gate(out_dir: str | os.PathLike) -> dict[str, Gate] | None:
+    """05's gate from out_dir, or None when 05 has not run there."""
+    return parse_gate(report.read_json(Path(out_dir) / GATE_FILE), GATE_FILE)
+
+
+def make_spec(cfg: WorkloadConfig, *, candidates: Sequence[str], baseline: str, seq_lens: Sequence[int],
+              delta: float, max_time_s: float, out_dir: str | os.PathLike | None = None) -> Spec:
+    """The notebook's parameters -> a checked Spec (with 05's gate read from out_dir when it is there)."""
+    if not isinstance(candidates, (list, tuple)) or not all(isinstance(c, str) and c for c in candidates):
+        raise ValueError(f"candidates={candidates!r} must be a list of names: SDPA backends "
+                         f"({', '.join(BACKENDS)}), gpulab.oracle.candidates names or module:function")
+    if not isinstance(baseline, str) or not baseline:
+        raise ValueError(f"baseline={baseline!r} must name a candidate, e.g. 'math'")
+    if not isinstance(seq_lens, (list, tuple)) or not all(isinstance(s, int) and s > 0 for s in seq_lens):
+        raise ValueError(f"seq_lens={seq_lens!r} must be a list of positive integers")
+    check_delta(delta)
+    if not max_time_s > 0:
+        raise ValueError(f"max_time_s={max_time_s!r} must be > 0 seconds")
+    dev = _device.resolve(cfg.device)
+    gate = None
+    if out_dir is not None:
+        gate = report.read_json(Path(out_dir) / GATE_FILE)
+        parse_gate(gate, GATE_FILE)  # fail early on a malformed gate
+    return Spec(dev, cfg.attention(dev), tuple(canonical(candidates)), canonical([baseline])[0],
+                tuple(seq_lens), float(delta), float(max_time_s), asdict(cfg), gate)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str                    # one of STATUSES
+    result: dict                   # the child's results file as far as it got
+    elapsed_s: float
+    log: str                       # path of the child's output log
+    detail: str = ""
+
+
+def run(spec: Spec, out_dir: str | os.PathLike, timeout_s: float | None = None) -> RunResult:
+    """Run the worker in a child process group with a deadline; whatever it saved survives a hang or crash."""
+    spec_path, result_path, log_path = (report.product(out_dir, n) for n in (SPEC_FILE, RESULT_FILE, LOG_FILE))
+    report.write_json(spec_path, asdict(spec))
+    result_path.unlink(missing_ok=True)
+    deadline = timeout_s or spec.deadline_s()
+    r = proc.run([sys.executable, "-m", WORKER, str(spec_path), str(result_path)], timeout_s=deadline,
+                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log_path, stderr=subprocess.STDOUT,
+                 grace_s=0.2, label="06_benchmark")
+    result = report.read_json(result_path, default={}) or {}
+    stage = result.get("stage", "none")
+    if r.status == "timeout":
+        status, detail = "hang", f"no result after {deadline:.0f} s (stage reached: {stage})"
+    elif r.status == "crash":
+        status, detail = "crash", f"killed by signal {r.signal} (stage reached: {stage})"
+    elif r.returncode != 0 or not result.get("done"):
+        tail = log_path.read_text(errors="replace").strip().splitlines()
+        status, detail = "error", f"exit code {r.returncode}: {tail[-1] if tail else ''}"
+    else:
+        status, detail = "ok", ""
+    return RunResult(status, result, r.elapsed_s, str(log_path), detail)
