@@ -4,27 +4,25 @@
 
 For a few variants of the workload's attention call (the workload itself: bf16 with a boolean padding
 mask; the same without a mask, which flash accepts; fp32, which flash refuses; bf16 with backward) it
-runs `gpulab.env.collect()`, writes DIR/env_<variant>.json, DIR/sdpa.csv (one row per variant x
-backend: usable, selected, measured ms, TFLOP/s, torch's refusal reason), DIR/risks.json and
+runs `gpulab.env.collect()`, writes DIR/env_<variant>.json, DIR/sdpa.csv and .json (one row per variant
+x backend: usable, selected, measured ms, TFLOP/s, torch's refusal reason), DIR/risks.json and
 DIR/checks.json (expectations: on an sm_90 GPU, flash/efficient/cudnn usable for bf16 without a mask),
 and prints the table last. A variant that fails is recorded and the others still run.
 """
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 import time
 import traceback
-from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
-from gpulab import env  # noqa: E402
+from gpulab import env, proc  # noqa: E402
 from gpulab.env import rules  # noqa: E402
-from gpulab.report import write_json  # noqa: E402
+from gpulab.report import write_json, write_rows  # noqa: E402
+from gpulab.workloads import FUSED_BACKENDS, WorkloadConfig  # noqa: E402
 
 SIZES = {
     # B=4, H=16, S=4096, D=128: the shape ANCHORS.md quotes H100 SDPA figures for.
@@ -33,38 +31,41 @@ SIZES = {
 }
 
 
-def variants(size: dict, gpu: bool) -> dict[str, dict]:
-    low = "bfloat16" if gpu else "float32"
+def variants(size: dict, device: str) -> dict[str, tuple[WorkloadConfig, bool]]:
+    """name -> (the workload, whether its attention call is probed without the padding mask)."""
+    low = "bfloat16" if device == "cuda" else "float32"
     return {
-        "workload": dict(size, dtype="auto"),
-        "nomask": dict(size, dtype=low, padding_mask=False),
-        "fp32": dict(size, dtype="float32"),
-        "step": dict(size, dtype=low, rung="step"),
+        "workload": (WorkloadConfig(**size, device=device), False),
+        "nomask": (WorkloadConfig(**size, device=device, dtype=low), True),
+        "fp32": (WorkloadConfig(**size, device=device, dtype="float32"), False),
+        "step": (WorkloadConfig(**size, device=device, dtype=low, rung="step"), False),
     }
 
 
 def _has_gpu() -> bool:
-    import subprocess
+    """Asked of a child: this script never imports torch itself (a torch import that hangs is one of the
+    things the probe it verifies must survive)."""
     code = "import torch; print(torch.cuda.is_available())"
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-        return out.stdout.strip().endswith("True")
-    except Exception:  # noqa: BLE001
+        r = proc.run([sys.executable, "-c", code], timeout_s=300, capture=True)
+    except OSError:
         return False
+    return r.stdout.strip().endswith("True")
 
 
 def flops(f: dict) -> float:
+    """gpulab.bench.flops.attention_flops's count (fwd, or fwd+bwd = 3.5x), kept here for the same reason."""
     sdpa = f.get("sdpa") or {}
     b, h, s, d = sdpa.get("shape") or (0, 0, 0, 0)
-    fwd = 4.0 * b * h * s * s * d
-    return fwd * (3.5 if sdpa.get("requires_grad") else 1.0)
+    return 4.0 * b * h * s * s * d * (3.5 if sdpa.get("requires_grad") else 1.0)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--size", choices=("auto", "small", "full"), default="auto")
-    ap.add_argument("--only", action="append", default=[], help="run only these variants (repeatable)")
+    ap.add_argument("--only", action="append", default=[], choices=("workload", "nomask", "fp32", "step"),
+                    help="run only these variants (repeatable)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = _has_gpu()
@@ -72,15 +73,15 @@ def main(argv=None) -> int:
     device = "cuda" if gpu else "cpu"
     rule_set = rules.load_rules()
     rows, risks, checks, status = [], {}, [], {}
-    for name, w in variants(size, gpu).items():
+    for name, (cfg, unmasked) in variants(size, device).items():
         if args.only and name not in args.only:
             continue
         t0 = time.time()
-        print(f"[gpu_env] {name}: {w}", file=sys.stderr, flush=True)
+        print(f"[gpu_env] {name}: {cfg}{' without the mask' if unmasked else ''}", file=sys.stderr, flush=True)
         try:
-            f = env.collect(dict(w, device=device))
+            f = env.collect(cfg, unmasked=unmasked)
             matches = rules.evaluate(f, rule_set)
-            write_json(args.out / f"env_{name}.json", {"facts": f, "risks": [asdict(m) for m in matches]})
+            write_json(args.out / f"env_{name}.json", env.document(f, matches))
             risks[name] = [m.rule_id for m in matches]
             fl = flops(f)
             for r in env.sdpa_rows(f):
@@ -95,13 +96,13 @@ def main(argv=None) -> int:
                             "arch_in_wheel": f["arch_in_wheel"], "unified_memory": f["unified_memory"],
                             "selected": f["sdpa_selected"]}
             if name == "nomask" and f.get("compute_capability") == "9.0":
-                usable = {b: f["sdpa"]["backends"][b]["usable"] for b in env.FUSED_BACKENDS}
+                usable = {b: f["sdpa"]["backends"][b]["usable"] for b in FUSED_BACKENDS}
                 checks.append({"check": "sm_90 bf16 no mask: flash, efficient, cudnn usable",
                                "passed": all(usable.values()), "observed": usable})
             if name == "fp32" and f.get("gpu_kind") == "cuda":
                 # torch reports the first failing check per backend: with the mask on, flash names the
                 # mask, so the dtype refusal shows on cuDNN (bf16/fp16 only).
-                reasons = {b: f["sdpa"]["backends"][b]["reasons"] for b in env.FUSED_BACKENDS}
+                reasons = {b: f["sdpa"]["backends"][b]["reasons"] for b in FUSED_BACKENDS}
                 checks.append({"check": "fp32: a fused backend refused with a dtype reason from torch",
                                "passed": any("dtype" in r.lower() for rs in reasons.values() for r in rs),
                                "observed": {b: rs[:1] for b, rs in reasons.items()}})
@@ -118,11 +119,7 @@ def main(argv=None) -> int:
         write_json(args.out / "status.json", status)
         write_json(args.out / "risks.json", risks)
         write_json(args.out / "checks.json", checks)
-        with open(args.out / "sdpa.csv", "w", newline="") as fh:
-            wr = csv.DictWriter(fh, fieldnames=["variant", "dtype", "mask", "grad", "backend", "usable", "selected",
-                                                "run", "ms", "tflops", "reason"])
-            wr.writeheader()
-            wr.writerows(rows)
+        write_rows(args.out, "sdpa", rows)
 
     print()
     for name, st in status.items():

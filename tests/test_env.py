@@ -1,17 +1,25 @@
 """Environment facts on this CPU machine: real probes, real children, real deadlines."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shutil
-import subprocess
 import sys
+import time
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
 from gpulab import env as E
+from gpulab import proc
+from gpulab.env import cli as C
+from gpulab.env import facts as F
+from gpulab.env import probe as P
 from gpulab.env import rules as R
+from gpulab.env.child import _cpu_choice
+from gpulab.workloads import WorkloadConfig
 
 SMALL = {"batch": 1, "heads": 2, "head_dim": 16, "text_tokens": 8, "image_tokens": 24, "device": "cpu",
          "rung": "step"}
@@ -59,7 +67,7 @@ def test_cpu_refusal_reasons_come_from_torch():
 
     q = torch.randn(1, 2, 8, 16)
     k = torch.randn(1, 2, 16, 8).transpose(-1, -2)  # last-dim stride != 1: the fused CPU kernel refuses
-    usable, reasons = E._cpu_choice(torch, SDPBackend.FLASH_ATTENTION, (q, k, q, None), sdpa_kernel)
+    usable, reasons = _cpu_choice(torch, SDPBackend.FLASH_ATTENTION, (q, k, q, None), sdpa_kernel)
     assert usable is False
     assert any("stride" in r for r in reasons), reasons
     assert not any("Triggered internally" in r for r in reasons)
@@ -74,33 +82,29 @@ def test_ptrace_probe_gives_a_real_answer():
     spy = shutil.which("py-spy")
     if spy is None:
         pytest.skip("py-spy is not installed: no independent check")
-    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
-    try:
-        import time
+    with proc.Child([sys.executable, "-c", "import time; time.sleep(30)"]) as target:
         time.sleep(0.3)
-        code = subprocess.run([spy, "dump", "--pid", str(target.pid)], capture_output=True, timeout=20).returncode
-    finally:
-        target.kill()
-        target.wait()
+        code = proc.run([spy, "dump", "--pid", str(target.pid)], timeout_s=20, capture=True).returncode
     assert (code == 0) is p["permitted"]  # py-spy agrees with the probe
 
 
 def test_tools_and_env_vars():
     f = real_facts()
-    assert set(f["tools"]) == set(E.TOOLS)
+    assert set(f["tools"]) == set(F.TOOLS)
     for name, d in f["tools"].items():
-        assert (d["path"] is None) is (shutil.which(name) is None and E._which(name) is None)
+        assert (d["path"] is None) is (shutil.which(name) is None and F.which(name) is None)
     gdb = f["tools"]["gdb"]
     if gdb["path"]:
         assert "GDB" in gdb["version"] or "gdb" in gdb["version"]
-    assert E.env_vars({"CUDA_MODULE_LOADING": "LAZY", "HOME": "/x", "NCCL_DEBUG": "INFO", "HSA_X": "1"}) == \
+    assert F.env_vars({"CUDA_MODULE_LOADING": "LAZY", "HOME": "/x", "NCCL_DEBUG": "INFO", "HSA_X": "1"}) == \
         {"CUDA_MODULE_LOADING": "LAZY", "HSA_X": "1", "NCCL_DEBUG": "INFO"}
 
 
-def test_main_writes_json(tmp_path, capsys):
+@pytest.mark.parametrize("sep", ["_", "-"])  # the notebook's spelling, and the dashed alias
+def test_main_writes_json(tmp_path, capsys, sep):
     out = tmp_path / "sub" / "env.json"
-    code = E.main(["--json", str(out), "--no-sdpa-run", "--batch", "1", "--heads", "1", "--head-dim", "8",
-                   "--text-tokens", "4", "--image-tokens", "4", "--device", "cpu"])
+    code = E.main(["--json", str(out), "--no-sdpa-run", "--batch", "1", "--heads", "1", f"--head{sep}dim", "8",
+                   f"--text{sep}tokens", "4", f"--image{sep}tokens", "4", "--device", "cpu"])
     assert code == 0
     data = json.loads(out.read_text())
     assert set(data) == {"facts", "risks", "suggested_scenarios"}
@@ -110,10 +114,70 @@ def test_main_writes_json(tmp_path, capsys):
     assert "Platform risks matched" in text and "SDPA backends" in text
 
 
-def test_main_bad_value_is_a_clear_error(capsys):
-    with pytest.raises(SystemExit):
-        E.main(["--dtype", "float8"])
-    assert "float8" in capsys.readouterr().err
+def _exit_code(argv: list[str]) -> int:
+    """main's return value, or the code argparse exits with."""
+    try:
+        return E.main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--dtype", "float8"], "float8"),
+    (["--rung", "train"], "train"),
+    (["--sdpa_backend", "xformers"], "xformers"),
+    (["--batch", "0"], "batch=0"),
+    (["--head_dim", "x"], "'x'"),
+    (["--device", "tpu"], "device='tpu'"),
+    (["--rules", "/nonexistent/risks.yaml"], "/nonexistent/risks.yaml"),
+])
+def test_main_bad_value_is_a_clear_error(capsys, argv, needle):
+    assert _exit_code(argv) == 2
+    out, err = capsys.readouterr()
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert out == ""  # nothing was probed
+
+
+@pytest.mark.parametrize("case", ["folder", "parent_is_a_file", "parent_not_writable"])
+def test_main_refuses_a_bad_json_path_before_probing(tmp_path, capsys, case):
+    if case == "folder":
+        target, named = tmp_path, tmp_path
+    elif case == "parent_is_a_file":
+        (tmp_path / "file").write_text("x")
+        target = tmp_path / "file" / "env.json"
+        named = target.parent
+    else:  # /proc takes no new files, even from root (a chmod'ed folder would not stop root)
+        target = Path("/proc/env.json")
+        named = target.parent
+    before = sorted(tmp_path.rglob("*"))
+    t0 = time.monotonic()
+    assert _exit_code(["--json", str(target)]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and repr(str(named)) in lines[0] and "Traceback" not in err, err
+    assert out == "" and "[gpulab env]" not in err and time.monotonic() - t0 < 5  # no probe ran
+    assert sorted(tmp_path.rglob("*")) == before and not target.is_file()
+
+
+def test_command_bad_json_path_is_one_line_and_exit_2(tmp_path):
+    """The real command (`python -m gpulab.env`): exit 2, one line, no traceback, nothing written."""
+    r = proc.run([sys.executable, "-m", "gpulab.env", "--json", str(tmp_path)], timeout_s=60, capture=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", list(C.WORKLOAD_FLAGS))
+def test_help_names_flags_as_the_notebook_does_with_defaults_and_an_example(capsys, name):
+    with pytest.raises(SystemExit) as exc:
+        E.main(["--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    default = getattr(WorkloadConfig(), name)
+    assert f"--{name} " in text
+    assert "_" not in name or f"--{name.replace('_', '-')} " not in text  # the dashed alias stays hidden
+    assert f"{C.WORKLOAD_FLAGS[name][0]} (default: {default})" in " ".join(text.split())
+    assert "example: gpulab env --json" in text
 
 
 _DEADLOCK_C = r"""
@@ -131,7 +195,7 @@ def test_library_constructor_deadlock_is_observed(tmp_path):
         pytest.skip("gcc is needed to build the deadlocking library")
     src, lib = tmp_path / "dl.c", tmp_path / "libdeadlock.so"
     src.write_text(_DEADLOCK_C)
-    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"], check=True, timeout=60)
+    assert proc.run([gcc, "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"], timeout_s=60).returncode == 0
     import os
     env = dict(os.environ, LD_PRELOAD=str(lib))
     f = E.collect(SMALL, run_sdpa=True, timeouts={"startup": 2.0}, probe_env=env)
@@ -186,18 +250,19 @@ def test_classify_unified(attrs, want):
 ])
 def test_workload_errors(params, needle):
     with pytest.raises(ValueError) as exc:
-        E.AttnWorkload.from_dict(params)
+        E.workload_config(params)
     assert needle in str(exc.value)
 
 
 def test_workload_ignores_other_shared_keys():
-    w = E.AttnWorkload.from_dict({"workload": "builtin", "layers": 2, "lora_rank": 8, "steps": 10, "batch": 3})
-    assert w.batch == 3 and w.seq_len == 80
+    w = E.workload_config({"workload": "builtin", "layers": 2, "lora_rank": 8, "steps": 10, "batch": 3})
+    assert w.batch == 3 and w.attention("cpu").seq_len == 80
 
 
 def test_import_gpulab_env_does_not_import_torch():
-    code = "import sys, gpulab, gpulab.env, gpulab.env.rules; gpulab.env.rules.load_rules(); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    code = ("import sys, gpulab, gpulab.env, gpulab.env.rules, gpulab.env.child; gpulab.env.rules.load_rules(); "
+            "print('torch' in sys.modules)")
+    out = proc.run([sys.executable, "-c", code], timeout_s=60, capture=True)
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -215,3 +280,36 @@ def test_sdpa_run_past_its_deadline_is_killed_and_the_others_still_run():
         ["sdpa_run:flash", "sdpa_run:math"]
     fired = {m.rule_id for m in R.evaluate(f, R.load_rules())}
     assert "sdpa_backend_hangs" in fired
+
+
+@pytest.mark.parametrize("over", [{}, {"dtype": "bfloat16", "device": "cuda"}, {"text_tokens": 3}, {"rung": "sdpa"}])
+@pytest.mark.parametrize("unmasked", [False, True])
+def test_probe_spec_is_the_workloads_attention_call(over, unmasked):
+    """The child is told exactly cfg.attention(...) (or its unmasked variant), with 'auto' left for the
+    child to resolve once it knows the device."""
+    cfg = WorkloadConfig(**over)
+    spec = P.probe_spec(cfg, unmasked)
+    call = cfg.attention(cfg.device)
+    want = call.unmasked() if unmasked else call
+    assert spec["call"] == {**dataclasses.asdict(want), "dtype": cfg.dtype}
+    assert spec["device"] == cfg.device and spec["requires_grad"] is (cfg.rung in ("step", "steps"))
+    json.dumps(spec)
+
+
+@pytest.mark.parametrize("selected,usable,want", [
+    ("math", ["flash", "math"], ["math", "flash"]),      # the selected one first, even math
+    ("flash", ["flash", "math"], ["flash", "math"]),
+    ("cudnn", ["flash", "efficient", "cudnn", "math"], ["cudnn", "flash", "efficient", "math"]),
+    ("efficient", ["efficient"], ["efficient"]),
+    ("error", ["math"], ["math"]),
+])
+def test_run_order_selected_first_then_fused_then_math(selected, usable, want):
+    sdpa = {"selected": selected, "backends": {b: {"usable": b in usable} for b in P.REPORT_ORDER}}
+    assert P.run_order(sdpa) == want
+
+
+def test_unmasked_variant_runs_without_the_mask():
+    f = E.collect(SMALL, unmasked=True, run_sdpa=False)
+    assert f["torch_probe_status"] == "ok" and f["sdpa"]["mask"] is None
+    assert f["sdpa"]["call"].endswith("no mask") and f["workload"]["call"]["mask"] == "none"
+    assert real_facts()["sdpa"]["mask"].startswith("bool key-padding")

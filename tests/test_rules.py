@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from gpulab.env import rules as R
-from gpulab.env import FACT_KEYS
+from gpulab.env.facts import FACT_KEYS
 
 # A healthy x86 H100 node, shaped like gpulab.env.collect() output.
 H100 = {k: None for k in FACT_KEYS}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab.env import FACT_KEYS, NESTED_FACTS
+from gpulab.env.facts import FACT_KEYS, NESTED_FACTS
 
 DEFAULT_RULES = Path(__file__).resolve().parent / "risks.yaml"
 
@@ -199,7 +199,7 @@ def parse_rules(data: Any, origin: str = "rules") -> list[Rule]:
 
 
 def load_rules(path: str | Path | None = None) -> list[Rule]:
-    """Read and validate a rules YAML (default: the bundled data/risks.yaml)."""
+    """Read and validate a rules YAML (default: the bundled env/risks.yaml)."""
     import yaml
 
     path = Path(path) if path else DEFAULT_RULES
@@ -353,20 +353,3 @@ def scenarios_product(matches: list[RiskMatch]) -> dict:
     return {"scenarios": names,
             "because": {n: [m.rule_id for m in matches if n in m.fixes] for n in names},
             "descriptions": {n: FIX_SCENARIOS[n] for n in names}}
-
-
-def matches_table(matches: list[RiskMatch]):
-    import pandas as pd
-
-    return pd.DataFrame([{"severity": m.severity, "rule": m.rule_id, "title": m.title,
-                          "because": "; ".join(m.matched), "fixes": ", ".join(m.fixes) or "(advice only)",
-                          "source": m.source} for m in matches],
-                        columns=["severity", "rule", "title", "because", "fixes", "source"])
-
-
-def evidence_table(matches: list[RiskMatch]):
-    import pandas as pd
-
-    rows = [{"rule": m.rule_id, "fact": k, "observed": v if isinstance(v, (str, int, float, bool)) or v is None
-             else str(v)} for m in matches for k, v in m.evidence.items()]
-    return pd.DataFrame(rows, columns=["rule", "fact", "observed"])
