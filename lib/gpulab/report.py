@@ -104,14 +104,13 @@ def product(out_dir: str | os.PathLike, name: str) -> Path:
     return out / name
 
 
-def record(out_dir: str | os.PathLike, notebook: str, headline: str, **metrics: Any) -> dict:
-    """Store a notebook's headline finding and metrics under its name in `out_dir/metrics.json`."""
+def record(out_dir: str | os.PathLike, notebook: str, headline: str, **metrics: Any) -> None:
+    """Store a notebook's headline finding and metrics under its name in `out_dir/metrics.json`. Returns
+    nothing, so a notebook's last cell shows nothing (the finding is stated in words above it)."""
     path = product(out_dir, METRICS_FILE)
     data = read_json(path, default={}) or {}
-    entry = {"headline": headline, "metrics": _jsonable(metrics)}
-    data[notebook] = entry
+    data[notebook] = {"headline": headline, "metrics": _jsonable(metrics)}
     write_json(path, data)
-    return entry
 
 
 def load_metrics(out_dir: str | os.PathLike) -> dict:

@@ -18,6 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from gpulab import device as _device
+from gpulab.report import write_json
+
 RUNGS = ("sdpa", "forward", "step", "steps")
 # The vocabulary every subpackage shares (defined here once).
 BACKENDS = ("math", "flash", "efficient", "cudnn")          # concrete SDPA backends, gpulab's names
@@ -354,8 +357,6 @@ def prepare(cfg: WorkloadConfig) -> Prepared:
     """Build the built-in model; `fn()` runs the configured rung once and returns per-step loss/memory."""
     import torch
 
-    from gpulab import device as _device
-
     if cfg.kind != "builtin":
         raise ValueError(f"prepare() needs workload='builtin', got {cfg.workload!r}; use run() or command()")
     dev = _device.resolve(cfg.device)
@@ -452,7 +453,9 @@ def command(cfg: WorkloadConfig) -> list[str]:
     return [sys.executable, "-m", "gpulab.workloads", *cli_args(cfg)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def cli_parser() -> argparse.ArgumentParser:
+    """The `python -m gpulab.workloads` flags (one per WorkloadConfig field), shared by every child that
+    rebuilds the workload from cli_args()."""
     p = argparse.ArgumentParser(prog="python -m gpulab.workloads", description=__doc__.splitlines()[0])
     defaults = WorkloadConfig()
     p.add_argument("--workload", default=defaults.workload)
@@ -462,6 +465,20 @@ def main(argv: list[str] | None = None) -> int:
         choices = {"rung": RUNGS, "sdpa_backend": SDPA_BACKENDS, "dtype": DTYPES}.get(f.name)
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=getattr(defaults, f.name),
                        type=int if f.name in _INT_KEYS else str, choices=choices)
+    return p
+
+
+def parse_cli(argv: list[str]) -> WorkloadConfig:
+    p = cli_parser()
+    try:
+        return WorkloadConfig(**vars(p.parse_args(argv)))
+    except ValueError as exc:
+        p.error(str(exc))
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli_parser()
     p.add_argument("--json", default=None, help="write the WorkloadResult here")
     ns = vars(p.parse_args(argv))
     out = ns.pop("json")
@@ -475,7 +492,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{res.seconds:.3f} s")
     print(line, file=sys.stderr)
     if out:
-        from gpulab.report import write_json
         write_json(out, res.to_dict())
     return 0
 

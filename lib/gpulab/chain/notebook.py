@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -112,21 +113,60 @@ def execute(nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, ker
     return Execution("failed", elapsed, err)
 
 
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = ("(an interactive control: it works in JupyterLab; this page shows the static table or plot it "
+               "controls above)")
+_BODY = re.compile(r"<body[^>]*>")
+
+
+def static(nb, team: bool):
+    """The notebook as a reader of a static page meets it: widgets become a sentence (a static page cannot
+    run them; an empty box says nothing), and in the team report stderr (progress, warnings) is left out."""
+    import nbformat
+
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    for cell in nb.cells:
+        outs = []
+        for out in cell.get("outputs", []):
+            if WIDGET_VIEW in out.get("data", {}):
+                outs.append(nbformat.v4.new_output("display_data", data={"text/plain": WIDGET_NOTE}))
+            elif team and out.get("output_type") == "stream" and out.get("name") == "stderr":
+                continue
+            else:
+                outs.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = outs
+    nb.metadata.pop("widgets", None)
+    return nb
+
+
+def nav(ipynb: Path, team: bool) -> str:
+    """A bar back to the run's index (every report links back), and to the other renderings."""
+    other = (ipynb.with_suffix(".full.html").name, "with code") if team else (ipynb.with_suffix(".html").name,
+                                                                             "report without code")
+    return (f'<nav class="gpulab-nav"><a href="../index.html">&#8592; run index</a>'
+            f'<a href="{report.url(other[0])}">{other[1]}</a><a href="{report.url(ipynb.name)}">notebook (.ipynb)</a>'
+            f"<a href=\"./\">all products (folder)</a></nav>")
+
+
 def render(ipynb: Path) -> tuple[Path | None, Path | None, str | None]:
-    """Two HTML renderings: a no-input report for the team and the full notebook for engineers."""
+    """Two self-contained HTML renderings (no request to any other host): a no-input report for the team
+    and the full notebook for engineers."""
     import nbformat
     from nbconvert import HTMLExporter
 
     try:
         nb = nbformat.read(str(ipynb), as_version=4)
-        report_path = ipynb.with_suffix(".html")
-        full_path = ipynb.with_suffix(".full.html")
-        body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                               exclude_output_prompt=True).from_notebook_node(nb)
-        report.write_text(report_path, body)
-        body, _ = HTMLExporter().from_notebook_node(nb)
-        report.write_text(full_path, body)
-        return report_path, full_path, None
+        paths = []
+        for team, path in ((True, ipynb.with_suffix(".html")), (False, ipynb.with_suffix(".full.html"))):
+            exporter = HTMLExporter(template_name="gpulab", extra_template_basedirs=[str(TEMPLATES)],
+                                    exclude_input=team, exclude_input_prompt=team, exclude_output_prompt=team)
+            body, _ = exporter.from_notebook_node(static(nb, team))
+            body = _BODY.sub(lambda m: m.group(0) + nav(ipynb, team), body, count=1)
+            report.write_text(path, body)
+            paths.append(path)
+        return paths[0], paths[1], None
     except OSError:
         raise  # a full disk is the run's problem, not this notebook's
     except Exception as exc:  # a broken notebook file must not stop the chain

@@ -325,3 +325,8 @@ def schema_text(schema: Mapping[str, ParamSpec]) -> str:
             lines.append(f"    {spec.description}")
         lines.append(f"    used by: {', '.join(spec.notebooks)}")
     return "\n".join(lines)
+
+
+def changed(values: Mapping[str, Any], schema: Mapping[str, ParamSpec]) -> dict[str, Any]:
+    """The values that differ from the notebooks' own defaults (what the index shows a run changed)."""
+    return {k: v for k, v in sorted(values.items()) if k in schema and schema[k].default != v}

@@ -13,7 +13,6 @@ import datetime as _dt
 import errno
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from gpulab import proc, report
-from gpulab.chain import index, notebook, params
+from gpulab.chain import index, notebook, params, verdict
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
@@ -77,6 +76,21 @@ class ScenarioResult:
     description: str
     params: dict[str, Any]
     notebooks: tuple[NotebookResult, ...] = field(default_factory=tuple)
+    changed: dict[str, Any] = field(default_factory=dict)   # parameters that differ from the notebooks' defaults
+
+
+PRODUCT_SUFFIXES = (".json", ".csv", ".zip", ".md", ".py", ".sh", ".png", ".txt", ".log")
+PRODUCT_SKIP = ("logs", "progress.log", "params.yaml")
+
+
+def products(sc_dir: Path, run_dir: Path, limit: int = 60) -> list[str]:
+    """The files a scenario produced (two levels deep; trial folders and logs left out), relative to the run."""
+    found = []
+    for p in sorted(sc_dir.glob("*")) + sorted(sc_dir.glob("*/*")):
+        rel = p.relative_to(sc_dir)
+        if p.is_file() and p.suffix in PRODUCT_SUFFIXES and rel.parts[0] not in PRODUCT_SKIP:
+            found.append(str(p.relative_to(run_dir)))
+    return found[:limit]
 
 
 class DiskFull(OSError):
@@ -168,14 +182,16 @@ class _Run:
     """The state of one run, shared by the scenario threads; every change rewrites run.json and the index."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, notebooks: list[Path],
-                 resolved: dict[str, tuple[dict, str]], say: Callable[[str], None]):
+                 resolved: dict[str, tuple[dict, str]], say: Callable[[str], None],
+                 schema: dict[str, params.ParamSpec]):
         self.cfg, self.run_dir, self.notebooks, self.say = cfg, run_dir, notebooks, say
         self.started = time.time()
         self.lock = threading.RLock()
         self.stopping = threading.Event()
         self.status = "running"
         self.note: str | None = None
-        self.results = {s: ScenarioResult(s, resolved[s][1], resolved[s][0]) for s in cfg.scenarios}
+        self.results = {s: ScenarioResult(s, resolved[s][1], resolved[s][0],
+                                          changed=params.changed(resolved[s][0], schema)) for s in cfg.scenarios}
 
     def add(self, scen: str, res: NotebookResult) -> None:
         with self.lock:
@@ -183,17 +199,31 @@ class _Run:
             self.results[scen] = replace(r, notebooks=r.notebooks + (res,))
             self.write_index()
 
+    def scenario(self, s: ScenarioResult) -> dict[str, Any]:
+        sc_dir = self.run_dir / s.name
+        metrics = report.load_metrics(sc_dir)
+        nbs = [asdict(n) for n in s.notebooks]
+        v = verdict.judge(nbs, metrics, s.name) if nbs else None
+        return {"name": s.name, "description": s.description, "params": s.params, "changed": s.changed,
+                "notebooks": nbs, "verdict": v.verdict if v else "running", "evidence": v.evidence if v else "",
+                "next_step": v.next_step if v else "", "metrics": metrics,
+                "products": products(sc_dir, self.run_dir) if sc_dir.exists() else []}
+
     def summary(self) -> dict[str, Any]:
+        scenarios = [self.scenario(s) for s in self.results.values()]
+        env = next(((sc["metrics"].get("01_environment") or {}).get("metrics") for sc in scenarios
+                    if sc["metrics"].get("01_environment")), None) or {}
         return {
             "run_id": self.run_dir.name,
             "status": self.status,
             "note": self.note,
             "started": _dt.datetime.fromtimestamp(self.started).isoformat(timespec="seconds"),
             "duration_s": time.time() - self.started,
-            "host": socket.gethostname(),
-            "command": " ".join(sys.argv),
-            "scenarios": [{"name": s.name, "description": s.description, "params": s.params,
-                           "notebooks": [asdict(n) for n in s.notebooks]} for s in self.results.values()],
+            "command": " ".join(sys.argv[1:]),
+            "platform": {k: env.get(k) for k in ("device_name", "device_kind", "torch_version", "cuda_version",
+                                                 "sdpa_selected")} | {"risks": env.get("risk_ids") or []}
+            if env else {},
+            "scenarios": scenarios,
         }
 
     def write_index(self) -> Path:
@@ -303,7 +333,7 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
     out = (cfg.out or cfg.root / "outputs").resolve()
     run_dir = new_run_dir(out)
     _point_latest(out, run_dir)
-    state = _Run(cfg, run_dir, notebooks, resolved, say)
+    state = _Run(cfg, run_dir, notebooks, resolved, say, schema)
     say(f"gpulab run {run_dir.name}: {len(cfg.scenarios)} scenario(s) x {len(notebooks)} notebook(s) -> {run_dir}")
     try:
         state.write_index()
@@ -345,5 +375,7 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
     failed = any(n.status != "ok" for r in state.results.values() for n in r.notebooks)
     state.status = "failed" if failed else "ok"
     index_path = state.write_index()
-    say(f"done in {time.time() - state.started:.0f} s: " + ("some notebooks FAILED" if failed else "all notebooks ok"))
+    verdicts = ", ".join(f"{sc['name']} {sc['verdict']}" for sc in state.summary()["scenarios"])
+    say(f"done in {time.time() - state.started:.0f} s: " + ("some notebooks FAILED" if failed else
+                                                             "every notebook ran to the end") + f"; verdict: {verdicts}")
     return (1 if failed else 0), index_path

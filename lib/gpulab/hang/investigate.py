@@ -46,7 +46,7 @@ def shrink(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, dims: Sequen
         return None, "nothing to bisect: no rung failed"
     if cfg.kind != "builtin":
         return None, ("the workload is a user program: to shrink it, give its sizes as {NAME} placeholders to "
-                      "`gpulab bisect` (see its --help)")
+                      "gpulab bisect (see gpulab bisect --help)")
     dims = [d for d in dims if getattr(cfg, d, 1) > bisect.SHRINKABLE.get(d, 1)]
     if not dims:
         return None, "every dimension to shrink is already at its smallest value"
@@ -85,6 +85,21 @@ def write_bundle(out_dir: str | Path, v: Verdict | None, bis: bisect.BisectResul
                         env_json=out / "env.json")
 
 
+def _what(v: Verdict | None) -> str:
+    """What failed, in words: the op for a hang in an op, else how the process ended and its last words."""
+    if v is None:
+        return "a failure"
+    if v.in_flight_op:
+        return f"{v.status} ({v.cls}) in {op_brief(v.in_flight_op)}"
+    last = next((ln.strip() for ln in reversed(v.stderr_tail.splitlines()) if ln.strip()), "")
+    said = f" (last line on stderr: {last[:120]})" if last else ""
+    if v.status == "error":
+        return f"the program exits with code {v.exit_code} in phase {v.phase}{said}"
+    if v.status == "crash":
+        return f"the program is killed by {v.signal} in phase {v.phase}{said}"
+    return f"{v.status} ({v.cls}) in phase {v.phase}"
+
+
 def finding(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, v: Verdict | None,
             bis: bisect.BisectResult | None, rep: repro.ReproResult | None) -> tuple[str, dict[str, Any]]:
     """Notebook 03's headline and metrics: only what was observed on this workload (a drill says so)."""
@@ -101,8 +116,7 @@ def finding(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, v: Verdict 
     else:
         k = failing.trials - failing.counts["pass"]
         lo, hi = failing.fail_rate_ci
-        where = op_brief(v.in_flight_op) if v and v.in_flight_op else (f"phase {v.phase}" if v else "?")
-        headline = (f"{drill}{v.status if v else 'failure'} ({v.cls if v else '?'}) in {where} on the "
+        headline = (f"{drill}{_what(v)} on the "
                     f"{failing.name} rung, {k} of {failing.trials} runs (95% interval {lo:.0%}-{hi:.0%})"
                     + (f"; smallest failing config {', '.join(f'{a}={b}' for a, b in bis.minimal.items())}" if bis else "")
                     + ("; a verified repro.py" if rep and rep.verified else ""))

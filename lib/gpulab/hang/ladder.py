@@ -301,10 +301,12 @@ def table_rows(lr: LadderResult) -> list[dict]:
     for r in lr.rungs:
         ff = r.first_failure or {}
         op = (ff.get("in_flight_op") or {}).get("name")
+        where = (f"in {op}" if op else f"exit code {ff.get('exit_code')}" if ff.get("status") == "error" else
+                 f"signal {ff.get('signal')}" if ff.get("status") == "crash" else f"phase {ff.get('phase')}")
         growth = (r.memory_growth or {}).get("series", {})
         rows.append({"rung": r.name, "trials": r.trials, **{o: r.counts.get(o, 0) for o in OUTCOMES},
                      "fail rate": round(r.fail_rate, 3), "95% interval": f"{r.fail_rate_ci[0]:.0%}-{r.fail_rate_ci[1]:.0%}",
-                     "first failure": f"{ff.get('status')} ({ff.get('class')}) in {op}" if ff else "-",
+                     "first failure": f"{ff.get('status')} ({ff.get('class')}) {where}" if ff else "-",
                      "memory growth": ", ".join(f"{k} {v['bytes_per_step'] / 2**20:+.2f} MiB/step"
                                                 + (" LEAK" if v["leak"] else "") for k, v in growth.items()) or "-",
                      "seconds": r.seconds})

@@ -201,8 +201,9 @@ def make(v: Verdict, records: Sequence[Any], out_dir: str | Path, *, stall_s: fl
     target = {"status": v.status, "in_flight_op": target_op}
     if v.status == "ok" or not v.in_flight_op:
         why = ("the run did not fail" if v.status == "ok" else
-               f"no recorded op was in flight (phase {v.phase}): the failure is outside PyTorch ops "
-               f"(library loading, Python code); repro.sh from bisection reruns the program instead")
+               f"no recorded op was in flight (phase {v.phase}): the failure is outside PyTorch ops (library "
+               f"loading, Python code), so the program itself is the repro (bisection's repro.sh, when it ran, "
+               f"is its smallest failing form)")
         return _save(out, ReproResult(None, (), target, why))
     seq = v.in_flight_op.get("seq")
     ordered = sorted(_replayable(records), key=lambda r: _get(r, "seq"))

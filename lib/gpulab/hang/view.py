@@ -199,7 +199,9 @@ def stacks_html(v: Verdict) -> str:
             parts.append(f"<details><summary>{report.esc(kind)} · {report.esc(thread)} · innermost: "
                          f"{report.code(frames[-1] if frames else '')}</summary>"
                          f"{report.pre(chr(10).join(reversed(frames)))}</details>")
-    return "\n".join(parts) or "<p>No stacks were captured.</p>"
+    return "\n".join(parts) or ("<p>No stacks: they are taken from a live, stuck process, and this one had "
+                                 "already ended.</p>" if v.status in ("error", "crash", "ok") else
+                                 "<p>No stacks were captured (see the evidence for why).</p>")
 
 
 def show_verdict(v: Verdict | None, out_dir: str | Path) -> None:
@@ -209,7 +211,8 @@ def show_verdict(v: Verdict | None, out_dir: str | Path) -> None:
     if v is None:
         display(Markdown("**No run failed**, so there is no failure to describe."))
         return
-    display(verdict_table(v))
+    table = verdict_table(v)
+    display(table[table["value"].astype(str) != "-"])  # rows that say nothing are left out
     display(Markdown("**Evidence the class rests on:**\n\n" + "\n".join(f"- {report.esc(f)}" for f in v.evidence)))
     folder = Path(v.log.get("dir", "."))
     links = [f'<a href="{report.url(Path(folder).relative_to(Path(out_dir)) / name)}">{report.esc(name)}</a>'

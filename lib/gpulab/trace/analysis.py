@@ -6,7 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpulab import report
+from gpulab.hang import classify
 from gpulab.trace.ring import OpRecord, Snapshot
+
 
 def first_nonfinite(snapshot: Snapshot) -> OpRecord | None:
     """The first op whose floating outputs held NaN/Inf (stats mode), or None."""
@@ -71,11 +74,20 @@ def summary(frame):
 
 
 def memory_frame(snapshot: Snapshot):
+    """Memory samples as separate series: host RSS, and GPU allocated/reserved once CUDA is in use (a sample
+    without a reserved figure was taken before CUDA started and holds RSS; never mix the two in one line)."""
     import pandas as pd
 
-    return pd.DataFrame([{"t_s": m.t - snapshot.t0, "seq": m.seq, "allocated_mb": m.allocated / 2**20,
-                          "reserved_mb": None if m.reserved is None else m.reserved / 2**20}
-                         for m in snapshot.memory], columns=["t_s", "seq", "allocated_mb", "reserved_mb"])
+    rows = []
+    for m in snapshot.memory:
+        gpu = m.reserved is not None
+        rss = getattr(m, "rss", None)
+        if rss is None and not gpu:
+            rss = m.allocated
+        rows.append({"t_s": m.t - snapshot.t0, "seq": m.seq, "rss_mb": rss / 2**20 if rss is not None else None,
+                     "allocated_mb": m.allocated / 2**20 if gpu else None,
+                     "reserved_mb": m.reserved / 2**20 if gpu else None})
+    return pd.DataFrame(rows, columns=["t_s", "seq", "rss_mb", "allocated_mb", "reserved_mb"])
 
 
 def to_chrome_trace(snapshot: Snapshot, path: str | os.PathLike) -> Path:
@@ -97,10 +109,91 @@ def to_chrome_trace(snapshot: Snapshot, path: str | os.PathLike) -> Path:
     for m in snapshot.memory:
         ev.append({"name": label, "ph": "C", "pid": snapshot.pid, "ts": (m.t - t0) * 1e6,
                    "args": {"allocated": m.allocated / 2**20}})
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"traceEvents": ev, "displayTimeUnit": "ms",
+    return report.write_text(path, json.dumps({"traceEvents": ev, "displayTimeUnit": "ms",
                                 "otherData": {"mode": snapshot.mode, "device": snapshot.device,
                                               "dropped": snapshot.dropped}}))
-    return path
 
+
+
+# ---------------------------------------------------------------------------------------------- warm-up
+
+KINDS_ORDER = ("gemm", "attention", "layout", "sync", "collective", "other")
+
+
+def op_category(name: str) -> str:
+    """The lane an op is drawn in: what kind of work it is (gemm, attention/softmax, layout/copy, ...)."""
+    kind = classify.op_kind(name)
+    return {"softmax": "attention", None: "other"}.get(kind, kind)
+
+
+def warmup_split(frame):
+    """Per op type: the first call of each (op, argument signature) - handle creation, autotuning, lazy
+    module loading - apart from the calls after it (steady state). A first call that costs many times the
+    steady median is set-up, not the op's cost."""
+    import pandas as pd
+
+    cols = ["name", "calls", "first_calls_ms", "steady_calls", "steady_median_us", "steady_ms", "warmup_share"]
+    ops = frame[(frame["kind"] == "op") & frame["dur_us"].notna()]
+    if ops.empty:
+        return pd.DataFrame(columns=cols)
+    first = ~ops.duplicated(subset=["name", "args"], keep="first")
+    rows = []
+    for name, g in ops.groupby("name"):
+        f, s = g[first[g.index]], g[~first[g.index]]
+        warm_ms, steady_ms = f["dur_us"].sum() / 1e3, s["dur_us"].sum() / 1e3
+        rows.append({"name": name, "calls": len(g), "first_calls_ms": warm_ms, "steady_calls": len(s),
+                     "steady_median_us": float(s["dur_us"].median()) if len(s) else None,
+                     "steady_ms": steady_ms,
+                     "warmup_share": warm_ms / (warm_ms + steady_ms) if warm_ms + steady_ms else 0.0})
+    return pd.DataFrame(rows, columns=cols).sort_values("first_calls_ms", ascending=False).reset_index(drop=True)
+
+
+def finding(snap: Snapshot, returncode: int | None, ov, bad: OpRecord | None, rung: str, device: str,
+            log: str) -> tuple[str, dict[str, Any]]:
+    """Notebook 02's headline and metrics. The recording cost is stated only when this run could measure
+    it: a cost below the run's noise (a negative or near-zero difference) is said to be too small to see."""
+    per_op = {r.variant: round(float(r.us_per_op), 2) for r in ov.itertuples() if r.variant != "none"}
+    ops_cost, bare = per_op.get("ops"), per_op.get("passthrough")
+    if ops_cost is None:
+        cost = "recording cost not measured"
+        ratio = None
+    elif ops_cost <= 0.5 or (bare is not None and bare <= 0.5):
+        cost = ("the recorder's cost is below this run's timing noise (a shared or busy machine); "
+                "benchmarks/bench_trace_overhead.py measures it properly")
+        ratio = None
+    else:
+        ratio = ops_cost / bare if bare else None
+        cost = f"crash-safe recording costs {ops_cost:.1f} us per op" + (f" ({ratio:.2f}x a bare dispatch mode)"
+                                                                         if ratio else "")
+    headline = (f"{snap.started} ops recorded ({rung} rung on {device}); {cost}"
+                + (f"; first op to produce NaN/Inf: {bad.name}" if bad else "; no op produced NaN/Inf"))
+    metrics = dict(ops_recorded=snap.started, exit_code=returncode, overhead_us_per_op=per_op,
+                   ops_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
+                   first_nonfinite_seq=bad.seq if bad else None, log=log)
+    return headline, metrics
+
+
+def save(snapshot: Snapshot, frame, out_dir: str | os.PathLike) -> None:
+    """02's products: every record as ops.csv, and a Chrome trace (Perfetto) as trace.json."""
+    report.write_text(report.product(out_dir, "ops.csv"), frame.to_csv(index=False))
+    to_chrome_trace(snapshot, report.product(out_dir, "trace.json"))
+
+
+def recording_note(rec: Any, out_dir: str | os.PathLike) -> str:
+    """One sentence (Markdown, outside text escaped) about the recorded run."""
+    snap = rec.snapshot
+    log = os.path.relpath(rec.log, out_dir)
+    if snap is None:
+        return f"**The recorded run left no op log** (exit {report.esc(rec.returncode)}; see {report.code(log)})."
+    how = "finished" if rec.ok else ("was stopped at its deadline" if rec.timed_out else f"ended with exit code {rec.returncode}")
+    return (f"The workload {how} after {rec.elapsed_s:.1f} s: {snap.started} ops recorded"
+            + (f", the oldest {snap.dropped} overwritten (ring of {snap.capacity})" if snap.dropped else "")
+            + f". Products: {report.code('ops.csv')} (every op), {report.code('trace.json')} (open it in "
+            f"Perfetto), the op log {report.code(log)}.")
+
+
+def nonfinite_note(bad: OpRecord | None, snapshot: Snapshot) -> str:
+    if bad is None:
+        return f"**No op produced NaN/Inf** in {snapshot.started} recorded ops (stats mode checks every output)."
+    return (f"**First op to produce NaN/Inf:** {report.code(bad.name)} (op {bad.seq}) at "
+            f"{report.code(bad.call_site)}, inputs {report.code(_args_brief(bad.args))}.")

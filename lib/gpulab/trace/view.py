@@ -1,59 +1,121 @@
-"""Notebook 02's plots of a recording."""
+"""Notebook 02's plots of a recording (matplotlib, imported where drawn)."""
 from __future__ import annotations
 
-def plot_timeline(frame, ax=None, max_rows: int = 4000):
-    """Host time of each op against wall time, one lane per thread (composite SDPA records drawn wide)."""
+from typing import Any
+
+from gpulab.trace.analysis import KINDS_ORDER, op_category
+
+
+def plot_timeline(frame, ax: Any = None, max_rows: int = 4000):
+    """Host time of each op against wall time, one lane per kind of work (matrix multiplies, attention,
+    layout copies, syncs, ...), coloured by thread: where the time goes and when, at a glance."""
     import matplotlib.pyplot as plt
 
-    ax = ax or plt.subplots(figsize=(11, 3.2))[1]
-    f = frame.head(max_rows)
+    ax = ax or plt.subplots(figsize=(11, 3.4))[1]
+    f = frame[frame["kind"] == "op"].head(max_rows)
+    if f.empty:
+        ax.text(0.5, 0.5, "no op was recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return ax
+    cats = f["name"].map(op_category)
+    lanes = [k for k in KINDS_ORDER if (cats == k).any()]
     threads = list(dict.fromkeys(f["thread"]))
-    names = f["name"].str.replace("aten.", "", regex=False).str.split(".").str[0]
-    top = names.value_counts().index[:9].tolist()
     cmap = plt.get_cmap("tab10")
-    for i, th in enumerate(threads):
-        sub = f[f["thread"] == th]
-        sn = names[sub.index]
-        for j, key in enumerate(top + ["other"]):
-            sel = sub[sn.isin([key]) if key != "other" else ~sn.isin(top)]
+    for j, th in enumerate(threads):
+        for i, lane in enumerate(lanes):
+            sel = f[(f["thread"] == th) & (cats == lane)]
             if sel.empty:
                 continue
             dur = (sel["dur_us"].fillna(0) / 1e3).clip(lower=0.002)
-            ax.broken_barh(list(zip(sel["start_ms"], dur)), (i - 0.4, 0.8), color=cmap(j % 10),
-                           label=key if i == 0 or key not in ax.get_legend_handles_labels()[1] else None)
-        fl = sub[sub["in_flight"]]
-        if not fl.empty:
-            ax.scatter(fl["start_ms"], [i] * len(fl), marker="x", color="red", zorder=5, label="in flight")
-    ax.set_yticks(range(len(threads)), [t[:28] for t in threads])
+            ax.broken_barh(list(zip(sel["start_ms"], dur)), (i - 0.4, 0.8), color=cmap(j % 10), alpha=0.85,
+                           label=(th.split(" (")[0] if i == 0 or th.split(" (")[0] not in
+                                  ax.get_legend_handles_labels()[1] else None))
+    fl = f[f["in_flight"]]
+    if not fl.empty:
+        ax.scatter(fl["start_ms"], [lanes.index(op_category(n)) for n in fl["name"]], marker="x", color="red",
+                   zorder=5, s=60, label="in flight (never finished)")
+    ax.set_yticks(range(len(lanes)), lanes)
     ax.set_xlabel("ms since the recorder started")
-    ax.set_title(f"op timeline ({len(f)} records)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    ax.set_title(f"op timeline: {len(f)} ops by kind of work (colour: thread)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, title="thread", title_fontsize=8)
     return ax
 
 
-def plot_summary(summ, ax=None, top: int = 15):
+def plot_summary(summ, ax: Any = None, top: int = 15):
+    """Total host time per op type, on a log axis: op types span several decades."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(8, 4))[1]
     s = summ.head(top).iloc[::-1]
-    ax.barh(s["name"].str.replace("aten.", "", regex=False), s["total_ms"])
-    ax.set_xlabel("total host time (ms)")
-    ax.set_title("time per op type")
+    if s.empty:
+        ax.text(0.5, 0.5, "no op was recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return ax
+    ax.barh(s["name"].str.replace("aten.", "", regex=False), s["total_ms"].clip(lower=1e-4))
+    ax.set_xscale("log")
+    ax.set_xlabel("total host time (ms, log scale)")
+    ax.set_title(f"time per op type (top {min(top, len(summ))})")
+    ax.tick_params(axis="y", labelsize=8)
     return ax
 
 
-def plot_memory(mem, device: str, ax=None):
+def plot_warmup(ws, ax: Any = None, top: int = 12):
+    """First calls (set-up: handles, autotuning, module loading) against the calls after them, per op type."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(8, 4))[1]
+    s = ws.head(top).iloc[::-1]
+    if s.empty:
+        ax.text(0.5, 0.5, "no op was recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return ax
+    names = s["name"].str.replace("aten.", "", regex=False)
+    y = range(len(s))
+    ax.barh([i + 0.2 for i in y], s["first_calls_ms"].clip(lower=1e-4), height=0.4, color="#bc4c00",
+            label="first call of each shape (warm-up)")
+    ax.barh([i - 0.2 for i in y], s["steady_ms"].clip(lower=1e-4), height=0.4, color="#0969da",
+            label="every later call (steady state)")
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("host time (ms, log scale)")
+    ax.set_title("warm-up apart from steady state")
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
+
+
+def plot_overhead(ov, device: str, rung: str, ax: Any = None):
+    """What each recording mode costs per op in this run, on a log axis (modes differ by decades)."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(7, 3))[1]
+    rows = ov[(ov["variant"] != "none") & (ov["us_per_op"] > 0)]
+    if rows.empty:
+        ax.text(0.5, 0.5, "the cost of recording was below this run's timing noise", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return ax
+    ax.bar(rows["variant"], rows["us_per_op"], color="#0969da")
+    ax.set_yscale("log")
+    ax.set_ylabel("us per op over no recorder (log)")
+    ax.set_title(f"recording cost per op ({device}, {rung} rung, measured in this run)")
+    return ax
+
+
+def plot_memory(mem, device: str, ax: Any = None):
+    """Host memory (RSS) and GPU memory (allocated, reserved by the caching allocator), as separate series."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(8, 3))[1]
     if mem.empty:
-        ax.text(0.5, 0.5, "no memory samples", ha="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no memory samples", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
         return ax
-    ax.plot(mem["t_s"], mem["allocated_mb"], label="allocated" if device == "cuda" else "process RSS")
-    if device == "cuda" and mem["reserved_mb"].notna().any():
-        ax.plot(mem["t_s"], mem["reserved_mb"], label="reserved")
+    series = [("rss_mb", "host RSS"), ("allocated_mb", "GPU allocated"), ("reserved_mb", "GPU reserved")]
+    for col, label in series:
+        if col in mem and mem[col].notna().any():
+            ax.plot(mem["t_s"], mem[col], label=label)
     ax.set_xlabel("s since the recorder started")
-    ax.set_ylabel("MB")
-    ax.set_title("memory during the recording" + (" (CUDA caching allocator)" if device == "cuda" else ""))
-    ax.legend()
+    ax.set_ylabel("MiB")
+    ax.set_title("memory during the recording")
+    ax.legend(fontsize=8)
     return ax

@@ -1,0 +1,93 @@
+"""A scenario's overall verdict, the evidence in one phrase, and the next step: what a team lead must learn
+from the index in ten seconds. Pure: read from the notebooks' statuses and metrics.json, nothing else.
+
+Priority, first match wins: interrupted > failed (the tool could not answer) > hang > crash > error (the
+workload itself) > wrong_numbers (a vendor attention kernel fails the oracle, or the workload produces
+NaN/Inf) > slow (the workload's attention runs on a backend that is much slower than the best correct one
+for the same call) > healthy. A planted drill is a self-test and never decides the verdict.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted")
+SLOW_FACTOR = 1.5  # the workload's backend this much slower than the champion on the same call is "slow"
+
+
+@dataclass(frozen=True)
+class ScenarioVerdict:
+    verdict: str
+    evidence: str
+    next_step: str
+
+
+def _m(metrics: Mapping[str, Any], nb: str) -> dict:
+    return dict((metrics.get(nb) or {}).get("metrics") or {})
+
+
+def _h(metrics: Mapping[str, Any], nb: str) -> str:
+    return str((metrics.get(nb) or {}).get("headline") or "")
+
+
+def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], scenario: str = "baseline"
+          ) -> ScenarioVerdict:
+    status = {n["name"]: n.get("status") for n in notebooks}
+    cut = [n for n in notebooks if n.get("status") == "interrupted"]
+    if cut or any(s == "not_run" for s in status.values()) and any("interrupt" in str(n.get("error") or "")
+                                                                   for n in notebooks):
+        where = cut[0]["name"] if cut else "before it finished"
+        return ScenarioVerdict("interrupted", f"the run was interrupted during {where}",
+                               "run it again (gpulab run); the finished notebooks are linked below")
+    broken = [n for n in notebooks if n.get("status") in ("failed", "killed")]
+    if broken:
+        n = broken[0]
+        why = str(n.get("error") or n.get("status")).splitlines()[0][:160]
+        return ScenarioVerdict("failed", f"{n['name']} could not finish: {why}",
+                               f"open the {n['name']} report (with code) to see the error, fix the input or the "
+                               f"environment, and run again")
+    hang = _m(metrics, "03_bisect_hang")
+    fixes = _m(metrics, "04_fix_scenarios")
+    if hang and not hang.get("drill") and hang.get("status") in ("hang", "crash", "error", "timeout"):
+        kind = "hang" if hang["status"] in ("hang", "timeout") else hang["status"]
+        evidence = _h(metrics, "03_bisect_hang")
+        rec = fixes.get("recommendation")
+        if rec:
+            cost = fixes.get("recommendation_overhead")
+            step = (f"scenario {rec} fixes it" + (f" at {cost:+.0%} cost" if isinstance(cost, (int, float)) else "")
+                    + "; attach bundle.zip (03) to an upstream report with that workaround")
+        elif fixes:
+            step = ("no fix scenario tried fixed it: attach bundle.zip (03) to an upstream report, and try "
+                    "the scenarios 01 suggests")
+        else:
+            step = "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report"
+        return ScenarioVerdict(kind, evidence, step)
+    oracle = _m(metrics, "05_oracle")
+    vendor_bad = [f for f in oracle.get("failures") or () if str(f).startswith("sdpa_")]
+    inst = _m(metrics, "02_instrument")
+    if vendor_bad or inst.get("first_nonfinite_op"):
+        if vendor_bad:
+            evidence = f"{', '.join(map(str, vendor_bad))} fail(s) the attention oracle: {_h(metrics, '05_oracle')}"
+            step = "see 05's error heatmaps; avoid that backend (an sdpa_backend_* scenario) and report it upstream"
+        else:
+            evidence = f"the workload produces NaN/Inf first in {inst['first_nonfinite_op']} (02, stats mode)"
+            step = "look at that op's inputs in 02's op table; try the fp32_softmax scenario"
+        return ScenarioVerdict("wrong_numbers", evidence, step)
+    bench = _m(metrics, "06_benchmark")
+    env = _m(metrics, "01_environment")
+    selected, champion = env.get("sdpa_selected"), str(bench.get("champion") or "")
+    cands = bench.get("candidates") or {}
+    if selected and champion and champion != f"sdpa_{selected}" and f"sdpa_{selected}" in cands:
+        mine = (cands.get(f"sdpa_{selected}") or {}).get("median_ms")
+        best = (cands.get(champion) or {}).get("median_ms")
+        if mine and best and mine / best >= SLOW_FACTOR:
+            return ScenarioVerdict("slow", f"the workload's attention runs on {selected}, {mine / best:.1f}x slower "
+                                   f"than {champion} on the same call (06)",
+                                   f"select {champion.removeprefix('sdpa_')} (scenario sdpa_backend_"
+                                   f"{champion.removeprefix('sdpa_')}) and check 04's cost table")
+    drill = " (03 ran a self-test of the watchdog, not a check of the workload)" if hang.get("drill") else ""
+    parts = [p for p in (_h(metrics, "03_bisect_hang") if not hang.get("drill") else "",
+                         _h(metrics, "05_oracle")) if p]
+    return ScenarioVerdict("healthy", ("; ".join(parts) or "every notebook finished") + drill,
+                           "nothing to fix on this platform" if scenario == "baseline" else
+                           "compare its cost with the baseline's in the table")
