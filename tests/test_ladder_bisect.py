@@ -115,11 +115,12 @@ def test_ladder_finds_an_intermittent_hang_with_an_interval_holding_the_true_rat
 
 
 def test_ladder_cli_exit_codes(tmp_path):
-    ok = gpulab(["ladder", "--json", str(tmp_path / "ok.json"), "--repeats", "2", "--no-record",
+    ok = gpulab(["ladder", "--json", str(tmp_path / "ok.json"), "--out", str(tmp_path / "l1"), "--repeats", "2", "--no-record",
                  "--rung", f"a={sys.executable} {HANG} --seq 3", "--rung", f"b={sys.executable} {HANG} --seq 4"])
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "ok.json").read_text())["first_failing_rung"] is None
-    bad = gpulab(["ladder", "--json", str(tmp_path / "bad.json"), "--repeats", "1", "--no-record", "--stall", "1",
+    bad = gpulab(["ladder", "--json", str(tmp_path / "bad.json"), "--out", str(tmp_path / "l2"), "--repeats", "1",
+                  "--no-record", "--stall", "1",
                   "--", sys.executable, str(HANG), "--seq", "99"])
     assert bad.returncode == 1 and json.loads((tmp_path / "bad.json").read_text())["first_failing_rung"] == "command"
 
@@ -131,8 +132,9 @@ def test_ladder_cli_exit_codes(tmp_path):
     (["--", "no-such-program-xyz"], 127, "command not found"),
 ])
 def test_ladder_cli_bad_input(tmp_path, args, code, needle):
-    r = gpulab(["ladder", "--json", str(tmp_path / "l.json"), *args])
+    r = gpulab(["ladder", "--json", str(tmp_path / "l.json"), "--out", str(tmp_path / "l"), *args])
     assert r.returncode == code and needle in r.stderr and not (tmp_path / "l.json").exists()
+    assert not (tmp_path / "l").exists()  # nothing written
 
 
 def test_bisect_shrinks_a_threshold_hang_to_exactly_65_and_heads_to_1(tmp_path):
@@ -163,7 +165,8 @@ def test_bisect_an_intermittent_hang_with_repeats(tmp_path):
 
 
 def test_bisect_of_a_passing_program_says_there_is_nothing_to_bisect(tmp_path):
-    r = gpulab(["bisect", "--json", str(tmp_path / "b.json"), "--no-record", "--repeats", "2", "--space", "seq=40:1",
+    r = gpulab(["bisect", "--json", str(tmp_path / "b.json"), "--out", str(tmp_path / "b"), "--no-record", "--repeats",
+                "2", "--space", "seq=40:1",
                 "--", sys.executable, str(HANG), "--seq", "{seq}"])
     assert r.returncode == 2
     assert "nothing to bisect: the failing values (seq=40) passed 2 of 2 trial(s)" in r.stderr

@@ -55,7 +55,8 @@ def ladder_main(argv: Sequence[str]) -> int:
     try:
         _counts(args)
         json_target(args.json)
-        out = writable_dir(args.out, "--out") if args.out else Path(tempfile.mkdtemp(prefix="gpulab-ladder-"))
+        if args.out:
+            writable_dir(args.out, "--out")
         faults.parse(args.fault)
         if args.rung and command:
             raise BadInput("give rungs either with --rung NAME=COMMAND or as one command after '--', not both")
@@ -71,6 +72,7 @@ def ladder_main(argv: Sequence[str]) -> int:
         for r in rungs:
             if r.result_json is None:
                 watch.check_command(r.command)
+        out = args.out or Path(tempfile.mkdtemp(prefix="gpulab-ladder-"))  # only once the input is known good
         result = ladder.run(rungs, repeats=args.repeats, jobs=args.jobs, stall_s=args.stall, timeout_s=args.timeout,
                             out_dir=out, mode=args.mode, fault=args.fault, record=not args.no_record,
                             stop_at_first_failure=not args.keep_going)
@@ -108,13 +110,15 @@ def bisect_main(argv: Sequence[str]) -> int:
     try:
         _counts(args)
         json_target(args.json)
-        out = writable_dir(args.out, "--out") if args.out else Path(tempfile.mkdtemp(prefix="gpulab-bisect-"))
+        if args.out:
+            writable_dir(args.out, "--out")
         faults.parse(args.fault)
         ints = [bisect.parse_space(s) for s in args.space]
         choices = [bisect.parse_choice(c) for c in args.choice]
         bisect.check(command, ints, choices)
         first, _ = bisect.instantiate(command, {d.name: d.failing for d in (*ints, *choices)})
         watch.check_command(first)
+        out = args.out or Path(tempfile.mkdtemp(prefix="gpulab-bisect-"))
         result = bisect.run(command, ints, choices, out_dir=out, repeats=args.repeats, jobs=args.jobs,
                             stall_s=args.stall, timeout_s=args.timeout, mode=args.mode, record=not args.no_record,
                             fault=args.fault)
@@ -122,8 +126,8 @@ def bisect_main(argv: Sequence[str]) -> int:
         print(f"gpulab bisect: {exc}", file=sys.stderr)
         return proc.EXIT_NOT_FOUND
     except (bisect.BisectError, ValueError, FileNotFoundError, BadInput, faults.FaultSpecError) as exc:
-        if isinstance(exc, bisect.NothingToBisect):
-            report.write_json(args.json, report.read_json(out / "bisect.json", default={}))
+        if isinstance(exc, bisect.NothingToBisect):  # the probes ran: their record is kept
+            report.write_json(args.json, report.read_json(Path(out) / "bisect.json", default={}))
         print(f"gpulab bisect: {exc}", file=sys.stderr)
         return proc.EXIT_BAD_INPUT
     report.write_json(args.json, result.to_dict())
