@@ -339,7 +339,7 @@ def test_words_for_an_unsupported_candidate():
     d = choose(["sdpa_flash", "tiled"], "sdpa_math", table({("tiled", "sdpa_math"): cmp(2.0)}),
                unsupported=res["unsupported"])
     res["decision"] = asdict(d)
-    t = view.candidates_table(res).set_index("candidate")
+    t = view.candidates_table(res)  # indexed by candidate
     assert t.loc["sdpa_flash", "on the workload's call"].startswith("not supported") and why in \
         t.loc["sdpa_flash", "on the workload's call"]
     assert t.loc["tiled", "kind"] == "reference (gpulab)"
@@ -430,7 +430,7 @@ def test_benchmark_child_end_to_end_on_cpu(tmp_path, monkeypatch):
     # the one that insists on the mask was timed: it got the workload's mask every call
     assert needs in res["vs_baseline"] and needs not in res["errors"]
     # flash on this CPU build with the padding mask: the tables say what happened, whichever it was
-    rows = bench.candidates_table(res).set_index("candidate")
+    rows = bench.candidates_table(res)  # indexed by candidate
     flash = rows.loc["sdpa_flash", "on the workload's call"]
     if "sdpa_flash" in res["unsupported"]:
         assert flash.startswith("not supported") and "sdpa_flash" not in res["vs_baseline"]

@@ -258,7 +258,7 @@ def test_gate_in_process_writes_products_and_its_finding(tmp_path):
     assert headline.startswith("1 of 2 attention candidates fail") and "bug_mask_ignored" in headline
     assert metrics["failures"] == ["bug_mask_ignored"] and metrics["passed"] == 1
     assert {"oracle_gate.json", "oracle_table.csv"} <= {p.name for p in tmp_path.iterdir()}
-    assert len(g.table) == 2 * len(oracle.case_set("quick")) and list(g.verdicts.candidate) == list(g.reports)
+    assert len(g.table) == 2 * len(oracle.case_set("quick")) and list(g.verdicts.index) == list(g.reports)  # indexed by candidate
     fig = oracle.view.failure_figure(g.failing[0])
     assert len(fig.axes) >= 3 and fig.axes[0].get_title()
 

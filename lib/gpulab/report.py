@@ -155,3 +155,29 @@ def progress_log(out_dir: str | os.PathLike, notebook: str, echo: bool = False):
         if echo:
             print(msg, flush=True)
     return say
+
+
+def number(v: Any, digits: int = 3) -> str:
+    """A number as a reader wants it: 3 significant digits, thousands separated, never 1.49e+04."""
+    if v is None or v != v:
+        return "-"
+    if abs(v) >= 10 ** digits:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+
+
+def table(rows: Any, index: str | None = None, digits: int = 3):
+    """A table for a report: indexed by its key column (not 0, 1, 2 ...), numbers to `digits` significant
+    digits, missing values as a dash. (pandas escapes cell text in HTML.)"""
+    import pandas as pd
+
+    frame = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    for col in frame.columns:
+        if frame[col].dtype.kind == "f":
+            frame[col] = [number(v, digits) for v in frame[col]]
+    frame = frame.fillna("-")
+    if index is not None and index in frame.columns:
+        frame = frame.set_index(index)
+    elif index is None and len(frame.columns):
+        frame = frame.set_index(frame.columns[0])
+    return frame

@@ -22,7 +22,7 @@ from gpulab.bench.decision import decision_from_dict
 from gpulab.bench.measure import Comparison, Measurement, comparison_from_dict
 from gpulab.bench.overhead import OVERHEAD_BUDGET, scenario_overhead
 from gpulab.oracle import GATE_FILE
-from gpulab.report import product
+from gpulab.report import product, table
 from gpulab.workloads import AttentionCall
 
 KIND_LABELS = {"vendor": "PyTorch SDPA", "reference": "reference (gpulab)", "fix": "fix (gpulab)",
@@ -198,7 +198,7 @@ def candidates_table(result: Mapping[str, Any]) -> pd.DataFrame:
             "vs baseline": ("baseline" if m and not c else _versus(c) if c else ""),
             "ratio 95% CI": span(c.ratio_ci) if c else "",
             unit: sig(tf * scale) if m else "", "% of peak": sig(100 * tf / peak, 2) if m and peak else ""})
-    return pd.DataFrame(rows)
+    return table(pd.DataFrame(rows), "candidate")
 
 
 def _versus(c: Comparison) -> str:

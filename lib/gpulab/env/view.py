@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gpulab import report
 from gpulab.env.facts import FACT_KEYS
 from gpulab.env.probe import REPORT_ORDER
 from gpulab.env.rules import RiskMatch, scenarios_product, suggested_scenarios
@@ -37,7 +38,7 @@ def _ms(v: Any) -> str:
 def _frame(rows: list, columns: list[str]):
     import pandas as pd
 
-    return pd.DataFrame(rows, columns=columns)
+    return report.table(pd.DataFrame(rows, columns=columns))
 
 
 # -------------------------------------------------------------------------------------------- facts

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from gpulab import report
+
 PASS_LINE = 2.0  # e(candidate) <= 2 * e(baseline) (+ atol): the rule's factor, drawn on every ratio plot
 
 
@@ -37,7 +39,7 @@ def verdicts(gate):
         rows.append({"candidate": name, "kind": gate.kinds.get(name, ""), "passed": s["passed"],
                      "cases": s["cases"], "failed": s["failed"], "unsupported": s["unsupported"],
                      "worst ratio": s["worst_ratio"], "wall s": round(r.wall_s, 1), "reason": s["reason"]})
-    return pd.DataFrame(rows)
+    return report.table(pd.DataFrame(rows), "candidate")
 
 
 def gate_table(gate):

@@ -197,3 +197,28 @@ def nonfinite_note(bad: OpRecord | None, snapshot: Snapshot) -> str:
         return f"**No op produced NaN/Inf** in {snapshot.started} recorded ops (stats mode checks every output)."
     return (f"**First op to produce NaN/Inf:** {report.code(bad.name)} (op {bad.seq}) at "
             f"{report.code(bad.call_site)}, inputs {report.code(_args_brief(bad.args))}.")
+
+
+def summary_table(summ, top: int = 12):
+    """02's host-time table for a reader: op, calls, total and mean host time, share (and GPU time)."""
+    cols = {"name": "op", "count": "calls", "total_ms": "host ms (total)", "mean_us": "host us (mean)",
+            "share": "share of host time", "gpu_ms": "GPU ms (total)"}
+    t = summ.head(top).rename(columns=cols)
+    t["share of host time"] = [f"{v:.0%}" for v in t["share of host time"]]
+    return report.table(t, "op")
+
+
+def warmup_table(ws, top: int = 12):
+    cols = {"name": "op", "calls": "calls", "first_calls_ms": "first calls, ms (warm-up)",
+            "steady_calls": "later calls", "steady_median_us": "later calls, median us", "steady_ms": "later calls, ms",
+            "warmup_share": "warm-up share"}
+    t = ws.head(top).rename(columns=cols)
+    t["warm-up share"] = [f"{v:.0%}" for v in t["warm-up share"]]
+    return report.table(t, "op")
+
+
+def overhead_table(ov):
+    cols = {"variant": "recording mode", "ops": "ops", "median_s": "run s (median)", "baseline_s": "no recorder s",
+            "us_per_op": "us per op over no recorder", "ratio": "x pass-through"}
+    t = ov.drop(columns=["samples_s"], errors="ignore").rename(columns=cols)
+    return report.table(t, "recording mode")

@@ -6,6 +6,16 @@ from typing import Any
 from gpulab.trace.analysis import KINDS_ORDER, op_category
 
 
+def plain_log(ax: Any, axis: str = "x") -> None:
+    """Log-scale ticks as plain numbers (0.3, 1, 30), not 3x10^-1."""
+    from matplotlib.ticker import FuncFormatter
+
+    fmt = FuncFormatter(lambda v, _: f"{v:g}")
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_formatter(fmt)
+    target.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
 def plot_timeline(frame, ax: Any = None, max_rows: int = 4000):
     """Host time of each op against wall time, one lane per kind of work (matrix multiplies, attention,
     layout copies, syncs, ...), coloured by thread: where the time goes and when, at a glance."""
@@ -17,6 +27,7 @@ def plot_timeline(frame, ax: Any = None, max_rows: int = 4000):
         ax.text(0.5, 0.5, "no op was recorded", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return ax
+    f = f.assign(start_ms=f["start_ms"] - f["start_ms"].min())  # from the first op, not the recorder's start
     cats = f["name"].map(op_category)
     lanes = [k for k in KINDS_ORDER if (cats == k).any()]
     threads = list(dict.fromkeys(f["thread"]))
@@ -35,7 +46,7 @@ def plot_timeline(frame, ax: Any = None, max_rows: int = 4000):
         ax.scatter(fl["start_ms"], [lanes.index(op_category(n)) for n in fl["name"]], marker="x", color="red",
                    zorder=5, s=60, label="in flight (never finished)")
     ax.set_yticks(range(len(lanes)), lanes)
-    ax.set_xlabel("ms since the recorder started")
+    ax.set_xlabel("ms since the first op")
     ax.set_title(f"op timeline: {len(f)} ops by kind of work (colour: thread)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, title="thread", title_fontsize=8)
     return ax
@@ -53,6 +64,7 @@ def plot_summary(summ, ax: Any = None, top: int = 15):
         return ax
     ax.barh(s["name"].str.replace("aten.", "", regex=False), s["total_ms"].clip(lower=1e-4))
     ax.set_xscale("log")
+    plain_log(ax)
     ax.set_xlabel("total host time (ms, log scale)")
     ax.set_title(f"time per op type (top {min(top, len(summ))})")
     ax.tick_params(axis="y", labelsize=8)
@@ -73,10 +85,11 @@ def plot_warmup(ws, ax: Any = None, top: int = 12):
     y = range(len(s))
     ax.barh([i + 0.2 for i in y], s["first_calls_ms"].clip(lower=1e-4), height=0.4, color="#bc4c00",
             label="first call of each shape (warm-up)")
-    ax.barh([i - 0.2 for i in y], s["steady_ms"].clip(lower=1e-4), height=0.4, color="#0969da",
-            label="every later call (steady state)")
+    steady = s["steady_ms"].where(s["steady_calls"] > 0)  # no later call: no bar (not a zero-length one)
+    ax.barh([i - 0.2 for i in y], steady, height=0.4, color="#0969da", label="every later call (steady state)")
     ax.set_yticks(list(y), names, fontsize=8)
     ax.set_xscale("log")
+    plain_log(ax)
     ax.set_xlabel("host time (ms, log scale)")
     ax.set_title("warm-up apart from steady state")
     ax.legend(fontsize=8, loc="lower right")
@@ -96,6 +109,7 @@ def plot_overhead(ov, device: str, rung: str, ax: Any = None):
         return ax
     ax.bar(rows["variant"], rows["us_per_op"], color="#0969da")
     ax.set_yscale("log")
+    plain_log(ax, "y")
     ax.set_ylabel("us per op over no recorder (log)")
     ax.set_title(f"recording cost per op ({device}, {rung} rung, measured in this run)")
     return ax
@@ -110,11 +124,12 @@ def plot_memory(mem, device: str, ax: Any = None):
         ax.text(0.5, 0.5, "no memory samples", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return ax
+    mem = mem.assign(t_s=mem["t_s"] - mem["t_s"].min())
     series = [("rss_mb", "host RSS"), ("allocated_mb", "GPU allocated"), ("reserved_mb", "GPU reserved")]
     for col, label in series:
         if col in mem and mem[col].notna().any():
             ax.plot(mem["t_s"], mem[col], label=label)
-    ax.set_xlabel("s since the recorder started")
+    ax.set_xlabel("s since the first sample")
     ax.set_ylabel("MiB")
     ax.set_title("memory during the recording")
     ax.legend(fontsize=8)
