@@ -30,10 +30,12 @@ for s in "$@"; do case $s in
   chain)    step chain 420 python3 -m gpulab run --out $RES/chain/outputs --notebook-timeout 300 ;;
   smoke)    step smoke 300 python3 -m gpulab run --params params/smoke.yaml --out $RES/smoke/outputs ;;
   pytest)   step pytest 240 python3 -m pytest -q -m gpu -p no:cacheprovider ;;
+  bisect)   step bisect 420 python3 benchmarks/bench_bisect.py --out $RES/bisect --parts gpu ;;
   *) echo "unknown step $s" ;;
 esac; done
 ps -eo pid,ppid,etime,cmd | grep -E "gpulab|python" | grep -v grep > $RES/leftover_processes.txt
 # Only the small text products come back (a reply carries 16 MiB per file).
 (cd $RES && find . -type f -size -3M \( -name '*.json' -o -name '*.csv' -o -name '*.txt' -o -name '*.yaml' \
-   -o -name '*.log' \) -print0 | tar czf "${OUT:-/tmp}/gpuv-$(IFS=-; echo "$*").tgz" --null -T -)
+   -o -name '*.log' -o -name '*.py' -o -name '*.md' -o -name '*.html' \) -print0 \
+   | tar czf "${OUT:-/tmp}/gpuv-$(IFS=-; echo "$*").tgz" --null -T -)
 cat $RES/steps.txt

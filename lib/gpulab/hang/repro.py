@@ -222,7 +222,7 @@ def make(v: Verdict, records: Sequence[Any], out_dir: str | Path, *, stall_s: fl
         report.write_text(path, src)
         t0 = time.monotonic()
         got = watch.run([sys.executable, str(path)], stall_s=stall_s, timeout_s=timeout_s, out_dir=path.with_suffix(""),
-                        cwd=base, progress=lambda m: None, stacks=False)
+                        cwd=base, progress=lambda m: None, stacks=False, mode=v.mode or "ops")
         op = (got.in_flight_op or {}).get("name")
         same = got.status == v.status and (v.status not in ("hang", "crash") or op == target_op)
         cands.append(Candidate(n, str(path.relative_to(out)), got.status, op, same,
