@@ -31,10 +31,15 @@ def _common(p) -> None:
     p.add_argument("--fault", default=None, metavar="SPEC", help="plant a fault in every trial (a self-test)")
 
 
-def _counts(args) -> None:
+def _check(args) -> None:
+    """The options both commands share, checked before anything runs or is written."""
     for flag, v in (("--repeats", args.repeats), ("--jobs", args.jobs)):
         if v < 1:
             raise BadInput(f"{flag} {v} is not valid; it must be a whole number >= 1")
+    json_target(args.json)
+    if args.out:
+        writable_dir(args.out, "--out")
+    faults.parse(args.fault)
 
 
 def ladder_main(argv: Sequence[str]) -> int:
@@ -53,11 +58,7 @@ def ladder_main(argv: Sequence[str]) -> int:
     p.add_argument("--keep-going", action="store_true", help="climb past a failing rung")
     args = p.parse_args(opts)
     try:
-        _counts(args)
-        json_target(args.json)
-        if args.out:
-            writable_dir(args.out, "--out")
-        faults.parse(args.fault)
+        _check(args)
         if args.rung and command:
             raise BadInput("give rungs either with --rung NAME=COMMAND or as one command after '--', not both")
         if args.rung:
@@ -108,11 +109,7 @@ def bisect_main(argv: Sequence[str]) -> int:
                    help="a choice dimension (repeatable)")
     args = p.parse_args(opts)
     try:
-        _counts(args)
-        json_target(args.json)
-        if args.out:
-            writable_dir(args.out, "--out")
-        faults.parse(args.fault)
+        _check(args)
         ints = [bisect.parse_space(s) for s in args.space]
         choices = [bisect.parse_choice(c) for c in args.choice]
         bisect.check(command, ints, choices)

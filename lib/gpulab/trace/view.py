@@ -16,6 +16,13 @@ def plain_log(ax: Any, axis: str = "x") -> None:
     target.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
+def _nothing(ax: Any, text: str):
+    """A sentence where a plot would be empty."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+    return ax
+
+
 def plot_timeline(frame, ax: Any = None, max_rows: int = 4000):
     """Host time of each op against wall time, one lane per kind of work (matrix multiplies, attention,
     layout copies, syncs, ...), coloured by thread: where the time goes and when, at a glance."""
@@ -24,9 +31,7 @@ def plot_timeline(frame, ax: Any = None, max_rows: int = 4000):
     ax = ax or plt.subplots(figsize=(11, 3.4))[1]
     f = frame[frame["kind"] == "op"].head(max_rows)
     if f.empty:
-        ax.text(0.5, 0.5, "no op was recorded", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return ax
+        return _nothing(ax, "no op was recorded")
     f = f.assign(start_ms=f["start_ms"] - f["start_ms"].min())  # from the first op, not the recorder's start
     cats = f["name"].map(op_category)
     lanes = [k for k in KINDS_ORDER if (cats == k).any()]
@@ -59,9 +64,7 @@ def plot_summary(summ, ax: Any = None, top: int = 15):
     ax = ax or plt.subplots(figsize=(8, 4))[1]
     s = summ.head(top).iloc[::-1]
     if s.empty:
-        ax.text(0.5, 0.5, "no op was recorded", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return ax
+        return _nothing(ax, "no op was recorded")
     ax.barh(s["name"].str.replace("aten.", "", regex=False), s["total_ms"].clip(lower=1e-4))
     ax.set_xscale("log")
     plain_log(ax)
@@ -78,9 +81,7 @@ def plot_warmup(ws, ax: Any = None, top: int = 12):
     ax = ax or plt.subplots(figsize=(8, 4))[1]
     s = ws.head(top).iloc[::-1]
     if s.empty:
-        ax.text(0.5, 0.5, "no op was recorded", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return ax
+        return _nothing(ax, "no op was recorded")
     names = s["name"].str.replace("aten.", "", regex=False)
     y = range(len(s))
     ax.barh([i + 0.2 for i in y], s["first_calls_ms"].clip(lower=1e-4), height=0.4, color="#bc4c00",
@@ -103,10 +104,7 @@ def plot_overhead(ov, device: str, rung: str, ax: Any = None):
     ax = ax or plt.subplots(figsize=(7, 3))[1]
     rows = ov[(ov["variant"] != "none") & (ov["us_per_op"] > 0)]
     if rows.empty:
-        ax.text(0.5, 0.5, "the cost of recording was below this run's timing noise", ha="center", va="center",
-                transform=ax.transAxes)
-        ax.set_axis_off()
-        return ax
+        return _nothing(ax, "the cost of recording was below this run's timing noise")
     ax.bar(rows["variant"], rows["us_per_op"], color="#0969da")
     ax.set_yscale("log")
     plain_log(ax, "y")
@@ -121,9 +119,7 @@ def plot_memory(mem, device: str, ax: Any = None):
 
     ax = ax or plt.subplots(figsize=(8, 3))[1]
     if mem.empty:
-        ax.text(0.5, 0.5, "no memory samples", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return ax
+        return _nothing(ax, "no memory samples")
     mem = mem.assign(t_s=mem["t_s"] - mem["t_s"].min())
     series = [("rss_mb", "host RSS"), ("allocated_mb", "GPU allocated"), ("reserved_mb", "GPU reserved")]
     for col, label in series:
