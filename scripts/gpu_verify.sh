@@ -3,6 +3,7 @@
 # ../shared/device/wheelhouse.sh carried in .whl). Every step is bounded; logs and products go to
 # /tmp/gpuv/<step>/ and are packed into $OUT/gpuv-<steps>.tgz so that nothing is lost to a failure.
 #   bash scripts/gpu_verify.sh env trace watch oracle      |   bash scripts/gpu_verify.sh fidelity sdpa chain pytest
+#   bash scripts/gpu_verify.sh recorder steptime fixes bisect
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ] && ! python3 -c 'import papermill' 2>/dev/null; then
@@ -21,13 +22,22 @@ step() {  # step NAME LIMIT_S COMMAND...
 }
 for s in "$@"; do case $s in
   env)      step env 150 python3 benchmarks/gpu_env.py --out $RES/env ;;
-  trace)    step trace 200 python3 benchmarks/bench_trace_overhead.py --out $RES/trace ;;
+  trace)    step trace 280 python3 benchmarks/bench_trace_overhead.py --out $RES/trace --repeats 3 --variants none,passthrough,ops,ops_python,auto,debugmode ;;
+  steptime) step steptime 260 python3 benchmarks/bench_step_time.py --out $RES/steptime --repeats 3 --variants none,ops,auto ;;
+  recorder) step recorder 150 python3 benchmarks/gpu_recorder_check.py --out $RES/recorder --skip benchmarks ;;
+  fixes)    step fixes ${FIXES_LIMIT:-360} python3 benchmarks/bench_fixes.py --out $RES/fixes ${FIXES_ARGS:-} ;;
+  watchcli) step watchcli 90 python3 -m gpulab watch --stall 5 --out $RES/watchcli/out --json $RES/watchcli/verdict.json \
+              --fault spin:aten.mm@3 -- python3 tests/fixtures/spin_then_sync.py ;;
+  drill03)  step drill03 200 python3 -m gpulab run --only 03 --out $RES/drill03/outputs -p device=cuda \
+              -p fault=spin:aten.mm@3 -p stall_s=5 -p repeats=1 -p 'shrink=[]' ;;
+  heldback03) step heldback03 200 python3 -m gpulab run --only 03 --out $RES/heldback03/outputs -p device=cuda \
+              -p "workload=script:$PWD/tests/fixtures/gpu_threshold_spin.py --n 80" -p stall_s=5 -p repeats=1 ;;
   watch)    step watch 300 python3 benchmarks/gpu_watch.py --out $RES/watch ;;
   ttv)      step ttv 150 python3 benchmarks/bench_time_to_verdict.py --out $RES/ttv --stalls 2 --repeats 2 --tools py-spy ;;
   oracle)   step oracle 200 python3 benchmarks/bench_oracle.py --out $RES/oracle ;;
-  fidelity) step fidelity 240 python3 benchmarks/bench_fidelity.py --out $RES/fidelity ;;
+  fidelity) step fidelity 220 python3 benchmarks/bench_fidelity.py --out $RES/fidelity ;;
   sdpa)     step sdpa 150 python3 benchmarks/bench_sdpa_table.py --out $RES/sdpa ;;
-  chain)    step chain 420 python3 -m gpulab run --out $RES/chain/outputs --notebook-timeout 300 ;;
+  chain)    step chain 540 python3 -m gpulab run --out $RES/chain/outputs --notebook-timeout 300 ;;
   smoke)    step smoke 300 python3 -m gpulab run --params params/smoke.yaml --out $RES/smoke/outputs ;;
   pytest)   step pytest 240 python3 -m pytest -q -m gpu -p no:cacheprovider ;;
   bisect)   step bisect 420 python3 benchmarks/bench_bisect.py --out $RES/bisect --parts gpu ;;

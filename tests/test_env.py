@@ -205,7 +205,7 @@ def test_library_constructor_deadlock_is_observed(tmp_path):
     assert "probe:startup" in f["errors"]
     fired = {m.rule_id: m for m in R.evaluate(f, R.load_rules())}
     assert "library_load_deadlock" in fired
-    assert set(fired["library_load_deadlock"].fixes) == {"cuda_module_loading_lazy", "cuda_module_loading_eager"}
+    assert set(fired["library_load_deadlock"].fixes) == {"module_loading_lazy", "module_loading_eager"}
 
 
 @pytest.mark.parametrize("cc,arch_list,want", [

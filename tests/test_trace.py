@@ -33,9 +33,16 @@ BLOCKING_CHILD = textwrap.dedent("""
 """)
 
 
-def _popen(cmd):
+@pytest.fixture(scope="module", autouse=True)
+def _native_hot_path():
+    """Build the C hot path once (as the launchers do); tests that need it skip when it cannot be built."""
+    from gpulab.trace import native
+    return native.ensure()
+
+
+def _popen(cmd, native="1"):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=_run._child_env())
+                            env=dict(_run._child_env(), GPULAB_TRACE_NATIVE=native))
 
 
 def _kill(proc):
@@ -46,10 +53,11 @@ def _kill(proc):
     proc.wait()
 
 
-def test_sigkill_mid_op_keeps_records_including_the_in_flight_op(tmp_path):
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_sigkill_mid_op_keeps_records_including_the_in_flight_op(tmp_path, native):
     script, marker, log = tmp_path / "child.py", tmp_path / "inside", tmp_path / "ops.log"
     script.write_text(BLOCKING_CHILD)
-    proc = _popen([sys.executable, "-m", "gpulab.trace", "--log", str(log), "--", str(script), str(marker)])
+    proc = _popen([sys.executable, "-m", "gpulab.trace", "--log", str(log), "--", str(script), str(marker)], native)
     try:
         deadline = time.time() + 60
         seen = []
@@ -176,7 +184,8 @@ def test_ring_wraps_and_keeps_the_last_capacity_records(tmp_path, capacity, n_op
     assert snap.torn == 0
 
 
-def test_torn_and_truncated_logs_are_tolerated(tmp_path):
+@pytest.mark.parametrize("native", [True, False])
+def test_torn_and_truncated_logs_are_tolerated(tmp_path, native):
     import torch
 
     def fn():
@@ -185,21 +194,22 @@ def test_torn_and_truncated_logs_are_tolerated(tmp_path):
             x = x + 1
 
     log = tmp_path / "ops.log"
-    with trace.Recorder(log, capacity=32) as rec:
+    with trace.Recorder(log, capacity=32, native=native) as rec:
         fn()
     rec.close()
-    slots = ring.HEADER_SIZE + ring.DEFAULT_MEM_CAPACITY * ring.MEM_SIZE
+    lay = ring.layout_for("ops", 32, ring.DEFAULT_MEM_CAPACITY, ring.DEFAULT_STRING_CAPACITY)
     raw = bytearray(log.read_bytes())
     # a slot caught mid-write (commit marker -1), and garbage in another
-    raw[slots + 9 * ring.SLOT_SIZE: slots + 9 * ring.SLOT_SIZE + 8] = (-1).to_bytes(8, "little", signed=True)
-    raw[slots + 5 * ring.SLOT_SIZE: slots + 6 * ring.SLOT_SIZE] = os.urandom(ring.SLOT_SIZE)
+    raw[lay.slot(9): lay.slot(9) + 8] = (-1).to_bytes(8, "little", signed=True)
+    raw[lay.slot(5): lay.slot(5) + ring.SLOT_SIZE] = os.urandom(ring.SLOT_SIZE)
     torn = tmp_path / "torn.log"
     torn.write_bytes(bytes(raw))
     snap = trace.read(torn)
     assert [r.seq for r in snap.records] == [0, 1, 2, 3, 4, 6, 7, 8] and snap.torn == 2
+    assert {r.name for r in snap.records} == {"aten.zeros.default", "aten.add.Tensor"}
     # cut off in the middle of slot 4: the first 4 records survive
     cut = tmp_path / "cut.log"
-    cut.write_bytes(bytes(raw[: slots + 4 * ring.SLOT_SIZE + 100]))
+    cut.write_bytes(bytes(raw[: lay.slot(4) + 30]))
     assert [r.seq for r in trace.read(cut).records] == [0, 1, 2, 3]
     bad = tmp_path / "bad.log"
     bad.write_bytes(b"not a log at all")
@@ -234,7 +244,7 @@ def test_bootstrap_usage_errors(tmp_path):
     p = subprocess.run([sys.executable, "-m", "gpulab.trace", "--log", str(tmp_path / "l"), "--mode", "fast",
                         "--", "x.py"], capture_output=True, text=True, timeout=60, env=_run._child_env())
     assert p.returncode == 2 and "invalid choice: 'fast'" in p.stderr
-    with pytest.raises(ValueError, match="mode='fast' is not valid; choose one of ops, sync, gpu, stats"):
+    with pytest.raises(ValueError, match="mode='fast' is not valid; choose one of ops, sync, gpu, stats, auto"):
         trace.Recorder(tmp_path / "l2", "fast")
 
 

@@ -25,6 +25,8 @@ commands:
                                                                      gpulab ladder --json l.json --repeats 10
   bisect   shrink a failing configuration to the smallest that still fails
                                  gpulab bisect --json b.json --space seq=128:1 -- python x.py --seq {{seq}}
+  fixes    each fix scenario on the ladder, its cost and numerics against the baseline, a recommendation
+                                 gpulab fixes --json f.json --scenario auto -- python train.py
 """
 
 
@@ -190,9 +192,15 @@ def _bisect(session: proc.Session, argv: list[str]) -> int:
     return commands.bisect_main(argv)
 
 
+def _fixes(session: proc.Session, argv: list[str]) -> int:
+    from gpulab.fixes import commands
+    return commands.main(argv)
+
+
 # Commands are imported when called: `gpulab --help` must not pay for torch, psutil and pandas.
 COMMANDS: dict[str, Callable[[proc.Session, list[str]], int]] = {
     "run": cmd_run, "env": _env, "watch": _watch, "params": cmd_params, "ladder": _ladder, "bisect": _bisect,
+    "fixes": _fixes,
 }
 
 

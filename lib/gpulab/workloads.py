@@ -30,6 +30,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DTYPES = ("auto",) + DTYPE_NAMES                            # the dtype parameter's choices
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 DEVICES = ("auto", "cpu", "cuda")
+PYTHON_ENV = "GPULAB_PYTHON"   # another interpreter for the workload children (a fix's `python`: a patched torch)
 _INT_KEYS = ("batch", "heads", "head_dim", "text_tokens", "image_tokens", "layers", "lora_rank", "steps", "seed")
 # gpulab's SDPA backend names -> torch.nn.attention.SDPBackend members (the one mapping in the package)
 SDPA_ENUM_NAMES = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -206,6 +207,7 @@ class WorkloadResult:
     seconds: float
     trainable_params: int = 0
     total_params: int = 0
+    times_s: tuple[float, ...] = ()   # wall time of each timed repeat of the rung (a fix's cost), after the first run
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -367,14 +369,16 @@ def prepare(cfg: WorkloadConfig) -> Prepared:
     q = torch.randn(cfg.batch, cfg.heads, n, cfg.head_dim, generator=torch.Generator().manual_seed(cfg.seed + 2))
     q = q.to(dev, dtype)
     used = _backend_used(cfg, q, mask)
+    state: dict = {}   # state["output"]: the last output, for a numerics comparison (fix vs no fix)
     if cfg.rung == "sdpa":
         import torch.nn.functional as F
 
         def fn():
             with _backend_ctx(cfg):
                 out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            state["output"] = out.detach()
             return [(float(out.float().square().mean()), _memory(dev))]
-        return Prepared(cfg, dev, dtype_name, fn, used, 0, 0)
+        return Prepared(cfg, dev, dtype_name, fn, used, 0, 0, state)
 
     model = _build(cfg, dev, dtype)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -384,6 +388,7 @@ def prepare(cfg: WorkloadConfig) -> Prepared:
 
     def loss_fn():
         pred = model(latents + noise, text, t, cos, sin, mask)
+        state["output"] = pred.detach()
         return torch.nn.functional.mse_loss(pred.float(), noise.float())
 
     def fn():
@@ -399,28 +404,57 @@ def prepare(cfg: WorkloadConfig) -> Prepared:
                     opt.step()
                     out.append((float(loss.detach()), _memory(dev)))
         return out
-    return Prepared(cfg, dev, dtype_name, fn, used, trainable, total, {"model": model, "optimizer": opt})
+    state.update(model=model, optimizer=opt)
+    return Prepared(cfg, dev, dtype_name, fn, used, trainable, total, state)
 
 
-def run(cfg: WorkloadConfig) -> WorkloadResult:
+def save_outputs(value: Any, path: str) -> None:
+    """What a run computed (tensors moved to the CPU, numbers, lists and dicts of them), for a numerics
+    comparison of a fixed run against the fix-free one; anything else is left out."""
+    import torch
+
+    def keep(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.detach().cpu()
+        if isinstance(v, (int, float, bool)):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [keep(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): keep(x) for k, x in v.items()}
+        return None
+    torch.save(keep(value), path)
+
+
+def run(cfg: WorkloadConfig, time_for: float = 0.0, outputs: str | None = None) -> WorkloadResult:
     """Run in this process. User workloads: `module:callable` is called with no arguments (its return
-    value is ignored unless it is a WorkloadResult); `script:` runs the script as __main__ with its args."""
+    value is ignored unless it is a WorkloadResult); `script:` runs the script as __main__ with its args.
+    `outputs`: save the output (built-in: the last output and the losses; module: its return value);
+    `time_for`: the built-in rung is then repeated for that many seconds (at least 3 times), each repeat
+    timed (times_s): a sub-millisecond rung needs many repeats for a stable median, a long one few."""
     t0 = time.perf_counter()
     if cfg.kind == "builtin":
         prep = prepare(cfg)
-        if prep.device.startswith("cuda"):
-            import torch
-            torch.cuda.reset_peak_memory_stats()
+        sync = _synchronizer(prep.device)
         steps = prep.fn()
-        if prep.device.startswith("cuda"):
-            import torch
-            torch.cuda.synchronize()
+        sync()
+        losses = tuple(s[0] for s in steps)
+        if outputs:
+            save_outputs({"output": prep.state.get("output"), "losses": list(losses)}, outputs)
+        seconds = time.perf_counter() - t0
+        times: list[float] = []
+        while time_for > 0 and (len(times) < 3 or sum(times) < time_for):
+            t1 = time.perf_counter()
+            prep.fn()
+            sync()
+            times.append(time.perf_counter() - t1)
         return WorkloadResult(cfg.rung, prep.device, prep.dtype, cfg.sdpa_backend, prep.backend_used,
-                              tuple(s[0] for s in steps), tuple(s[1] for s in steps), time.perf_counter() - t0,
-                              prep.trainable, prep.total)
+                              losses, tuple(s[1] for s in steps), seconds, prep.trainable, prep.total, tuple(times))
     if cfg.kind == "module":
         mod, fn = _split_callable(cfg.workload.removeprefix("module:"))
         res = getattr(importlib.import_module(mod), fn)()
+        if outputs:
+            save_outputs(res, outputs)
         if isinstance(res, WorkloadResult):
             return res
     else:
@@ -437,6 +471,21 @@ def run(cfg: WorkloadConfig) -> WorkloadResult:
                           time.perf_counter() - t0)
 
 
+def _synchronizer(device: str) -> Callable[[], None]:
+    """Waits for the GPU (a timing must include the kernels it queued); on the CPU there is nothing to wait for."""
+    if not device.startswith("cuda"):
+        return lambda: None
+    import torch
+
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.synchronize
+
+
+def interpreter() -> str:
+    """The Python that runs workload children: a fix's interpreter ($GPULAB_PYTHON), else this one."""
+    return os.environ.get(PYTHON_ENV) or sys.executable
+
+
 def cli_args(cfg: WorkloadConfig) -> list[str]:
     """The `python -m gpulab.workloads` flags that reproduce cfg."""
     out = ["--workload", cfg.workload]
@@ -447,10 +496,10 @@ def cli_args(cfg: WorkloadConfig) -> list[str]:
 
 
 def command(cfg: WorkloadConfig) -> list[str]:
-    """argv (sys.executable first) that runs the configured workload as a child process."""
+    """argv (the interpreter first) that runs the configured workload as a child process."""
     if cfg.kind == "script":
-        return [sys.executable, *shlex.split(cfg.workload[len("script:"):])]
-    return [sys.executable, "-m", "gpulab.workloads", *cli_args(cfg)]
+        return [interpreter(), *shlex.split(cfg.workload[len("script:"):])]
+    return [interpreter(), "-m", "gpulab.workloads", *cli_args(cfg)]
 
 
 def cli_parser() -> argparse.ArgumentParser:
@@ -480,13 +529,16 @@ def parse_cli(argv: list[str]) -> WorkloadConfig:
 def main(argv: list[str] | None = None) -> int:
     p = cli_parser()
     p.add_argument("--json", default=None, help="write the WorkloadResult here")
+    p.add_argument("--time-for", type=float, default=0.0, metavar="S",
+                   help="then repeat the rung for S seconds (at least 3 times), each repeat timed")
+    p.add_argument("--outputs", default=None, help="save what the run computed here (torch.save)")
     ns = vars(p.parse_args(argv))
-    out = ns.pop("json")
+    out, time_for, outputs = ns.pop("json"), ns.pop("time_for"), ns.pop("outputs")
     try:
         cfg = WorkloadConfig(**ns)
     except ValueError as exc:
         p.error(str(exc))
-    res = run(cfg)
+    res = run(cfg, time_for=time_for, outputs=outputs)
     line = (f"{res.rung} on {res.device} ({res.dtype}, sdpa {res.sdpa_backend_used}): "
             f"{len(res.losses)} step(s), loss {res.losses[-1] if res.losses else float('nan'):.5f}, "
             f"{res.seconds:.3f} s")

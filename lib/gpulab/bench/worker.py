@@ -23,6 +23,7 @@ from gpulab.bench import flops
 from gpulab.bench.decision import choose, parse_gate
 from gpulab.bench.measure import BenchConfig, Comparison, compare, measure
 from gpulab.bench.child import Spec, spec_from_dict
+from gpulab.fixes import install_from_env
 from gpulab.oracle import candidates as registry
 from gpulab.workloads import AttentionCall, WorkloadConfig, prepare
 
@@ -217,6 +218,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m gpulab.bench.worker SPEC.json RESULT.json", file=sys.stderr)
         return 2
+    install_from_env()  # the scenario's fixes ($GPULAB_FIXES), so 06 times the fixed configuration
     spec = spec_from_dict(json.loads(Path(argv[0]).read_text()))
     worker(spec, Path(argv[1]))
     return 0

@@ -16,8 +16,12 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-# Keys a scenario file may hold that describe the scenario instead of parameterising notebooks.
-SCENARIO_KEYS = frozenset({"description"})
+from gpulab.fixes import registry
+from gpulab.fixes.compose import compose
+
+# Keys a scenario file may hold that describe the scenario instead of parameterising notebooks: `fixes`
+# names registry fixes (patches/) applied to every child of the scenario's notebooks.
+SCENARIO_KEYS = frozenset({"description", "fixes"})
 # Keys the runner sets itself; a params file may not.
 INJECTED = frozenset({"out_dir"})
 
@@ -68,6 +72,7 @@ class Value:
 class Layered:
     values: Mapping[str, Value] = field(default_factory=dict)
     description: str = ""
+    fixes: tuple[str, ...] = ()   # registry fixes the scenario applies (the last layer that names them wins)
 
     def plain(self) -> dict[str, Any]:
         return {k: v.value for k, v in self.values.items()}
@@ -160,16 +165,33 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def fix_names(value: Any, source: str) -> tuple[str, ...]:
+    """A scenario's `fixes`: a list of registry names that can be combined (checked before anything runs)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ParamError(f"'fixes' (from {source}) must be a list of fix names, got {value!r}; "
+                         f"known fixes: {', '.join(registry.names())}")
+    try:
+        compose(registry.resolve(value))
+    except ValueError as exc:
+        raise ParamError(f"'fixes' (from {source}): {exc}") from None
+    return tuple(value)
+
+
 def layer(layers: Iterable[tuple[str, Mapping[str, Any]]], description: str = "") -> Layered:
     values: dict[str, Value] = {}
+    fixes: tuple[str, ...] = ()
     for source, data in layers:
         for key, value in data.items():
             if key in SCENARIO_KEYS:
                 if key == "description":
                     description = str(value)
+                elif key == "fixes":
+                    fixes = fix_names(value, source)
                 continue
             values[str(key)] = Value(value, source)
-    return Layered(values, description)
+    return Layered(values, description, fixes)
 
 
 # ---------------------------------------------------------------------------------------------- checks

@@ -25,6 +25,7 @@ import yaml
 
 from gpulab import proc, report
 from gpulab.chain import index, notebook, params, verdict
+from gpulab.fixes import scenario_env
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
@@ -192,6 +193,23 @@ class _Run:
         self.note: str | None = None
         self.results = {s: ScenarioResult(s, resolved[s][1], resolved[s][0],
                                           changed=params.changed(resolved[s][0], schema)) for s in cfg.scenarios}
+        parallel = cfg.jobs > 1 and len(cfg.scenarios) > 1
+        self.gpu_load = {g: 0 for g in visible_gpus()} if parallel else {}   # GPU id -> scenarios on it
+        self.gpu_of: dict[str, str] = {}
+
+    def take_gpu(self, scen: str) -> None:
+        """With several GPUs, a scenario running beside others gets the least busy one to itself."""
+        with self.lock:
+            if len(self.gpu_load) > 1:
+                gpu = min(self.gpu_load, key=lambda g: (self.gpu_load[g], g))
+                self.gpu_load[gpu] += 1
+                self.gpu_of[scen] = gpu
+
+    def give_gpu(self, scen: str) -> None:
+        with self.lock:
+            gpu = self.gpu_of.pop(scen, None)
+            if gpu is not None:
+                self.gpu_load[gpu] -= 1
 
     def add(self, scen: str, res: NotebookResult) -> None:
         with self.lock:
@@ -274,9 +292,34 @@ def _run_notebook(run: _Run, scen: str, sc_dir: Path, nb_path: Path, schema: dic
     return res
 
 
+def visible_gpus() -> tuple[str, ...]:
+    """The GPU ids scenarios can be spread over: CUDA_VISIBLE_DEVICES, else the NVIDIA driver's list. Read
+    without torch: the runner must not hold a CUDA context its notebooks' children compete with."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return tuple(g.strip() for g in listed.split(",") if g.strip())
+    driver = Path("/proc/driver/nvidia/gpus")
+    return tuple(str(i) for i in range(len(list(driver.iterdir())))) if driver.is_dir() else ()
+
+
 def _scenario_env(scen: str, run: _Run) -> dict[str, str] | None:
-    """The environment a scenario's notebooks run in (None: this process's own)."""
-    return None
+    """The environment a scenario's notebooks run in (None: this process's own): its fixes (GPULAB_FIXES and
+    their variables, inherited by every child the notebooks start) and, when scenarios run side by side on
+    several GPUs, the GPU it was given."""
+    fixes = params.resolve(run.cfg.root, scen, run.cfg.param_files, run.cfg.overrides).fixes
+    env = dict(os.environ)
+    if run.gpu_of.get(scen) is not None:
+        env["CUDA_VISIBLE_DEVICES"] = run.gpu_of[scen]
+    env = scenario_env(fixes, env)   # also drops fixes this process inherited: a baseline has none
+    return None if env == os.environ else env
+
+
+def _on_gpu(run: _Run, scen: str, schema: dict) -> None:
+    run.take_gpu(scen)
+    try:
+        _run_scenario(run, scen, schema)
+    finally:
+        run.give_gpu(scen)
 
 
 def _run_scenario(run: _Run, scen: str, schema: dict) -> None:
@@ -342,7 +385,7 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
                 _run_scenario(state, scen, schema)
         else:
             with ThreadPoolExecutor(max_workers=cfg.jobs, thread_name_prefix="scenario") as pool:
-                futures = [pool.submit(_run_scenario, state, scen, schema) for scen in cfg.scenarios]
+                futures = [pool.submit(_on_gpu, state, scen, schema) for scen in cfg.scenarios]
                 try:
                     for f in futures:
                         while not f.done():

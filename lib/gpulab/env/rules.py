@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.env.facts import FACT_KEYS, NESTED_FACTS
+from gpulab.fixes import registry
 
 DEFAULT_RULES = Path(__file__).resolve().parent / "risks.yaml"
 
@@ -25,15 +26,9 @@ OPERATORS = ("eq", "ne", "in", "not_in", "version_ge", "version_lt", "regex", "p
              "exists")
 COMBINATORS = ("all", "any", "not")
 SEVERITIES = ("high", "medium", "low")
-# Fix scenarios a rule may suggest (notebook 04 runs them; each needs params/scenarios/<name>.yaml).
-FIX_SCENARIOS: dict[str, str] = {
-    "sdpa_math_off": "disable the math SDPA backend so a fused kernel (or a clear error) replaces it",
-    "cuda_module_loading_lazy": "CUDA_MODULE_LOADING=LAZY",
-    "cuda_module_loading_eager": "CUDA_MODULE_LOADING=EAGER",
-    "cpu_fallback": "run the workload on the CPU to separate platform from model bugs",
-    "rocm_safe_settings": "conservative HSA/HIP allocator and copy-engine settings for consumer AMD GPUs",
-    "memory_fraction_cap": "cap the process's GPU memory (set_per_process_memory_fraction) so OOM raises",
-}
+# Fixes a rule may suggest: the fix registry's names (patches/, the single source; notebook 04 runs them and
+# params/scenarios/<name>.yaml runs the chain with one), with what each changes.
+FIX_SCENARIOS: dict[str, str] = registry.catalog()
 RULE_FIELDS = ("id", "title", "severity", "signature", "risk", "evidence", "fixes", "advice", "source",
                "see_also")
 

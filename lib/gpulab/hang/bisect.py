@@ -256,7 +256,7 @@ class _Prober:
 
 
 def run(command: Sequence[str], ints: Sequence[IntDim], choices: Sequence[ChoiceDim] = (), *, out_dir: str | Path,
-        repeats: int = 1, jobs: int = 1, stall_s: float = 30.0, timeout_s: float = 600.0, mode: str = "ops",
+        repeats: int = 1, jobs: int = 1, stall_s: float = 30.0, timeout_s: float = 600.0, mode: str = "auto",
         record: bool = True, fault: str | None = None, make_repro: bool = True,
         progress: Callable[[str], None] | None = None) -> BisectResult:
     """Shrink the failing configuration; bisect.json is rewritten after every probe. Raises

@@ -200,7 +200,9 @@ def classify(ev: Evidence) -> Classification:
         facts.append(f"the process was killed by {ev.signal}")
     if op:
         facts.append(f"in-flight op: {describe_op(op)}")
-    if ev.host_blocked_in:
+    if ev.host_blocked_in and ev.host_blocked_in.get("driver"):
+        facts.append(f"host thread is stuck in {ev.host_blocked_in.get('name')}")
+    elif ev.host_blocked_in:
         facts.append(f"host thread blocked in {ev.host_blocked_in.get('name')} (a sync waiting behind the "
                      f"in-flight op's GPU work, which never completed)")
 
@@ -283,7 +285,7 @@ def classify(ev: Evidence) -> Classification:
             facts.append("main thread is inside the GPU driver: " + ", ".join(gpu_frames[:3]))
         if kind == "sync" and not ev.host_blocked_in:
             facts.append(f"{op.get('name')} makes the host wait for the device; the GPU work it waits on is not "
-                         f"localized (run with trace mode 'gpu' to name it)")
+                         f"localized (trace mode 'auto', the default, names it once CUDA is up; 'ops' cannot)")
         return Classification("sync", tuple(facts))
 
     # 6. generic native hints

@@ -26,7 +26,7 @@ def _common(p) -> None:
     p.add_argument("--stall", type=positive("--stall"), default=60.0, metavar="S",
                    help="no progress for S seconds is a hang")
     p.add_argument("--timeout", type=positive("--timeout"), default=3600.0, metavar="S", help="bound on each trial")
-    p.add_argument("--mode", default="ops", choices=watch.MODES, help="op recording mode of each trial")
+    p.add_argument("--mode", default="auto", choices=watch.MODES, help="op recording mode of each trial")
     p.add_argument("--no-record", action="store_true", help="run Python commands as they are (no op log)")
     p.add_argument("--fault", default=None, metavar="SPEC", help="plant a fault in every trial (a self-test)")
 

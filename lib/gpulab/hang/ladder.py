@@ -228,7 +228,7 @@ def _brief(v: Verdict) -> dict:
 
 
 def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: float = 60.0, timeout_s: float = 3600.0,
-        out_dir: str | Path, mode: str = "ops", fault: str | None = None, record: bool = True,
+        out_dir: str | Path, mode: str = "auto", fault: str | None = None, record: bool = True,
         stop_at_first_failure: bool = False, fixes: Sequence[str] = (), env: Mapping[str, str] | None = None,
         progress: Callable[[str], None] | None = None, name: str = "ladder", stacks: bool = True) -> LadderResult:
     """Climb the ladder; ladder.json (and a CSV) is rewritten after every trial, so an interrupt or a crash

@@ -7,6 +7,7 @@ completed, the earliest of them is the op in flight and the op the host waits in
 """
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
@@ -46,7 +47,10 @@ class Verdict:
     collapsed: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     left_running: tuple = ()  # processes of the run still alive after it ended by itself (then ended)
-    localized: str | None = None  # how in_flight_op was found: host | gpu_event | gpu_bisect | raised | None
+    # how in_flight_op was found: host (the open op) | gpu_event (the earliest op whose GPU work never
+    # completed) | driver (the open op, the host stuck in a driver call inside it, all earlier GPU work
+    # complete) | raised | None
+    localized: str | None = None
 
     @property
     def drill(self) -> bool:
@@ -128,6 +132,7 @@ def op_dict(rec: Any) -> dict | None:
         "t_end": t1,
         "duration_s": (t1 - t0) if (t0 is not None and t1 is not None) else None,
         "gpu_done": _get(rec, "gpu_done"),
+        "stream": _get(rec, "stream"),   # the op's CUDA stream (an index into the log's streams) when tracked
     }
 
 
@@ -144,6 +149,53 @@ def localize(records: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
         blocked = host if host is not None and _get(host, "seq") > _get(first, "seq") else None
         return first, blocked, open_host
     return host, None, open_host
+
+
+_DRIVER_API = re.compile(r"^(cu|cuda|hip|hsa)[A-Z_]\w*$")
+_LAUNCH_APIS = ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cudaLaunchKernel",
+                "cudaLaunchKernelExC", "hipLaunchKernel", "hipModuleLaunchKernel")
+
+
+def driver_call(native_threads: Sequence[capture.Thread]) -> str | None:
+    """The innermost named GPU driver/runtime API call on the main thread's native stack (cuLaunchKernel,
+    cuStreamSynchronize, ...), or None."""
+    main = classify.main_thread(native_threads)
+    for frame in (main.frames[:30] if main else ()):
+        name = frame.split(" (", 1)[0].strip()
+        if _DRIVER_API.match(name):
+            return name
+    return None
+
+
+def gpu_facts(inflight: Any, localized: str | None, records: Sequence[Any], api: str | None) -> list[str]:
+    """What GPU progress says about where the GPU stopped, in words that do not overclaim: work launched
+    outside the dispatcher (a raw Triton or CUDA kernel) is invisible to the recorder."""
+    out = []
+    name, site = _get(inflight, "name"), _get(inflight, "call_site") or "?"
+    if localized == "gpu_event":
+        seq, stream = _get(inflight, "seq"), _get(inflight, "stream")
+        before = [r for r in records if _get(r, "seq") < seq and _get(r, "stream") == stream
+                  and _get(r, "gpu_done") is True]
+        if before:
+            prev = max(before, key=lambda r: _get(r, "seq"))
+            out.append(f"the GPU finished {_get(prev, 'name')} (#{_get(prev, 'seq')} at {_get(prev, 'call_site') or '?'})"
+                       f" but never {name} (#{seq} at {site}): its own kernel never completed, or GPU work launched "
+                       f"outside PyTorch's dispatcher between those two call sites (a raw CUDA or Triton kernel, "
+                       f"torch.cuda._sleep) holds the stream")
+        else:
+            out.append(f"{name} is the first recorded op whose GPU work never completed; work launched before it "
+                       f"outside PyTorch's dispatcher would hold its stream too")
+    if localized == "driver":
+        out.append(f"the GPU work of every earlier op completed and the host is stuck in {api} inside {name}: the "
+                   f"GPU work that never completes was launched inside {name} (or just before it, outside "
+                   f"PyTorch's dispatcher)")
+    if api in _LAUNCH_APIS:
+        out.append(f"the host is stuck launching a kernel ({api}), not waiting for a result: with lazy module "
+                   f"loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a kernel's first launch loads "
+                   f"its module and waits for the kernels already running, so a kernel that never finishes blocks "
+                   f"it (the module_loading_eager scenario moves that wait to the next sync); a full launch queue "
+                   f"blocks the same way")
+    return out
 
 
 def python_blocked_frame(py_threads: Sequence[capture.Thread]) -> dict | None:
@@ -193,6 +245,14 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     blocked_d = op_dict(blocked)
     if inflight is not None and blocked is None and _get(inflight, "t_end") is not None:
         blocked_d = python_blocked_frame(py_threads)  # host waits outside any recorded op
+    api = driver_call(native_threads) if status in ("hang", "timeout") else None
+    if inflight is not None and blocked is None and _get(inflight, "t_end") is None and api:
+        # the host never left the in-flight op: it is stuck in the driver inside it
+        blocked_d = {"name": f"{api} (a GPU driver call inside {_get(inflight, 'name')})",
+                     "call_site": _get(inflight, "call_site"), "driver": True}
+        earlier = [r for r in records if _get(r, "seq") < _get(inflight, "seq") and _get(r, "gpu_done") is not None]
+        if earlier and all(_get(r, "gpu_done") for r in earlier):
+            localized = "driver"
     sig = _signal_name(obs.exit_code) if status == "crash" else None
     evidence = classify.Evidence(
         status=status, phase=phase, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
@@ -203,6 +263,8 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     else:
         c = classify.classify(evidence)
         cls, facts = c.cls, list(c.facts)
+    if inflight is not None and status in ("hang", "timeout"):
+        facts.extend(gpu_facts(inflight, localized, records, api))
     if status in ("hang", "timeout"):
         facts.append(f"the watchdog stopped the whole process tree after the capture; exit code {obs.exit_code}")
     if status == "error":

@@ -32,9 +32,11 @@ import psutil
 
 from gpulab import proc, trace, workloads
 from gpulab.cli import BadInput, json_target, parser, positive, writable_dir
+from gpulab.fixes.compose import scenario_env
 from gpulab.hang import capture, faults
 from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_line
 from gpulab.report import write_json, write_text
+from gpulab.trace import native
 
 MODES = trace.MODES
 _PY = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -129,20 +131,23 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
         raise ValueError(f"fault={str(fault)!r} needs a Python command run with record=True (it is planted by "
                          f"python -m gpulab.trace); got {list(command)!r}")
     child_env = dict(os.environ if env is None else env)
+    if fixes:  # the environment route: the parent sets the fixes' variables, the child installs the rest
+        child_env = scenario_env(fixes, child_env)
     child_env["PYTHONUNBUFFERED"] = "1"
     if coredump:
         child_env.update(capture.coredump_env(out))
     if pyc is None:
         return Launch(tuple(command), child_env, False, out)
     interp, flags, rest = pyc
+    native.ensure()  # the recorder's C hot path, built here (never inside the watched program)
+    if child_env.get(workloads.PYTHON_ENV) and interp == sys.executable:  # a fix's interpreter (patched torch)
+        interp = child_env[workloads.PYTHON_ENV]
     lib_dir = str(Path(__file__).resolve().parents[2])
     child_env["PYTHONPATH"] = os.pathsep.join(
         [lib_dir] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
     argv = [interp, *flags, "-m", "gpulab.trace", "--log", str(out / "ops.log"), "--mode", mode,
             "--faulthandler", str(out / "faulthandler.txt")]
     argv += ["--fault", str(fault)] if fault else []
-    for fx in fixes:
-        argv += ["--fix", fx]
     return Launch(tuple(argv + ["--", *rest]), child_env, True, out)
 
 
@@ -284,7 +289,7 @@ def _products(launch: Launch, v: Verdict) -> dict:
 # ------------------------------------------------------------------------------------ the watchdog
 
 def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 3600.0, record: bool = True,
-        mode: str = "ops", fault: str | None = None, out_dir: str | os.PathLike | None = None,
+        mode: str = "auto", fault: str | None = None, out_dir: str | os.PathLike | None = None,
         capture_gpu: bool | str = "auto", cuda_gdb: bool = False, coredump: bool = False,
         env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
         tail: int = 20, native_tools: tuple[str, ...] = ("py-spy", "gdb"), progress: Any = None,
@@ -366,7 +371,7 @@ def _parser():
     p.add_argument("--timeout", type=positive("--timeout"), default=3600.0, metavar="S", help="bound on the whole run")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the verdict here")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="products folder (default: a new temp dir)")
-    p.add_argument("--mode", default="ops", choices=MODES, help="op recording mode of gpulab.trace")
+    p.add_argument("--mode", default="auto", choices=MODES, help="op recording mode of gpulab.trace (auto: ops, plus GPU completion tracking once CUDA is up)")
     p.add_argument("--fault", default=None, metavar="SPEC", help="plant a real fault (a self-test; see gpulab.hang.faults)")
     p.add_argument("--no-record", action="store_true", help="run a Python command as is (no op log)")
     p.add_argument("--cuda-gdb", action="store_true", help="attach cuda-gdb on a hang (~12 s, pauses the process)")
@@ -419,7 +424,7 @@ def resolve_fault(fault: str | None) -> str | None:
 
 
 def watch_workload(cfg: Any, *, out_dir: str | os.PathLike, stall_s: float, timeout_s: float,
-                   trace_mode: str = "ops", fault: str | None = None, **kw: Any) -> Verdict:
+                   trace_mode: str = "auto", fault: str | None = None, **kw: Any) -> Verdict:
     """Run the notebooks' workload (a WorkloadConfig: builtin, module:callable or script:...) under the watchdog."""
     return run(workloads.command(cfg), stall_s=stall_s, timeout_s=timeout_s, mode=trace_mode,
                fault=resolve_fault(fault), out_dir=out_dir, **kw)

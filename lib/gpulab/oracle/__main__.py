@@ -7,6 +7,7 @@ import os
 import pickle
 from typing import Sequence
 
+from gpulab.fixes import install_from_env
 from gpulab.oracle.cases import CASE_SETS
 from gpulab.oracle.check import check_many
 
@@ -21,6 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--worst-k", type=int, default=8)
     ap.add_argument("--pickle", default=None, help="write the reports (by candidate name) here")
     a = ap.parse_args(argv)
+    install_from_env()  # the scenario's fixes ($GPULAB_FIXES), so 05 judges the fixed configuration
     reps = check_many(a.candidate, a.cases, a.device, a.dtypes.split(",") if a.dtypes else None, tile=a.tile,
                       worst_k=a.worst_k)
     if a.pickle:  # classes live in gpulab.oracle.check, not __main__, so the parent can unpickle them

@@ -1,7 +1,7 @@
 """Run a Python program under the recorder, exactly as `python` would run it.
 
-  python -m gpulab.trace --log LOG [--mode ops|sync|gpu|stats] [--faulthandler FILE] [--fault SPEC]
-                         [--capacity N] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
+  python -m gpulab.trace --log LOG [--mode ops|sync|gpu|stats|auto] [--gpu-mechanism M] [--faulthandler FILE]
+                         [--fault SPEC] [--capacity N] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
 
 Order matters (the watchdog relies on it): the log exists (header written) before torch is imported, so a
 hang while loading libraries is seen as phase `startup`; a planted fault's dispatch mode is pushed before
@@ -15,8 +15,9 @@ import runpy
 import sys
 import traceback
 
+from gpulab.fixes import install_from_env
 from gpulab.hang import faults
-from gpulab.trace import recorder, ring  # no torch yet
+from gpulab.trace import gpu, recorder, ring  # no torch yet
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -27,7 +28,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     i = argv.index("--")
     p = argparse.ArgumentParser(prog="python -m gpulab.trace")
     p.add_argument("--log", required=True)
-    p.add_argument("--mode", default="ops", choices=["ops", "sync", "gpu", "stats"])
+    p.add_argument("--mode", default="auto", choices=ring.MODES)
+    p.add_argument("--gpu-mechanism", default=None, choices=gpu.PREFERENCES,
+                   help="force how GPU progress is tracked in auto/gpu mode (default: the mode's own)")
     p.add_argument("--faulthandler", default=None)
     p.add_argument("--fault", default=None)
     p.add_argument("--capacity", type=int, default=None)
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
     if ns.fault:
         faults.plant(ns.fault)
-    rec = recorder.Recorder(ns.log, ns.mode, create_log=False)
+    install_from_env()  # the scenario's fixes ($GPULAB_FIXES): above a planted fault, below the recorder
+    rec = recorder.Recorder(ns.log, ns.mode, create_log=False, gpu_mechanism=ns.gpu_mechanism)
     rec.install()
     code = 0
     try:

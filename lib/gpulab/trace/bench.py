@@ -1,25 +1,40 @@
-"""Recording overhead, measured side by side: the same callable with no recorder and under each recorder,
-interleaved (rotating order each repeat) so that drift and warm-up hit all variants alike.
+"""Recording overhead, measured side by side, every variant interleaved (rotating order each repeat) so
+that drift and warm-up hit all variants alike.
 
-  python -m gpulab.trace.bench --json OUT --modes ops,stats --repeats 5 -- <python -m gpulab.workloads flags>
+Two ways:
+- in one process (`time_variants`; `python -m gpulab.trace.bench --json OUT --modes ops,stats -- <workload
+  flags>`): notebook 02's quick in-run figure;
+- the way a user runs it (`user_run`): each variant is its own process running the same unchanged script
+  (PROGRAM: a loop of tiny ops and the built-in training step, each timed inside the script), under
+  `python -m gpulab.trace --mode M` for the recorder, or under `python -m gpulab.trace.bench wrap
+  --variant V` for the baselines (no mode, a bare pass-through mode, PyTorch's DebugMode, a naive flushed
+  JSONL recorder), which run the script exactly as the recorder's bootstrap does.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
+import runpy
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping
+from typing import Callable, ContextManager, Mapping, Sequence
 
-from gpulab import workloads
+from gpulab import device, proc, workloads
 from gpulab.report import write_json
+from gpulab.trace import native
 from gpulab.trace.recorder import Recorder
 from gpulab.trace.ring import _check_mode
+from gpulab.trace.run import _child_env
+
+WRAPPERS = ("none", "passthrough", "debugmode", "jsonl_flush")
 
 
 @dataclass(frozen=True)
@@ -32,6 +47,8 @@ class OverheadRow:
     ratio: float | None    # us_per_op / reference us_per_op (reference: the pass-through mode when timed)
     samples_s: tuple[float, ...]
 
+
+# ---------------------------------------------------------------------------------------------- the modes
 
 def count_ops(fn: Callable[[], object]) -> int:
     """Ops one call of fn dispatches (a bare pass-through mode counting)."""
@@ -48,6 +65,71 @@ def count_ops(fn: Callable[[], object]) -> int:
         fn()
     return n[0]
 
+
+def passthrough_variant():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    return PassThrough
+
+
+def debugmode_variant():
+    """PyTorch's own op logger (in memory, not crash-safe), or None on a torch without it."""
+    try:
+        from torch.utils._debug_mode import DebugMode
+    except ImportError:
+        return None
+    return DebugMode
+
+
+def jsonl_variant(path: str | os.PathLike):
+    """The naive crash-safe baseline: one JSON line per op, flushed before the op runs."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class JsonlRecorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.fh = open(path, "a")
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            # repr() only of scalars: the repr of a list of CUDA tensors (AdamW's _foreach ops) would
+            # copy them to the host and measure that instead of the recording
+            meta = [[list(a.shape), str(a.dtype), list(a.stride()), str(a.device)] if isinstance(a, torch.Tensor)
+                    else repr(a)[:32] if isinstance(a, (int, float, bool, str, type(None)))
+                    else f"{type(a).__name__}[{len(a)}]" if isinstance(a, (list, tuple)) else type(a).__name__
+                    for a in args]
+            self.fh.write(json.dumps({"seq": self.n, "op": str(func), "args": meta, "t": time.time(),
+                                      "thread": threading.current_thread().name}) + "\n")
+            self.fh.flush()
+            return func(*args, **(kwargs or {}))
+
+        def __exit__(self, *exc):
+            self.fh.close()
+            return super().__exit__(*exc)
+
+    return JsonlRecorder
+
+
+def wrapper_mode(variant: str, jsonl: str | os.PathLike | None = None):
+    """The dispatch-mode class of a baseline variant (None: no mode at all)."""
+    if variant not in WRAPPERS:
+        raise ValueError(f"variant={variant!r} is not valid; choose one of {', '.join(WRAPPERS)}")
+    if variant == "passthrough":
+        return passthrough_variant()
+    if variant == "debugmode":
+        return debugmode_variant()
+    if variant == "jsonl_flush":
+        return jsonl_variant(jsonl or os.devnull)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- in one process
 
 def time_variants(fn: Callable[[], object], variants: Mapping[str, Callable[[], ContextManager] | None],
                   repeats: int = 5, warmup: int = 1, sync: Callable[[], None] | None = None
@@ -95,18 +177,314 @@ def recorder_variants(modes, log_dir: str | Path) -> tuple[dict, list]:
     return {m: (lambda r=r: r) for m, r in recs.items()}, list(recs.values())
 
 
-def passthrough_variant():
+# ---------------------------------------------------------------------------------------------- as a user runs it
+
+# The unchanged program every variant runs. It times its own loops (wall and thread CPU time per block) and
+# writes them to argv[1]; nothing in it knows which variant it runs under.
+PROGRAM = '''"""A user's program for gpulab's overhead benchmarks: tiny ops in a loop, then the built-in training step."""
+import argparse, json, time
+import torch
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--device", default="cpu")
+p.add_argument("--tiny", type=int, default=0, help="tiny ops per block (0: skip)")
+p.add_argument("--blocks", type=int, default=5)
+p.add_argument("--steps", type=int, default=0, help="training steps per block (0: skip)")
+p.add_argument("--step-blocks", type=int, default=3)
+p.add_argument("--workload", default="")
+a = p.parse_args()
+sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
+if not a.device.startswith("cuda"):
+    torch.set_num_threads(1)  # the per-op cost is measured; a thread pool on a busy CPU only adds noise
+out = {"device": a.device}
+
+
+def timed(body, blocks, warmup):
+    for _ in range(warmup):
+        body()
+    sync()
+    wall, cpu = [], []
+    for _ in range(blocks):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        body()
+        sync()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    return {"unit_s": wall, "cpu_s": cpu}
+
+
+if a.tiny:
+    x = torch.ones(4, device=a.device)
+
+    def tiny():
+        y = x
+        for _ in range(a.tiny):
+            y = y + 1
+        return y
+
+    out["tiny_ops"] = dict(timed(tiny, a.blocks, 1), ops_per_unit=a.tiny)
+
+if a.steps:
+    from gpulab import workloads
+
+    prep = workloads.prepare(workloads.parse_cli(a.workload.split()))
+
+    def steps():
+        for _ in range(a.steps):
+            prep.fn()
+
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class PassThrough(TorchDispatchMode):
+    class Count(TorchDispatchMode):
+        n = 0
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
             return func(*args, **(kwargs or {}))
 
-    return PassThrough
+    prep.fn()  # warm-up (allocator, lazy init), then one step counted
+    with Count():
+        prep.fn()
+    out["transformer_step"] = dict(timed(steps, a.step_blocks, 1), ops_per_unit=Count.n * a.steps,
+                                   steps_per_unit=a.steps)
+
+with open(a.out, "w") as fh:
+    json.dump(out, fh)
+'''
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run PROGRAM: a recorder mode through `python -m gpulab.trace`, or a baseline wrapper."""
+    name: str
+    mode: str | None = None            # recorder mode, or None for a wrapper
+    wrapper: str | None = None         # one of WRAPPERS
+    gpu_mechanism: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+def standard_variants(device: str) -> list[Variant]:
+    """The variants of the overhead figure on this device (GPU-progress modes only differ on CUDA)."""
+    cuda = str(device).startswith("cuda")
+    out = [Variant("none", wrapper="none", note="no dispatch mode"),
+           Variant("passthrough", wrapper="passthrough", note="bare pass-through TorchDispatchMode (reference)"),
+           Variant("ops", mode="ops", note="gpulab crash-safe ring (native hot path when built)"),
+           Variant("ops_python", mode="ops", env=(("GPULAB_TRACE_NATIVE", "0"),),
+                   note="gpulab ops with the pure-Python hot path (no compiler)"),
+           Variant("auto", mode="auto", note="default: ops until CUDA, then GPU progress (best mechanism)")]
+    if cuda:
+        out += [Variant("gpu_events", mode="gpu", note="GPU progress by pooled CUDA events"),
+                Variant("sync", mode="sync", note="synchronize after each op")]
+    out += [Variant("stats", mode="stats", note="min/max/NaN of every output (syncs on CUDA)"),
+            Variant("jsonl_flush", wrapper="jsonl_flush", note="naive crash-safe: one flushed JSON line per op")]
+    if debugmode_available():
+        out.append(Variant("debugmode", wrapper="debugmode", note="PyTorch DebugMode (in memory, not crash-safe)"))
+    return out
+
+
+def pick_variants(variants: Sequence[Variant], names: str | None) -> list[Variant]:
+    """The variants named in a comma-separated list (None: all); `none` is always kept (the baseline)."""
+    if not names:
+        return list(variants)
+    want = [n for n in names.split(",") if n]
+    known = {v.name for v in variants}
+    bad = [n for n in want if n not in known]
+    if bad:
+        raise ValueError(f"variants {', '.join(bad)} are not valid here; choose from {', '.join(sorted(known))}")
+    return [v for v in variants if v.name in want or v.name == "none"]
+
+
+def debugmode_available() -> bool:
+    try:
+        import importlib.util
+        return importlib.util.find_spec("torch.utils._debug_mode") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def variant_command(v: Variant, program: Sequence[str], log: str | os.PathLike) -> list[str]:
+    """argv that runs `program` (SCRIPT.py ARGS) under variant v."""
+    if v.mode is not None:
+        cmd = [sys.executable, "-m", "gpulab.trace", "--log", str(log), "--mode", v.mode]
+        if v.gpu_mechanism:
+            cmd += ["--gpu-mechanism", v.gpu_mechanism]
+        return cmd + ["--", *program]
+    return [sys.executable, "-m", "gpulab.trace.bench", "wrap", "--variant", v.wrapper or "none",
+            "--jsonl", str(log), "--", *program]
+
+
+def child_env(extra: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
+    env = _child_env()
+    env.update(dict(extra))
+    return env
+
+
+def user_run(variants: Sequence[Variant], program_args: Sequence[str], out_dir: str | os.PathLike,
+             repeats: int, timeout_s: float = 600.0, say: Callable[[str], None] | None = None) -> dict:
+    """Run PROGRAM under every variant, `repeats` rounds, rotating the order each round; -> raw results
+    {variant: [per-run result dict]}. Each run is a gpulab.proc child; its stderr is kept on failure."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / "user_program.py"
+    script.write_text(PROGRAM)
+    names = [v.name for v in variants]
+    by = {v.name: v for v in variants}
+    raw: dict[str, list] = {n: [] for n in names}
+    failures: dict[str, str] = {}
+    for r in range(repeats):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            res = out / f"run_{n}.json"
+            res.unlink(missing_ok=True)
+            cmd = variant_command(by[n], [str(script), str(res), *program_args], out / f"run_{n}.log")
+            err = out / f"run_{n}.stderr.txt"
+            done = proc.run(cmd, timeout_s=timeout_s, env=child_env(by[n].env), stdout=err, stderr=subprocess.STDOUT,
+                            label=f"bench {n}")
+            if done.returncode != 0 or not res.exists():
+                failures[n] = f"exit {done.returncode} ({done.status}): " + err.read_text(errors="replace")[-800:]
+                continue
+            data = json.loads(res.read_text())
+            data["round"] = r
+            raw[n].append(data)
+        if say:
+            say(f"round {r + 1}/{repeats} done")
+    return {"raw": raw, "failures": failures}
+
+
+@dataclass(frozen=True)
+class UserRow:
+    """One variant of one workload, measured as a user runs it."""
+    workload: str
+    variant: str
+    runs: int
+    ops_per_unit: int
+    us_per_op: float            # median over runs of (median block time / ops)
+    over_none_us: float         # us_per_op - none's
+    ratio: float | None         # over_none_us / pass-through's over_none_us
+    ratio_per_round: float | None   # median over rounds of the same ratio within the round (drift-free)
+    cpu_us_per_op: float        # the same from thread CPU time (robust to other load on the machine)
+    cpu_ratio: float | None
+    note: str = ""
+    samples_us: tuple[float, ...] = field(default=(), repr=False)
+
+
+def _per_op(run: dict, workload: str, key: str) -> float | None:
+    w = run.get(workload)
+    if not w or not w.get(key):
+        return None
+    return statistics.median(w[key]) / max(w["ops_per_unit"], 1) * 1e6
+
+
+def summarize(raw: Mapping[str, list[dict]], workload: str, notes: Mapping[str, str] | None = None,
+              baseline: str = "none", reference: str = "passthrough") -> list[UserRow]:
+    """Pure: per-run block times -> us/op per variant, over the no-mode baseline, and the ratio to the
+    pass-through mode (from the medians, and per round: each round's variants ran within seconds)."""
+    notes = notes or {}
+    med: dict[str, dict[str, float | None]] = {}
+    per_round: dict[str, dict[int, float]] = {}
+    per_round_cpu: dict[str, dict[int, float]] = {}
+    ops = 0
+    for name, runs in raw.items():
+        wall = [x for x in (_per_op(r, workload, "unit_s") for r in runs) if x is not None]
+        cpu = [x for x in (_per_op(r, workload, "cpu_s") for r in runs) if x is not None]
+        med[name] = {"wall": statistics.median(wall) if wall else None, "cpu": statistics.median(cpu) if cpu else None,
+                     "samples": tuple(wall)}
+        per_round[name] = {r["round"]: v for r in runs if (v := _per_op(r, workload, "unit_s")) is not None}
+        per_round_cpu[name] = {r["round"]: v for r in runs if (v := _per_op(r, workload, "cpu_s")) is not None}
+        ops = max(ops, max((r[workload]["ops_per_unit"] for r in runs if workload in r), default=0))
+    if baseline not in med or med[baseline]["wall"] is None:
+        return []
+
+    def ratio(a: float | None, base: float | None, ref: float | None) -> float | None:
+        if a is None or base is None or ref is None or ref - base <= 0:
+            return None
+        return (a - base) / (ref - base)
+
+    def round_ratio(table: dict[str, dict[int, float]], name: str) -> float | None:
+        vals = [ratio(table[name][r], table[baseline].get(r), table.get(reference, {}).get(r))
+                for r in table.get(name, {})]
+        vals = [v for v in vals if v is not None]
+        return statistics.median(vals) if vals else None
+
+    out = []
+    base, ref = med[baseline], med.get(reference, {"wall": None, "cpu": None})
+    for name, m in med.items():
+        if m["wall"] is None:
+            continue
+        is_base = name == baseline
+        out.append(UserRow(
+            workload, name, len(m["samples"]), ops, m["wall"], m["wall"] - base["wall"],
+            None if is_base else ratio(m["wall"], base["wall"], ref["wall"]),
+            None if is_base else round_ratio(per_round, name),
+            m["cpu"] if m["cpu"] is not None else float("nan"),
+            None if is_base else ratio(m["cpu"], base["cpu"], ref["cpu"]),
+            notes.get(name, ""), m["samples"]))
+    return out
+
+
+def benchmark_parser(description: str, rounds_help: str) -> argparse.ArgumentParser:
+    """The options the user-run benchmarks share (benchmarks/bench_trace_overhead.py, bench_step_time.py)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--repeats", type=int, default=None, help=rounds_help)
+    p.add_argument("--quick", action="store_true", help="fewer rounds, variants and steps (< 1 min on a CPU)")
+    p.add_argument("--variants", default=None, help="comma-separated subset of the variants (default: all)")
+    return p
+
+
+def failure_lines(failures: Mapping[str, str]) -> list[str]:
+    """One line per variant whose runs failed (the last line of its output)."""
+    return [f"FAILED {name}: {why.strip().splitlines()[-1] if why.strip() else why}" for name, why in failures.items()]
+
+
+def setup(ns: argparse.Namespace) -> tuple[str, Path, dict]:
+    """(device, output folder, environment) of a benchmark run from its parsed options."""
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return device.resolve(ns.device).split(":")[0], out, environment()
+
+
+def environment() -> dict:
+    """What a benchmark's numbers depend on: torch, the hot path, the machine's load."""
+    try:
+        import torch
+        version = torch.__version__
+    except ImportError:
+        version = None
+    built, why = native.ensure()
+    return {"torch": version, "native": str(built) if built else f"not built: {why}", "cpu_count": os.cpu_count(),
+            "load_avg": os.getloadavg()}
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+def wrap_main(argv: list[str]) -> int:
+    """python -m gpulab.trace.bench wrap --variant V [--jsonl PATH] -- SCRIPT.py ARGS: run the script as
+    `python -m gpulab.trace` does (runpy, same argv and sys.path), under a baseline mode instead."""
+    if "--" not in argv:
+        raise SystemExit("usage: python -m gpulab.trace.bench wrap --variant V [--jsonl PATH] -- SCRIPT.py ARGS")
+    i = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m gpulab.trace.bench wrap")
+    p.add_argument("--variant", required=True, choices=WRAPPERS)
+    p.add_argument("--jsonl", default=None)
+    ns = p.parse_args(argv[:i])
+    target = argv[i + 1:]
+    if not target:
+        p.error("no SCRIPT.py after '--'")
+    mode = wrapper_mode(ns.variant, ns.jsonl)
+    sys.argv = list(target)
+    sys.path[0] = os.path.dirname(os.path.abspath(target[0]))
+    with (mode or contextlib.nullcontext)():
+        runpy.run_path(target[0], run_name="__main__")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["wrap"]:
+        return wrap_main(argv[1:])
     i = argv.index("--") if "--" in argv else len(argv)
     p = argparse.ArgumentParser(prog="python -m gpulab.trace.bench")
     p.add_argument("--json", required=True)
@@ -117,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in ns.modes.split(",") if m]
     for m in modes:
         _check_mode(m)
-    cfg = _cfg_from_flags(argv[i + 1:])
+    cfg = workloads.parse_cli(argv[i + 1:])
     prep = workloads.prepare(cfg)
     import torch
 
@@ -131,19 +509,9 @@ def main(argv: list[str] | None = None) -> int:
             r.close()
     out = [r.__dict__ | {"samples_s": list(r.samples_s)} for r in rows(samples, ops)]
 
-    write_json(ns.json, {"rung": cfg.rung, "device": prep.device, "ops": ops, "rows": out})
+    write_json(ns.json, {"rung": cfg.rung, "device": prep.device, "ops": ops, "rows": out,
+                         "hot_path": recs[0].hot_path if recs else None})
     return 0
-
-
-def _cfg_from_flags(flags: list[str]):
-    import dataclasses
-
-
-    p = argparse.ArgumentParser(prog="workload flags")
-    for f in dataclasses.fields(workloads.WorkloadConfig):
-        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
-                       type=int if f.name in workloads._INT_KEYS else str)
-    return workloads.WorkloadConfig(**vars(p.parse_args(flags)))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
 """The recorder: a TorchDispatchMode that writes every op into the ring (gpulab.trace.ring) before it runs.
 
+Modes: `ops` records each op; `sync` also synchronizes after each op on CUDA; `stats` also writes min/max/
+mean and NaN/Inf counts of each output; `auto` records like `ops` until the program initializes CUDA and
+from its first CUDA op on also tracks each op's GPU completion (gpulab.trace.gpu: a stream memory op
+when the driver allows it, else pooled events); `gpu` is the same with the events mechanism.
+
 What TorchDispatchMode sees of SDPA (checked on torch 2.13 CPU; the GPU script checks CUDA):
 `F.scaled_dot_product_attention` is CompositeImplicitAutograd, so the dispatch mode never sees it nor
 `aten._scaled_dot_product_attention_math`; it sees the fused kernel (`aten._scaled_dot_product_flash_
@@ -14,75 +19,119 @@ torch is imported when a recorder is installed, never at import.
 """
 from __future__ import annotations
 
-import itertools
 import mmap
 import os
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
-from gpulab.trace.ring import (_COUNTERS, _MEM, _OFF_COMPLETED, _OFF_DEVICE, _OFF_FLAGS, _OFF_GPU,
-                               _OFF_GPUDONE, _OFF_MEMCOUNT, _OFF_NONFINITE, _OFF_STARTED, _OFF_STATS,
-                               _OFF_TEND, _SLOT, _STATIC, _STATS, _UNINITIALIZED, DEFAULT_CAPACITY,
-                               DEFAULT_MEM_CAPACITY, F_NONFINITE, F_RAISED, F_STATS, HEADER_SIZE, MEM_SIZE,
-                               SLOT_SIZE, _b, _check_mode, _d, _Q, _q, create)
+from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the program uses it
+from gpulab.trace import native, ring
+from gpulab.trace.ring import (_IDS, _MEM, _OFF_COMPLETED, _OFF_DEVICE, _OFF_FLAGS, _OFF_IDS, _OFF_GPU_SINCE, _OFF_MECHANISM,
+                               _OFF_MEMCOUNT, _OFF_NONFINITE, _OFF_STARTED, _OFF_STATS, _OFF_STREAM, _OFF_TEND,
+                               _SLOT, _STATIC, _STATS, _UNINITIALIZED, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
+                               DEFAULT_STRING_CAPACITY, F_NONFINITE, F_RAISED, F_STATS, GPU_PAGE_OFF, HEADER_SIZE,
+                               MAX_STREAMS, MEM_SIZE, PAGE, STREAM_SIZE, Layout, StringWriter, _check_mode, _Q, _q,
+                               create)
 
 _HERE = str(Path(__file__).resolve().parent)
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+# how far ahead of each region's write frontier pages are kept mapped writable (see Prefault)
+_AHEAD = {"slots": 256 << 10, "strings": 64 << 10, "memory": 16 << 10}
+_TRACK_PLAIN, _TRACK_GPU, _TRACK_SYNC, _TRACK_STATS, _TRACK_WAIT_CUDA = 0, 1, 2, 3, 4
+_GPU_POLL_S = 0.001
+_WRAP_TAIL = 4096  # newest records whose texts survive a wrap of the string table
+
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm", "rb") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+class Prefault:
+    """Keeps the pages just ahead of each region's write frontier mapped writable, so that the hot path
+    never takes a page fault, while the file only takes disk space for what was (nearly) recorded.
 
+    The first store to a page of a fresh sparse file mapping faults into the kernel (block allocation,
+    page-cache page, page-table entry): ~5 us per 4 KiB page, i.e. ~0.1 us per op over a page's 64 slots.
+    The recorder's background thread calls `step` every poll; MADV_POPULATE_WRITE maps a chunk in one
+    call. Kernels without it: no prefault (faults then happen on the hot path, correct but slower)."""
 
-def _prefault(mm: mmap.mmap) -> None:
-    """Map every page of the log writable now, once, so that the hot path never takes a page fault.
+    def __init__(self, mm: mmap.mmap, lay: Layout):
+        self.mm, self.lay = mm, lay
+        self.ok = True
+        self.regions = {"memory": (lay.mem_off, lay.mem_capacity * MEM_SIZE),
+                        "strings": (lay.strings_off, lay.string_capacity),
+                        "slots": (lay.slots_off, lay.capacity * lay.slot_size)}
+        self.end = {name: 0 for name in self.regions}
+        self._populate(0, HEADER_SIZE)
 
-    The first store to a page of a fresh (sparse) file mapping faults into the kernel (block allocation,
-    page-cache page, page-table entry): ~5 us per 4 KiB page, i.e. ~0.7 us per op spread over the 8 slots
-    of a page, until the ring has wrapped once. Populating costs the log's size in page cache up front
-    (~8 ms per 8 MiB) instead. Kernels without MADV_POPULATE_WRITE: rewrite one byte per page (the log has
-    no other writer yet)."""
-    try:
-        mm.madvise(_MADV_POPULATE_WRITE)
-        return
-    except (OSError, ValueError, AttributeError):
-        pass
-    try:
-        for off in range(0, len(mm), mmap.PAGESIZE):
-            mm[off] = mm[off]
-    except (OSError, ValueError, IndexError):
-        pass  # best effort: faults then happen on the hot path, as before
+    def _populate(self, start: int, end: int) -> None:
+        start -= start % PAGE
+        end = min(len(self.mm), -(-end // PAGE) * PAGE)
+        if not self.ok or end <= start:
+            return
+        try:
+            self.mm.madvise(_MADV_POPULATE_WRITE, start, end - start)
+        except (OSError, ValueError, AttributeError):
+            self.ok = False
+
+    def step(self, frontiers: dict[str, int]) -> None:
+        """frontiers: bytes written so far into each region (>= its size once a ring wrapped)."""
+        for name, used in frontiers.items():
+            off, size = self.regions[name]
+            want = min(size, used + _AHEAD[name])
+            if want > self.end[name]:
+                self._populate(off + self.end[name], off + want)
+                self.end[name] = want
 
 
 class Recorder:
-    """Install with `with Recorder(log, mode):` (or `.install()`); one log per recorder."""
+    """Install with `with Recorder(log, mode):` (or `.install()`); one log per recorder.
+
+    gpu_mechanism: None (the mode's default: `auto` picks the best, `gpu` uses events) or one of
+    gpulab.trace.gpu.PREFERENCES to force one (the GPU check compares them). native=False keeps the
+    pure-Python hot path even when the C one is built (`hot_path` says which one runs)."""
 
     def __init__(self, log: str | os.PathLike, mode: str = "ops", capacity: int = DEFAULT_CAPACITY,
                  mem_capacity: int = DEFAULT_MEM_CAPACITY, mem_interval_s: float = 0.02,
-                 create_log: bool = True):
+                 create_log: bool = True, gpu_mechanism: str | None = None,
+                 string_capacity: int = DEFAULT_STRING_CAPACITY, native: bool = True):
         _check_mode(mode)
         self.log = Path(log)
         self.mode = mode
+        self.gpu_mechanism = gpu_mechanism or ("events" if mode == "gpu" else "auto")
+        self.native = native      # use the C hot path when it is built (gpulab.trace.native.ensure)
+        _check_mechanism(self.gpu_mechanism)
         if create_log or not self.log.exists():
-            create(self.log, mode, capacity, mem_capacity)
+            create(self.log, mode, capacity, mem_capacity, string_capacity=string_capacity)
         self._fh = open(self.log, "r+b")
         self._mm = mmap.mmap(self._fh.fileno(), 0)
-        _prefault(self._mm)
-        _, _, _, self.capacity, self.mem_capacity, *_ = _STATIC.unpack_from(self._mm, 0)
+        _, _, slot, cap, memcap, strcap, *_ = _STATIC.unpack_from(self._mm, 0)
+        self.layout = Layout(slot, cap, memcap, strcap)
+        self.capacity, self.mem_capacity = cap, memcap
+        self.strings = StringWriter(self._mm, self.layout.strings_off, strcap,
+                                    _Q.unpack_from(self._mm, ring._OFF_STRPOS)[0] or 8)
+        self.prefault = Prefault(self._mm, self.layout)
+        self._step_prefault()
         self._mem_interval = mem_interval_s
         self._mode_obj = None
         self._installed = False
+        self._closed = False
         self._bg: threading.Thread | None = None
         self._stop = threading.Event()
+        self.tracker = None       # gpulab.trace.gpu.Tracker once GPU tracking started
+        self.gpu_notes: tuple[str, ...] = ()  # why better GPU mechanisms were passed over
+        self.hot_path = ""        # "native" or "python" once installed
 
     # the mode object is built lazily so that `import gpulab.trace` never imports torch
     def install(self) -> "Recorder":
         if self._installed:
             raise RuntimeError(f"recorder for {self.log} is already installed")
+        if self._closed:
+            raise RuntimeError(f"recorder for {self.log} is closed")
         import torch.nn.functional as F
 
         if self._mode_obj is None:
@@ -91,6 +140,7 @@ class Recorder:
         self._orig_sdpa = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = self._mode_obj.sdpa_wrapper(self._orig_sdpa)
         self._installed = True
+        _INSTALLED.add(self)
         self._stop.clear()
         self._bg = threading.Thread(target=self._background, name="gpulab-trace-bg", daemon=True)
         self._bg.start()
@@ -104,21 +154,50 @@ class Recorder:
         F.scaled_dot_product_attention = self._orig_sdpa
         self._mode_obj.__exit__(None, None, None)
         self._installed = False
+        _INSTALLED.discard(self)
         self._stop.set()
         if self._bg is not None:
             self._bg.join(timeout=2)
-        self._mode_obj.drain_events(wait=True)
+        if self.tracker is not None:
+            self.tracker.drain(timeout_s=1.0)
         self._mode_obj.forget_frames()
 
     def close(self) -> None:
+        """Uninstall, release the GPU mechanism and the mapping, and trim a log whose ring never wrapped.
+        GPU markers still pending (a hung GPU) keep the mapping: the GPU must never write into freed memory."""
+        if self._closed:
+            return
         self.uninstall()
+        self._closed = True
+        gpu_idle = self._gpu_idle()
+        if self.tracker is not None and gpu_idle:
+            self.tracker.close()
         if self._mode_obj is not None:
             self._mode_obj.release()  # its memoryviews of the mapping (an exported buffer blocks close)
+        if not gpu_idle:
+            return
         try:
+            self._mm[GPU_PAGE_OFF:GPU_PAGE_OFF + PAGE] = bytes(self._mm[GPU_PAGE_OFF:GPU_PAGE_OFF + PAGE])
             self._mm.close()
         except (BufferError, ValueError):
             pass
         self._fh.close()
+        try:
+            ring.trim(self.log)
+        except (OSError, ValueError):
+            pass
+
+    def _gpu_idle(self) -> bool:
+        """Every stream's newest marker has landed (or GPU tracking never started)."""
+        if self.tracker is None:
+            return True
+        self.tracker.poll()
+        n = _Q.unpack_from(self._mm, ring._OFF_NSTREAMS)[0]
+        for i in range(min(n, MAX_STREAMS)):
+            done, enq = ring._STREAM.unpack_from(self._mm, GPU_PAGE_OFF + i * STREAM_SIZE)[:2]
+            if done < enq:
+                return False
+        return True
 
     def __enter__(self) -> "Recorder":
         return self.install()
@@ -126,19 +205,34 @@ class Recorder:
     def __exit__(self, *exc) -> None:
         self.uninstall()
 
+    def _step_prefault(self) -> None:
+        mm, lay = self._mm, self.layout
+        started = _Q.unpack_from(mm, _OFF_STARTED)[0]
+        self.prefault.step({"slots": min(started, lay.capacity) * lay.slot_size,
+                            "strings": self.strings.pos,
+                            "memory": _Q.unpack_from(mm, _OFF_MEMCOUNT)[0] * MEM_SIZE})
+
     def _background(self) -> None:
-        """Memory samples every mem_interval_s; in gpu mode also polls CUDA events (never a host sync)."""
-        mode = self._mode_obj
-        poll = 0.001 if self.mode == "gpu" else self._mem_interval
+        """Memory samples every mem_interval_s, pages prefaulted ahead of the writers, and GPU progress
+        copied or polled (memop-pinned, events) every millisecond. Never a host sync."""
         next_mem = 0.0
         while not self._stop.is_set():
             now = time.time()
             if now >= next_mem:
                 self._sample_memory(now)
+                try:
+                    self._step_prefault()
+                except (ValueError, OSError):
+                    pass
                 next_mem = now + self._mem_interval
-            if self.mode == "gpu":
-                mode.drain_events(wait=False)
-            self._stop.wait(poll)
+            tracker = self.tracker
+            if tracker is not None:
+                try:
+                    tracker.poll()
+                except Exception:  # noqa: BLE001 - GPU progress is best effort, recording goes on
+                    pass
+            self._stop.wait(_GPU_POLL_S if tracker is not None and tracker.needs_poll else
+                            min(self._mem_interval, 0.02))
         self._sample_memory(time.time())
 
     def _sample_memory(self, now: float) -> None:
@@ -153,8 +247,43 @@ class Recorder:
             seq = _Q.unpack_from(self._mm, _OFF_STARTED)[0]
             _MEM.pack_into(self._mm, HEADER_SIZE + (n % self.mem_capacity) * MEM_SIZE, now, seq, alloc, reserved)
             _Q.pack_into(self._mm, _OFF_MEMCOUNT, n + 1)
-        except (ValueError, OSError, RuntimeError):
-            pass  # the mmap was closed under us, or CUDA is gone: memory is best effort
+        except Exception:  # noqa: BLE001 - the mmap was closed under us, CUDA is gone: memory is best effort
+            pass
+
+
+_INSTALLED: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
+
+
+def _leave_forked_child() -> None:
+    """In a child made by fork() (a DataLoader worker): stop recording there. The child inherits the
+    dispatch-mode stack and the shared mapping, and its copy of the counters would write slots over the
+    parent's; its ops are the parent's data loading, not the workload's."""
+    for rec in list(_INSTALLED):
+        try:
+            import torch.nn.functional as F
+            from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
+
+            stack = _get_current_dispatch_mode_stack()
+            if rec._mode_obj in stack:
+                popped = [_pop_mode() for _ in range(len(stack))]
+                for m in reversed(popped):
+                    if m is not rec._mode_obj:
+                        _push_mode(m)
+            F.scaled_dot_product_attention = rec._orig_sdpa
+        except Exception:  # noqa: BLE001 - a child that cannot be cleaned up still must run
+            pass
+        rec._installed = False
+        rec._closed = True   # never close the parent's mapping or GPU registration from here
+        rec.tracker = None
+    _INSTALLED.clear()
+
+
+os.register_at_fork(after_in_child=_leave_forked_child)
+
+
+def _check_mechanism(name: str) -> None:
+    if name not in gpu_mod.PREFERENCES:
+        raise ValueError(f"gpu_mechanism={name!r} is not valid; choose one of {', '.join(gpu_mod.PREFERENCES)}")
 
 
 def _dispatch_depth(torch, TorchDispatchMode) -> int:
@@ -186,17 +315,18 @@ def _dispatch_depth(torch, TorchDispatchMode) -> int:
 
 def _make_mode(rec: Recorder):
     """Build the TorchDispatchMode subclass (torch is imported here, not at module import)."""
+    import ctypes
+    import itertools
+
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     mm = rec._mm
-    cap = rec.capacity
-    slots = HEADER_SIZE + rec.mem_capacity * MEM_SIZE
+    lay = rec.layout
+    cap, slot_size, slots = lay.capacity, lay.slot_size, lay.slots_off
+    strings = rec.strings
     pack_slot = _SLOT.pack_into
     pack_q = _q.pack_into
-    pack_Q = _Q.pack_into
-    pack_d = _d.pack_into
-    pack_b = _b.pack_into
     now = time.time
     get_ident = threading.get_ident
     getframe = sys._getframe
@@ -205,42 +335,93 @@ def _make_mode(rec: Recorder):
     internal_dirs = (torch_dir, _HERE, os.path.dirname(threading.__file__) + os.sep + "threading")
     mode_name = rec.mode
     cuda = torch.cuda
-    sync_mode = mode_name == "sync"
-    gpu_mode = mode_name == "gpu"
-    stats_mode = mode_name == "stats"
-    from collections import deque
+    cuda_mod = sys.modules["torch.cuda"]
+    track = {"ops": _TRACK_PLAIN, "sync": _TRACK_SYNC, "stats": _TRACK_STATS}.get(mode_name, _TRACK_WAIT_CUDA)
 
-    seq_counter = itertools.count()
-    done_counter = itertools.count(1)
+    # string ids, interned once. names: id(op) -> id; codes: id(code) -> True (torch / the recorder /
+    # threading: skipped by the call-site walk) or, for user code, a dict f_lasti -> site id (f_lasti is
+    # O(1); f_lineno decodes the line table on every read); threads: tid -> id; texts: text -> id.
     names: dict = {}
-    # id(code) -> True (torch / the recorder / threading: skipped by the call-site walk) or, for user code,
-    # a dict f_lasti -> call-site bytes (f_lasti is O(1); f_lineno decodes the line table on every read)
     codes: dict = {}
+    threads: dict = {}
+    texts: dict = {}
     keep: list = []
     reprs: dict = {}
-    simple = (int, float, bool, type(None), str)
     tensors: dict = {}
+    simple = (int, float, bool, type(None), str)
     # whole-argument-list cache: flat key (per tensor: dtype, shape, stride, device; per scalar: type, value)
-    # -> the encoded summary. Building the key is the unavoidable cost (4 attribute reads per tensor); a hit
-    # skips the per-arg lookups, the join and the encode.
+    # -> (string id of the summary, device: CUDA index, -1 no CUDA tensor, -2 no tensor). Building the key
+    # is the unavoidable cost (4 attribute reads per tensor); a hit skips everything else.
     arg_cache: dict = {}
     ARG_CACHE_MAX = 1 << 14
     tensor_cls = frozenset((Tensor, torch.nn.Parameter))
     # scalars whose text is repr(value) and that are hashable with value equality (floats: nonzero only)
     scalar_cls = frozenset((int, bool, type(None), str, torch.dtype, torch.device, torch.layout,
                             torch.memory_format))
-    threads: dict = {}
+    uninitialized: set = set()  # ids of ops whose output holds garbage (empty()): NaNs there are not a fault
     depths: dict = {}  # tid -> nesting depth, only set inside the SDPA wrapper (a TLS getattr costs ~0.7 us)
-    events: deque = deque()
-    events_lock = threading.Lock()
-    state = {"nonfinite_set": False}
-    device_unset = True
+    state = {"nonfinite_set": False, "device_unset": True}
+    lock = threading.RLock()
+    walk = (None, None, None)
+    gen = [0]  # bumped when the string table wraps: ids looked up before are stale
 
-    def name_of(func) -> bytes:
-        b = str(func).encode()[:63]
-        names[id(func)] = b
+    def forget_strings() -> None:
+        """The string table wrapped: cached ids may be overwritten from now on, so intern again."""
+        nonlocal walk
+        for d in (names, codes, threads, texts, arg_cache):
+            d.clear()
+        walk = (None, None, None)
+        gen[0] += 1
+        if hot is not None:
+            hot.forget()
+
+    def intern(text: bytes) -> int:
+        with lock:
+            sid = texts.get(text)
+            if sid is None:
+                sid = texts[text] = strings.add(text)
+            return sid
+
+    def on_wrap() -> None:
+        """The string table starts a new lap and will overwrite its oldest texts: copy forward the texts of
+        the newest records (up to half the table) and point their slots at the copies, so that a wrap never
+        costs the tail of the log its names; older records may show evicted texts."""
+        started = _Q.unpack_from(mm, _OFF_STARTED)[0]
+        seqs = range(max(0, started - min(cap, _WRAP_TAIL)), started)
+        keep_texts: dict = {}
+        budget = lay.string_capacity // 2
+        for seq in reversed(seqs):  # newest first: they matter most when the budget runs out
+            off = lay.slot(seq)
+            if _q.unpack_from(mm, off)[0] != seq:
+                continue
+            for p in _IDS.unpack_from(mm, off + _OFF_IDS):
+                if p and p not in keep_texts and budget > 0:
+                    text = ring.string_at(mm, lay, p)
+                    if text is not None:
+                        keep_texts[p] = text
+                        budget -= len(text) + 16
+        notes = _Q.unpack_from(mm, ring._OFF_GPU_NOTES)[0]
+        notes_text = ring.string_at(mm, lay, notes) if notes else None
+        forget_strings()
+        moved = {p: strings.add(t) for p, t in keep_texts.items()}
+        texts.update({t: moved[p] for p, t in keep_texts.items()})
+        for seq in seqs:
+            off = lay.slot(seq)
+            if _q.unpack_from(mm, off)[0] == seq:
+                _IDS.pack_into(mm, off + _OFF_IDS, *(moved.get(p, p) for p in _IDS.unpack_from(mm, off + _OFF_IDS)))
+        if notes_text is not None:
+            _Q.pack_into(mm, ring._OFF_GPU_NOTES, strings.add(notes_text))
+
+    strings.on_wrap = on_wrap
+
+    def name_of(func) -> int:
+        text = str(func).encode()
+        sid = intern(text)
+        names[id(func)] = sid
+        if text.startswith(_UNINITIALIZED):
+            uninitialized.add(id(func))
         keep.append(func)
-        return b
+        return sid
 
     def code_kind(code):
         """True for internal code, else the per-code dict of call sites (created here)."""
@@ -251,17 +432,17 @@ def _make_mode(rec: Recorder):
         keep.append(code)  # ids stay valid: the code object cannot be freed and its id reused
         return v
 
-    def site_text(f, d: dict) -> bytes:
+    def site_text(f, d: dict, lasti: int | None = None) -> int:
+        """The site's string id, cached in the code's dict under f_lasti (or the native path's key)."""
         c = f.f_code
-        line = f.f_lineno
         fn = c.co_filename
         parts = fn.split(os.sep)
         short = os.sep.join(parts[-2:]) if len(parts) > 2 else fn
-        s = f"{short}:{line} in {c.co_name}".encode()[-135:]
-        d[f.f_lasti] = s
-        return s
+        sid = intern(f"{short}:{f.f_lineno} in {c.co_name}".encode()[-255:])
+        d[f.f_lasti if lasti is None else lasti] = sid
+        return sid
 
-    def call_site() -> bytes:
+    def call_site() -> int:
         """Innermost frame outside torch and the recorder; cached per (code, instruction): no inspect.stack()."""
         f = getframe(2)
         while f is not None:
@@ -271,14 +452,14 @@ def _make_mode(rec: Recorder):
             if d is not True:
                 return d.get(f.f_lasti) or site_text(f, d)
             f = f.f_back
-        return b""
+        return 0
 
-    def thread_name(tid: int) -> bytes:
+    def thread_name(tid: int) -> int:
         t = threading._active.get(tid)
         name = t.name if t is not None else "native"  # autograd engine workers are not Python threads
-        b = name.encode()[:31]
-        threads[tid] = b
-        return b
+        sid = intern(f"{name[:63]} ({tid})".encode())
+        threads[tid] = sid
+        return sid
 
     def tensor_text(t, key) -> str:
         s = "T|%s|%s|%s|%s" % (str(t.dtype).replace("torch.", ""), ",".join(map(str, t.shape)),
@@ -298,63 +479,50 @@ def _make_mode(rec: Recorder):
                 reprs[key] = s
         return s
 
-    def args_text(args) -> bytes:
-        """Compact text per arg; per-signature strings cached (the hot cost is reading shape/stride)."""
-        nonlocal device_unset
-        if device_unset:
+    def device_of(t, dev: int) -> int:
+        if dev >= 0:
+            return dev
+        d = t.device
+        return (d.index or 0) if d.type == "cuda" else -1
+
+    def args_slow(args) -> tuple[int, int]:
+        """(string id of the argument summary, device; see arg_cache): per-arg text, cached per tensor."""
+        if state["device_unset"]:
             set_device(args)
-        parts = []
+        parts, dev = [], -2
         for a in args:
             ta = a.__class__
             if ta is Tensor or (ta not in simple and isinstance(a, Tensor)):
                 k = (a.dtype, a.shape, a.stride(), a.device)
                 parts.append(tensors.get(k) or tensor_text(a, k))
+                dev = device_of(a, dev)
             elif (ta is list or ta is tuple) and a and isinstance(a[0], Tensor):
                 parts.append(f"L{len(a)}")
-                for x in a[:4]:
+                for j, x in enumerate(a):
                     if isinstance(x, Tensor):
-                        k = (x.dtype, x.shape, x.stride(), x.device)
-                        parts.append(tensors.get(k) or tensor_text(x, k))
+                        if j < 4:
+                            k = (x.dtype, x.shape, x.stride(), x.device)
+                            parts.append(tensors.get(k) or tensor_text(x, k))
+                        dev = device_of(x, dev)
+                        if j >= 4 and dev >= 0:
+                            break
             else:
                 parts.append(other_text(a))
-        return ";".join(parts).encode()[:191]
+        return intern(";".join(parts).encode()[:1023]), dev
 
-    def args_bytes(args) -> bytes:
-        """args_text(args), cached per argument signature. The flat key is unambiguous: a tensor adds 4
-        items starting with a dtype instance, a scalar adds 2 starting with a class."""
-        key = ()
-        for a in args:
-            ta = a.__class__
-            if ta in tensor_cls:
-                key += (a.dtype, a.shape, a.stride(), a.device)
-            elif ta in scalar_cls or (ta is float and a):
-                key += (ta, a)
-            elif (ta is list or ta is tuple) and (not a or a[0].__class__ is int):  # int[] (sizes, dims)
-                key += (ta, tuple(a))
-            else:  # floats, lists of tensors, other objects: per-arg path
-                return args_text(args)
-        try:
-            b = arg_cache.get(key)
-        except TypeError:  # an unhashable item (a symbolic int)
-            return args_text(args)
-        if b is None:
-            b = args_miss(args, key)
-        return b
-
-    def args_miss(args, key) -> bytes:
-        b = args_text(args)
+    def args_miss(args, key) -> tuple[int, int]:
+        v = args_slow(args)
         if len(arg_cache) >= ARG_CACHE_MAX:
             arg_cache.clear()  # scalars that change every step (lr, bias corrections) must not fill it for good
-        arg_cache[key] = b
-        return b
+        arg_cache[key] = v
+        return v
 
     def set_device(args) -> None:
-        nonlocal device_unset
         for a in args:
             if isinstance(a, Tensor):
                 dev = a.device.type.encode()[:31]
                 mm[_OFF_DEVICE:_OFF_DEVICE + 32] = dev.ljust(32, b"\0")
-                device_unset = False
+                state["device_unset"] = False
                 return
 
     def compute_stats(out, off: int, seq: int) -> None:
@@ -381,132 +549,213 @@ def _make_mode(rec: Recorder):
             return
         bad = bool(nan or inf)
         _STATS.pack_into(mm, off + _OFF_STATS, mn, mx, tot / cnt if cnt else 0.0, nan, inf, ninf)
-        pack_b(mm, off + _OFF_FLAGS, F_STATS | (F_NONFINITE if bad else 0))
+        mm[off + _OFF_FLAGS] = F_STATS | (F_NONFINITE if bad else 0)
         if bad and not state["nonfinite_set"]:
             state["nonfinite_set"] = True
             pack_q(mm, _OFF_NONFINITE, seq)
 
-    def begin(name: bytes, args, kind: int, site: bytes) -> tuple[int, int]:
-        seq = next(seq_counter)
+    # ------------------------------------------------------------------ GPU progress (auto and gpu modes)
+    # stream key (handle << 6 | device) -> [index, word index of its `enqueued` field, target, emit, device]
+    streams: dict = {}
+    entries: list = []
+    gstate = {"tracker": None, "driver": None, "first_device": None, "contexts": {}, "errors": 0, "multi": False}
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    current_device = getattr(torch._C, "_cuda_getDevice", None)
+    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+
+    def header_text(off: int, text: str) -> None:
+        mm[off:off + 32] = text.encode()[:31].ljust(32, b"\0")
+
+    def start_gpu() -> None:
+        """First op after CUDA initialized: pick the mechanism (gpulab.trace.gpu.choose) or stay plain."""
+        nonlocal track
+        track = _TRACK_PLAIN
+        if raw_stream is None or current_device is None:
+            header_text(_OFF_MECHANISM, "none: torch without CUDA")
+            return
+        drv = gpu_mod.load()
+        if drv is None:
+            header_text(_OFF_MECHANISM, "none: libcuda not loadable")
+            return
+        dev = current_device()
+        try:
+            tracker, notes = gpu_mod.choose(drv, mm, rec.gpu_mechanism, dev)
+        except Exception as exc:  # noqa: BLE001 - recording must go on without GPU progress
+            tracker, notes = None, [f"{type(exc).__name__}: {exc}"]
+        rec.gpu_notes = tuple(notes)
+        if notes:
+            _Q.pack_into(mm, ring._OFF_GPU_NOTES, intern("; ".join(notes).encode()))
+        if tracker is None:  # the 32-byte header field says none; the log's notes say why
+            header_text(_OFF_MECHANISM, "none")
+            return
+        gstate.update(tracker=tracker, driver=drv, first_device=dev, contexts=tracker.contexts)
+        header_text(_OFF_MECHANISM, tracker.mechanism)
+        pack_q(mm, _OFF_GPU_SINCE, _Q.unpack_from(mm, _OFF_STARTED)[0] - 1)
+        rec.tracker = tracker
+        track = _TRACK_GPU
+
+    def context_of(dev: int) -> int:
+        ctxs = gstate["contexts"]
+        if dev not in ctxs:
+            ctxs[dev] = gstate["driver"].primary_context(dev)
+        return ctxs[dev]
+
+    def on_context(emit, ctx: int):
+        """emit with the device's context pushed: once a second device is in use, stream handle 0 (the
+        legacy default stream) would otherwise mean the current context's, maybe another device's."""
+        drv = gstate["driver"]
+        push, pop = drv.fn["cuCtxPushCurrent_v2"], drv.fn["cuCtxPopCurrent_v2"]
+        popped = ctypes.c_void_p()
+        ref = ctypes.byref(popped)
+
+        def emit_on(handle, target, seq, flags):
+            push(ctx)
+            try:
+                return emit(handle, target, seq, flags)
+            finally:
+                pop(ref)
+        return emit_on
+
+    def new_stream(dev: int, handle: int):
+        """Claim a GPU progress entry for (device, stream); None when the page is full (op not tracked)."""
+        key = handle << 6 | dev
+        if len(entries) >= MAX_STREAMS - 1:
+            streams[key] = None
+            return None
+        tracker = gstate["tracker"]
+        n = len(entries)
+        if dev != gstate["first_device"]:
+            context_of(dev)   # before the tracker makes anything of that device's
+        off = ring.add_stream(mm, n, handle, dev)
+        entry = [n, (off + 8) >> 3, tracker.target(n, dev), tracker.emit, dev]
+        entries.append(entry)
+        streams[key] = entry
+        if dev != gstate["first_device"] and not gstate["multi"]:
+            gstate["multi"] = True
+        if gstate["multi"]:
+            try:
+                for e in entries:
+                    e[3] = on_context(tracker.emit, context_of(e[4]))
+            except gpu_mod.CudaError:
+                pass
+        return entry
+
+    def stop_gpu(why: str) -> None:
+        """GPU progress tracking failed: record on as plain ops, and say why in the log's header."""
+        nonlocal track
+        track = _TRACK_PLAIN
+        header_text(_OFF_MECHANISM, f"stopped: {why}")
+        _Q.pack_into(mm, ring._OFF_GPU_NOTES, intern(f"{'; '.join(rec.gpu_notes)}; stopped: {why}".lstrip("; ").encode()))
+
+    def gpu_retry(code: int, handle: int, entry, seq: int) -> int:
+        """A marker the driver refused: a thread without a current context gets the device's primary
+        context and one retry; other errors are counted, and tracking stops after 100 of them."""
+        drv = gstate["driver"]
+        if code == gpu_mod.CUDA_ERROR_INVALID_CONTEXT:
+            try:
+                drv.fn["cuCtxSetCurrent"](context_of(entry[4]))
+                code = entry[3](handle, entry[2], seq, 0)
+            except gpu_mod.CudaError:
+                pass
+        if code:
+            gstate["errors"] += 1
+            if gstate["errors"] >= 100:
+                stop_gpu(f"CUresult {code} {drv.error_name(code)}")
+        return code
+
+    # ------------------------------------------------------------------ counters and views
+    # bound methods and module constants as closure cells: a cell read is cheaper than a global or attribute
+    names_get, codes_get, threads_get, cache_get = names.get, codes.get, threads.get, arg_cache.get
+    streams_get = streams.get
+    Parameter = torch.nn.Parameter
+    # single fields are stored through typed memoryviews (an item store costs a third of a pack_into)
+    mv_b = memoryview(mm)
+    mv_q, mv_d, mv_h = mv_b.cast("q"), mv_b.cast("d"), mv_b.cast("h")
+    i_started, i_completed = _OFF_STARTED // 8, _OFF_COMPLETED // 8
+    i_tend = _OFF_TEND // 8
+    h_stream = _OFF_STREAM // 2
+    off_flags = _OFF_FLAGS
+    WAIT = _TRACK_WAIT_CUDA
+    skip = _dispatch_depth(torch, TorchDispatchMode)
+    hot = _native_hot(rec, mm, lay, skip, dict(
+        tensor_type=Tensor, parameter_type=torch.nn.Parameter, scalar_types=scalar_cls, names=names,
+        threads=threads, codes=codes, cache=arg_cache, depths=depths, on_name=name_of, on_thread=thread_name,
+        on_code=code_kind, on_site=lambda f, d, lasti: site_text(f, d, lasti), on_args=args_slow,
+        on_miss=args_miss))
+    if hot is not None:  # one seq and completion count for both paths (composite records use them)
+        next_seq, next_done = hot.next_seq, hot.next_done
+    else:
+        next_seq, next_done = itertools.count().__next__, itertools.count(1).__next__
+
+    # ------------------------------------------------------------------ after the op (modes beyond ops)
+    def after(token: int, func, out) -> None:
+        """GPU marker, sync or stats for the op `token` (seq << 8 | device + 2) that just returned."""
+        if track == _TRACK_WAIT_CUDA and cuda_mod._initialized:
+            start_gpu()
+        seq, dev = token >> 8, (token & 255) - 2
+        off = slots + (seq % cap) * slot_size
+        if track == _TRACK_GPU:
+            # completion marker on the op's stream, after its work (never a host sync)
+            if dev == -1:
+                return
+            try:
+                if capturing():
+                    return
+                if dev < 0:
+                    dev = current_device()
+                h = raw_stream(dev)
+                e = streams_get(h << 6 | dev, 0)
+                if e == 0:
+                    e = new_stream(dev, h)
+                if e is None:
+                    return
+                code = e[3](h, e[2], seq, 0)
+                if code:
+                    code = gpu_retry(code, h, e, seq)
+            except Exception as exc:  # noqa: BLE001 - recording must never break the program
+                stop_gpu(f"{type(exc).__name__}: {exc}")
+                return
+            if not code:
+                mv_q[e[1]] = seq
+                mv_h[(off >> 1) + h_stream] = e[0]
+        elif track == _TRACK_SYNC:
+            if cuda_mod._initialized:
+                cuda.synchronize()
+        elif track == _TRACK_STATS:
+            if id(func) not in uninitialized:  # empty() holds garbage: NaNs there are not a fault
+                compute_stats(out, off, seq)
+
+    # ------------------------------------------------------------------ composite records (SDPA)
+    def begin(name: bytes, args, kind: int, site: int) -> tuple[int, int]:
+        seq = next_seq()
         tid = get_ident()
-        tn = threads.get(tid) or thread_name(tid)
-        depth = depths.get(tid, 0)
-        off = slots + (seq % cap) * SLOT_SIZE
-        pack_slot(mm, off, -1, now(), 0.0, tid, 0 if gpu_mode and cuda.is_initialized() else -1, kind, 0, depth,
-                  name, tn, site, args_bytes(args))
+        off = slots + (seq % cap) * slot_size
+        aid = args_slow(args)[0]
+        pack_slot(mm, off, -1, now(), 0.0, intern(name), site, aid, threads.get(tid) or thread_name(tid), -1,
+                  depths.get(tid, 0), kind, 0)
         pack_q(mm, off, seq)                 # commit marker last
-        pack_Q(mm, _OFF_STARTED, seq + 1)
+        mv_q[i_started] = seq + 1
         return seq, off
 
     def end(seq: int, off: int, raised: bool) -> None:
-        pack_d(mm, off + _OFF_TEND, now())
+        mv_d[(off >> 3) + i_tend] = now()
         if raised:
-            pack_b(mm, off + _OFF_FLAGS, F_RAISED)
-        pack_Q(mm, _OFF_COMPLETED, next(done_counter))
+            mm[off + _OFF_FLAGS] = F_RAISED
+        mv_q[i_completed] = next_done()
 
-    plain = not (sync_mode or gpu_mode or stats_mode)
-    # bound methods and module constants as closure cells: a cell read is cheaper than a global or attribute
-    next_seq, next_done = seq_counter.__next__, done_counter.__next__
-    names_get, codes_get, threads_get, cache_get = names.get, codes.get, threads.get, arg_cache.get
-    Parameter = torch.nn.Parameter
-    # single 8-byte fields are stored through typed memoryviews (an item store costs a third of a pack_into)
-    mv_b = memoryview(mm)
-    mv_q, mv_d = mv_b.cast("q"), mv_b.cast("d")
-    slot_q = slots // 8                       # slot i's seq field is mv_q[slot_q + 64 * i]; t_end 2 items on
-    slot_items = SLOT_SIZE // 8
-    i_started, i_completed = _OFF_STARTED // 8, _OFF_COMPLETED // 8
-    i_tend = _OFF_TEND // 8
-    off_flags = _OFF_FLAGS
-    skip = _dispatch_depth(torch, TorchDispatchMode)
-    # (frame the op was called from, innermost user frame above it, that code's site dict): ops called from
-    # the same live activation (every backward op: autograd's engine is called from one frame) skip the
-    # walk. Holding the frames is what makes `is` sound (a live object's id is not reused).
-    walk = (None, None, None)
-
-
-    class _Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            # hot path: flat (a helper call costs ~0.1 us), closure cells only, every cache hit one dict lookup
-            nonlocal walk
-            seq = next_seq()
-            tid = get_ident()
-            i = seq % cap
-            # call site: innermost frame outside torch and the recorder, cached per (code, instruction)
-            try:
-                f = getframe(skip)
-            except ValueError:  # a native thread (autograd engine worker): no Python caller
-                f = None
-            c = walk
-            if f is c[0]:
-                u, d = c[1], c[2]
-            else:
-                u, d = f, None
-                while u is not None:
-                    d = codes_get(id(u.f_code))
-                    if d is None:
-                        d = code_kind(u.f_code)
-                    if d is not True:
-                        break
-                    u = u.f_back
-                walk = (f, u, d)
-            site = (d.get(u.f_lasti) or site_text(u, d)) if u is not None else b""
-            # argument summary, cached per signature (see args_bytes; same logic, inlined)
-            key = ()
-            for a in args:
-                ta = a.__class__
-                if ta is Tensor or ta is Parameter:
-                    key += (a.dtype, a.shape, a.stride(), a.device)
-                elif ta in scalar_cls or (ta is float and a):  # not 0.0: -0.0 == 0.0, their reprs differ
-                    key += (ta, a)
-                elif (ta is list or ta is tuple) and (not a or a[0].__class__ is int):
-                    key += (ta, tuple(a))
-                else:
-                    ab = args_text(args)
-                    break
-            else:
-                try:
-                    ab = cache_get(key) or args_miss(args, key)
-                except TypeError:  # an unhashable item (a symbolic int)
-                    ab = args_text(args)
-            iq = slot_q + i * slot_items
-            pack_slot(mm, slots + i * SLOT_SIZE, -1, now(), 0.0, tid,
-                      0 if gpu_mode and cuda.is_initialized() else -1, 0, 0, depths.get(tid, 0) if depths else 0,
-                      names_get(id(func)) or name_of(func), threads_get(tid) or thread_name(tid), site, ab)
-            mv_q[iq] = seq                   # commit marker last: a reader skips a half-written slot
-            mv_q[i_started] = seq + 1
-            try:
-                out = func(*args, **(kwargs or {}))
-            except BaseException:
-                mv_d[iq + i_tend] = now()
-                mv_b[slots + i * SLOT_SIZE + off_flags] = F_RAISED
-                mv_q[i_completed] = next_done()
-                raise
-            if plain:
-                pass
-            elif sync_mode:
-                if cuda.is_initialized():
-                    cuda.synchronize()
-            elif gpu_mode:
-                if cuda.is_initialized():
-                    ev = cuda.Event()
-                    ev.record()
-                    events.append((seq, slots + i * SLOT_SIZE, ev))
-            elif stats_mode:
-                # empty() holds garbage: NaNs there are not a fault
-                if not names_get(id(func)).startswith(_UNINITIALIZED):
-                    compute_stats(out, slots + i * SLOT_SIZE, seq)
-            mv_d[iq + i_tend] = now()
-            mv_q[i_completed] = next_done()
-            return out
-
+    class _Base(TorchDispatchMode):
         def forget_frames(self) -> None:
             """Drop the cached frames (they keep their locals alive) once uninstalled."""
             nonlocal walk
             walk = (None, None, None)
+            if hot is not None:
+                hot.forget()
 
         def release(self) -> None:
             self.forget_frames()
-            for v in (mv_q, mv_d, mv_b):
+            if hot is not None:
+                hot.release()
+            for v in (mv_q, mv_d, mv_h, mv_b):
                 v.release()
 
         def sdpa_wrapper(self, orig):
@@ -550,21 +799,107 @@ def _make_mode(rec: Recorder):
             scaled_dot_product_attention.__wrapped__ = orig
             return scaled_dot_product_attention
 
-        def drain_events(self, wait: bool) -> None:
-            """Mark GPU-complete ops in seq order; `wait` only at uninstall (never on the hot path)."""
-            with events_lock:
-                while events:
-                    seq, off, ev = events[0]
-                    if wait:
-                        try:
-                            ev.synchronize()
-                        except RuntimeError:
-                            return
-                    elif not ev.query():
-                        return
-                    events.popleft()
-                    pack_b(mm, off + _OFF_GPUDONE, 1)
-                    pack_q(mm, _OFF_GPU, seq)
+    class _PyMode(_Base):
+        """The pure-Python hot path (no compiler needed)."""
 
-    return _Mode()
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # flat (a helper call costs ~0.1 us), closure cells only, every cache hit one dict lookup
+            nonlocal walk
+            seq = next_seq()
+            tid = get_ident()
+            g = gen[0]
+            # call site: innermost frame outside torch and the recorder, cached per (code, instruction)
+            try:
+                f = getframe(skip)
+            except ValueError:  # a native thread (autograd engine worker): no Python caller
+                f = None
+            c = walk
+            if f is c[0]:
+                u, d = c[1], c[2]
+            else:
+                u, d = f, None
+                while u is not None:
+                    d = codes_get(id(u.f_code))
+                    if d is None:
+                        d = code_kind(u.f_code)
+                    if d is not True:
+                        break
+                    u = u.f_back
+                walk = (f, u, d)
+            site = (d.get(u.f_lasti) or site_text(u, d)) if u is not None else 0
+            # argument summary, cached per signature
+            key = ()
+            for a in args:
+                ta = a.__class__
+                if ta is Tensor or ta is Parameter:
+                    key += (a.dtype, a.shape, a.stride(), a.device)
+                elif ta in scalar_cls or (ta is float and a):  # not 0.0: -0.0 == 0.0, their reprs differ
+                    key += (ta, a)
+                elif (ta is list or ta is tuple) and (not a or a[0].__class__ is int):
+                    key += (ta, tuple(a))
+                else:
+                    sig = args_slow(args)
+                    break
+            else:
+                try:
+                    sig = cache_get(key) or args_miss(args, key)
+                except TypeError:  # an unhashable item (a symbolic int)
+                    sig = args_slow(args)
+            name = names_get(id(func)) or name_of(func)
+            thread = threads_get(tid) or thread_name(tid)
+            if gen[0] != g:  # the string table wrapped while this op's texts were looked up: look up again
+                name, thread, sig = name_of(func), thread_name(tid), args_slow(args)
+                site = site_text(u, {}) if u is not None else 0
+            off = slots + (seq % cap) * slot_size
+            pack_slot(mm, off, -1, now(), 0.0, name, site, sig[0], thread, -1, depths.get(tid, 0) if depths else 0,
+                      0, 0)
+            iq = off >> 3
+            mv_q[iq] = seq                   # commit marker last: a reader skips a half-written slot
+            mv_q[i_started] = seq + 1
+            try:
+                out = func(*args, **(kwargs or {}))
+            except BaseException:
+                mv_d[iq + i_tend] = now()
+                mv_b[off + off_flags] = F_RAISED
+                mv_q[i_completed] = next_done()
+                raise
+            if track and (track != WAIT or cuda_mod._initialized):
+                after(seq << 8 | (sig[1] + 2), func, out)
+            mv_d[iq + i_tend] = now()
+            mv_q[i_completed] = next_done()
+            return out
 
+    rec.hot_path = "python" if hot is None else "native"
+    if hot is None:
+        return _PyMode()
+    hot_begin, hot_end, hot_fail = hot.begin, hot.end, hot.fail
+
+    class _NativeMode(_Base):
+        """The same records, written by gpulab.trace.native (one C call before the op, one after)."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            token = hot_begin(func, args)
+            try:
+                out = func(*args, **(kwargs or {}))
+            except BaseException:
+                hot_fail(token)
+                raise
+            if track and (track != WAIT or cuda_mod._initialized):
+                after(token, func, out)
+            hot_end(token)
+            return out
+
+    return _NativeMode()
+
+
+def _native_hot(rec: Recorder, mm, lay: Layout, skip: int, hooks: dict):
+    """The C hot path over this log, or None (not built, turned off, or refused by the recorder)."""
+    if not rec.native:
+        return None
+    mod = native.load()
+    if mod is None:
+        return None
+    try:
+        return mod.Hot(mm, lay.slots_off, lay.capacity, lay.slot_size, _OFF_STARTED, _OFF_COMPLETED, skip, **hooks)
+    except (TypeError, ValueError, BufferError):
+        return None

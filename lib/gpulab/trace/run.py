@@ -10,12 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from gpulab import proc
+from gpulab.trace import native
 from gpulab.trace.ring import _check_mode, read
 from gpulab.workloads import WorkloadConfig, cli_args, command
 
@@ -59,11 +59,16 @@ def _target(cfg_or_command) -> list[str]:
     return argv
 
 
-def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "ops",
-                      faulthandler: str | None = None, fault: str | None = None) -> list[str]:
-    """argv that runs the workload under the recorder (what `record` and the watchdog start)."""
+def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "auto",
+                      faulthandler: str | None = None, fault: str | None = None,
+                      gpu_mechanism: str | None = None) -> list[str]:
+    """argv that runs the workload under the recorder (what `record` and the watchdog start). The native
+    hot path is built here, on the launcher's side, when it is not built yet (gpulab.trace.native)."""
     _check_mode(mode)
+    native.ensure()
     cmd = [sys.executable, "-m", "gpulab.trace", "--log", str(log), "--mode", mode]
+    if gpu_mechanism:
+        cmd += ["--gpu-mechanism", gpu_mechanism]
     if faulthandler:
         cmd += ["--faulthandler", str(faulthandler)]
     if fault:
@@ -111,6 +116,7 @@ def overhead(cfg, modes: Sequence[str] = ("ops", "stats"), repeats: int = 5, out
     if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
         return _overhead_whole_process(cfg, modes, repeats, out, timeout_s)
     js = out / "overhead_raw.json"
+    native.ensure()
     cmd = [sys.executable, "-m", "gpulab.trace.bench", "--json", str(js), "--modes", ",".join(modes),
            "--repeats", str(repeats), "--", *cli_args(cfg)]
     rc, timed_out, _ = run_child(cmd, timeout_s, out / "overhead.stderr.txt")
@@ -160,5 +166,5 @@ def finding(snap, rec: "Recording", ov, bad, rung: str, device: str) -> tuple[st
 
 
 def modes_for(device: str) -> list[str]:
-    """Modes worth timing on this device (sync and gpu only differ from ops on CUDA)."""
-    return ["ops", "stats", "sync", "gpu"] if str(device).startswith("cuda") else ["ops", "stats"]
+    """Modes worth timing on this device (auto, gpu and sync only differ from ops on CUDA)."""
+    return ["ops", "auto", "gpu", "sync", "stats"] if str(device).startswith("cuda") else ["ops", "stats"]

@@ -1,0 +1,51 @@
+"""Run a Python program with the scenario's fixes installed and nothing else (no recorder, no watchdog
+hooks), so its time is the program's own: the cost and numerics children of the fix matrix.
+
+    python -m gpulab.fixes.child [--time FILE] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
+
+--time writes {"seconds": ...}: the program's wall time from the first line it runs (interpreter start-up
+and the fixes' installation left out, since both sides of a comparison pay them alike).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import time
+
+from gpulab.fixes.install import install_from_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in raw or raw.index("--") == len(raw) - 1:
+        print("usage: python -m gpulab.fixes.child [--time FILE] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])",
+              file=sys.stderr)
+        return 2
+    ap = argparse.ArgumentParser(prog="python -m gpulab.fixes.child")
+    ap.add_argument("--time", default=None, metavar="FILE")
+    ns = ap.parse_args(raw[:raw.index("--")])
+    target = raw[raw.index("--") + 1:]
+    install_from_env()
+    module = target[1] if target[0] == "-m" else None
+    sys.argv = [module, *target[2:]] if module else list(target)
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(target[0]))
+    t0 = time.perf_counter()
+    code = 0
+    try:
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target[0], run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    if ns.time and code == 0:
+        with open(ns.time, "w") as fh:
+            json.dump({"seconds": time.perf_counter() - t0}, fh)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

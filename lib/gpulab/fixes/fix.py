@@ -1,0 +1,94 @@
+"""What a fix is: one change tried against one suspected cause, declared as data so the parent can decide,
+without torch, what a scenario sets in its children's environment and whether it applies on this platform.
+
+A fix has any of: `env` (variables the parent sets before the child starts: allocator, module loading and
+launch settings are read once, at start-up, so only the parent can set them), `apply` (a runtime change
+the child installs before the program runs), `python` (another interpreter, e.g. a venv holding a PyTorch
+built with a source patch) and `params` (built-in workload parameters, e.g. device=cpu). `applies(facts)`
+says whether it can mean anything on this platform; `needs` says in words what it needs when it cannot.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from gpulab.hang.classify import CLASSES
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class UnknownFix(ValueError):
+    """A fix name that is not in the registry; the message lists the known ones."""
+
+
+class FixError(ValueError):
+    """A fix module that declares something that cannot work (bad class, nothing to change, ...)."""
+
+
+Facts = Mapping[str, Any]   # {"device": cpu|cuda, "gpu": cuda|rocm|None, "cudnn": bool, "torch": "2.x"}
+
+
+def always(facts: Facts) -> bool:
+    return True
+
+
+def on_gpu(facts: Facts) -> bool:
+    return facts.get("gpu") in ("cuda", "rocm") and str(facts.get("device", "")).startswith("cuda")
+
+
+def on_nvidia(facts: Facts) -> bool:
+    return facts.get("gpu") == "cuda" and on_gpu(facts)
+
+
+def on_rocm(facts: Facts) -> bool:
+    return facts.get("gpu") == "rocm" and on_gpu(facts)
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str
+    changes: str                                  # what it changes, in words a reviewer can check
+    targets: tuple[str, ...]                      # hang classes it is meant for (gpulab.hang.classify.CLASSES)
+    env: Any = ()                                 # {VAR: value} set by the parent; stored as sorted pairs
+    apply: Callable[[], None] | None = None       # installed in the child before the program runs
+    python: str | None = None                     # another interpreter for the workload children
+    params: Any = ()                              # {key: value} built-in workload parameters it changes
+    applies: Callable[[Facts], bool] = always
+    needs: str = ""                               # what `applies` requires, in words (the not_applicable reason)
+    source: str = ""                              # where the fix comes from (an issue, a doc page)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name or ""):
+            raise FixError(f"fix name {self.name!r} must be snake_case (it is also a scenario file name)")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        bad = [t for t in self.targets if t not in CLASSES]
+        if not self.targets or bad:
+            raise FixError(f"fix {self.name!r}: targets {list(self.targets)!r} must name one or more hang classes "
+                           f"out of {', '.join(CLASSES)}")
+        for key in ("env", "params"):
+            pairs = getattr(self, key)
+            pairs = tuple(sorted((pairs.items() if isinstance(pairs, Mapping) else pairs)))
+            object.__setattr__(self, key, pairs)
+        if any(not isinstance(v, str) for _, v in self.env):
+            raise FixError(f"fix {self.name!r}: env values must be strings, got {dict(self.env)!r}")
+        if not (self.env or self.apply or self.python or self.params):
+            raise FixError(f"fix {self.name!r} changes nothing: give env, apply, python or params")
+        if not self.changes:
+            raise FixError(f"fix {self.name!r}: say what it changes (changes=...)")
+
+    @property
+    def env_vars(self) -> dict[str, str]:
+        return dict(self.env)
+
+    @property
+    def workload_params(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def how(self) -> str:
+        """How it reaches the child, in words (a table column)."""
+        parts = [" ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in self.env)] if self.env else []
+        parts += ["a runtime change in the child"] if self.apply else []
+        parts += [f"interpreter {self.python}"] if self.python else []
+        parts += [", ".join(f"{k}={v}" for k, v in self.params)] if self.params else []
+        return "; ".join(parts)

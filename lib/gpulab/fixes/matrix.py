@@ -1,0 +1,358 @@
+"""The fix matrix: every scenario climbs the validation ladder with repeats in isolated children, then
+timing children (interleaved with the baseline's) give its cost and its outputs; each scenario gets a
+verdict and the matrix a recommendation.
+
+fixes.json (and fixes_table.csv) is rewritten after every scenario and every timing round, so an
+interrupt keeps what was observed. Layout of out_dir: <scenario>/ holds that scenario's ladder (one
+folder per trial), timing/ the timing children.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from gpulab import device as gdevice
+from gpulab import proc, report, workloads
+from gpulab.fixes import cost, numerics, platform, registry, scenarios, verdict
+from gpulab.fixes.compose import clean_env, compose, scenario_env
+from gpulab.fixes.scenarios import Scenario
+from gpulab.fixes.target import Target
+from gpulab.hang import ladder, watch
+
+NAME = "fixes"
+PLAIN = ("a plain command: outcomes and time only (its outputs are not known to gpulab, so numerics are not "
+         "compared)")
+
+
+@dataclass(frozen=True)
+class MatrixConfig:
+    scenarios: str = "auto"         # names (comma list, '+' joins fixes), auto or all
+    repeats: int = 3                # trials per rung
+    jobs: int = 1                   # trials side by side
+    stall_s: float = 60.0
+    timeout_s: float = 3600.0
+    max_overhead: float = 0.2       # a fix that costs more than this is too_slow
+    cost_rounds: int = 3            # interleaved timing rounds (0: no cost and no numerics)
+    time_s: float = 1.0             # seconds of timed repeats of the built-in rung in each timing child
+    mode: str = "auto"
+    fault: str | None = None        # a planted fault (a labelled self-test)
+
+    def __post_init__(self) -> None:
+        for key in ("repeats", "jobs"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{key}={v!r} is not valid; it must be a whole number >= 1")
+        if isinstance(self.cost_rounds, bool) or not isinstance(self.cost_rounds, int) or self.cost_rounds < 0:
+            raise ValueError(f"cost_rounds={self.cost_rounds!r} is not valid; it must be a whole number >= 0")
+        for key in ("stall_s", "timeout_s", "time_s"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{key}={v!r} is not valid; it must be a number of seconds > 0")
+        if isinstance(self.max_overhead, bool) or not isinstance(self.max_overhead, (int, float)) \
+                or not self.max_overhead >= 0:
+            raise ValueError(f"max_overhead={self.max_overhead!r} is not valid; it must be a fraction >= 0 (0.2 = 20%)")
+        if self.mode not in watch.MODES:
+            raise ValueError(f"mode={self.mode!r} is not valid; choose one of {', '.join(watch.MODES)}")
+        object.__setattr__(self, "fault", watch.resolve_fault(self.fault))
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "MatrixConfig":
+        """From notebook parameters (a notebook's globals()): its trace_mode is the ladder's mode; keys that
+        are not the matrix's are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in params.items() if k in names}
+        if "trace_mode" in params:
+            kw["mode"] = params["trace_mode"]
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    name: str
+    fixes: tuple[str, ...]
+    why: str                         # why it is in the matrix
+    changes: str                     # what its fixes change, in words
+    applicable: bool
+    not_applicable: str | None = None
+    counts: dict = field(default_factory=dict)
+    trials: int = 0
+    fail_rate: float | None = None
+    fail_rate_ci: tuple[float, float] | None = None
+    failing_rung: str | None = None
+    rungs: tuple[dict, ...] = ()
+    first_failure: dict | None = None
+    memory_growth: dict | None = None
+    overhead: float | None = None
+    overhead_ci: list | None = None
+    cost: dict = field(default_factory=dict)
+    numerics: dict | None = None
+    verdict: str | None = None
+    verdict_why: str = ""
+    seconds: float = 0.0
+
+    def observed(self) -> verdict.Observed:
+        return verdict.Observed(self.name, self.fixes, self.applicable, self.trials,
+                                self.trials - self.counts.get("pass", 0) if self.trials else 0,
+                                (self.numerics or {}).get("ok"), self.overhead)
+
+
+@dataclass(frozen=True)
+class MatrixResult:
+    workload: str
+    kind: str
+    platform: dict
+    scenarios: tuple[ScenarioResult, ...]
+    recommendation: str | None
+    next_step: str
+    max_overhead: float
+    repeats: int
+    stall_s: float
+    drill: str | None = None
+    interrupted: bool = False
+    numerics_note: str = ""
+
+    @property
+    def baseline(self) -> ScenarioResult | None:
+        return next((s for s in self.scenarios if not s.fixes), None)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------ pure parts
+
+def ladder_summary(lr: ladder.LadderResult) -> dict[str, Any]:
+    """The scenario's rate is its failing rung's (the climb stops there), else its top rung's."""
+    if not lr.rungs:
+        return {}
+    rung = next((r for r in lr.rungs if r.failed), lr.rungs[-1])
+    ff = rung.first_failure or {}
+    return {"counts": dict(rung.counts), "trials": rung.trials, "fail_rate": rung.fail_rate,
+            "fail_rate_ci": tuple(rung.fail_rate_ci), "failing_rung": rung.name if rung.failed else None,
+            "rungs": tuple({"rung": r.name, "trials": r.trials, "failed": r.trials - r.counts.get("pass", 0),
+                            "fail_rate_ci": list(r.fail_rate_ci)} for r in lr.rungs),
+            "first_failure": {"status": ff.get("status"), "class": ff.get("class"), "phase": ff.get("phase"),
+                              "in_flight_op": (ff.get("in_flight_op") or {}).get("name"),
+                              "folder": ff.get("folder"), "rung": rung.name} if ff else None,
+            "memory_growth": lr.rungs[-1].memory_growth}
+
+
+def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: float, classes: Sequence[str] = ()
+           ) -> tuple[list[ScenarioResult], str | None, str]:
+    """Every scenario's verdict, then the recommendation and the next step (pure)."""
+    base = next((r for r in results if not r.fixes), None)
+    base_obs = base.observed() if base else verdict.Observed("baseline")
+    out = []
+    for r in results:
+        v, why = verdict.judge(r.observed(), base_obs, max_overhead)
+        out.append(dataclasses.replace(r, verdict=v, verdict_why=why))
+    tried = {f for r in results for f in r.fixes}
+    untried = list(dict.fromkeys(n for c in classes for n in registry.targeting(c) if n not in tried))
+    rec, nxt = verdict.recommend([r.observed() for r in out], [r.verdict for r in out], stall_s=stall_s,
+                                 cls=" or ".join(classes) or None, untried=untried)
+    return out, rec, nxt
+
+
+def rows(m: MatrixResult) -> list[dict]:
+    """One row per scenario: the table of the notebook and fixes_table.csv."""
+    out = []
+    for s in m.scenarios:
+        ci = s.fail_rate_ci
+        oci = s.overhead_ci
+        growth = (s.memory_growth or {}).get("series", {})
+        out.append({
+            "scenario": s.name, "fixes": ", ".join(s.fixes) or "-", "verdict": s.verdict or "not run",
+            "failed": f"{s.trials - s.counts.get('pass', 0)}/{s.trials}" if s.trials else "-",
+            "fail rate 95%": f"{ci[0]:.0%}-{ci[1]:.0%}" if ci and s.trials else "-",
+            "cost": (f"{s.overhead:+.1%}" + (f" ({oci[0]:+.0%}..{oci[1]:+.0%})" if oci else "")
+                     if s.overhead is not None else "-"),
+            "numerics": ("ok" if (s.numerics or {}).get("ok") else "CHANGED" if (s.numerics or {}).get("ok") is False
+                         else "-"),
+            "memory/step": ", ".join(f"{k} {v['bytes_per_step'] / 2**20:+.2f} MiB" + (" LEAK" if v["leak"] else "")
+                                     for k, v in growth.items()) or "-",
+            "why": s.verdict_why if s.applicable else s.not_applicable,
+        })
+    return out
+
+
+# ------------------------------------------------------------------------------------ running
+
+def _applicability(fixes: Sequence[str], facts: Mapping[str, Any]) -> str | None:
+    """None when every fix applies here, else why not."""
+    for fx in registry.resolve(fixes):
+        if not fx.applies(facts):
+            return f"{fx.name} needs {fx.needs or 'another platform'}"
+    return None
+
+
+class _Matrix:
+    """The state of one matrix run: results so far (in the planned order), saved after every change."""
+
+    def __init__(self, target: Target, cfg: MatrixConfig, out: Path, facts: dict, say: Callable[[str], None],
+                 pointers: scenarios.Pointers):
+        self.target, self.cfg, self.out, self.facts, self.say, self.pointers = target, cfg, out, facts, say, pointers
+        self.order: list[str] = []
+        self.done: dict[str, ScenarioResult] = {}
+        self.arms: dict[str, cost.Arm] = {}
+        self.interrupted = False
+        self.lock = threading.RLock()
+
+    @property
+    def results(self) -> list[ScenarioResult]:
+        return [self.done[n] for n in self.order if n in self.done]
+
+    def classes(self) -> tuple[str, ...]:
+        """The baseline's failure class and op kind, then 03's."""
+        base = next((r for r in self.results if not r.fixes), None)
+        ff = (base.first_failure or {}) if base else {}
+        seen = scenarios.failure_classes(ff.get("class"), ff.get("in_flight_op"))
+        return tuple(dict.fromkeys(seen + self.pointers.classes))
+
+    def result(self) -> MatrixResult:
+        judged_, rec, nxt = judged(self.results, self.cfg.max_overhead, self.cfg.stall_s, self.classes())
+        note = "" if self.target.compares_outputs else PLAIN
+        return MatrixResult(self.target.describe(), self.target.kind, self.facts, tuple(judged_), rec, nxt,
+                            self.cfg.max_overhead, self.cfg.repeats, self.cfg.stall_s, self.cfg.fault,
+                            self.interrupted, note)
+
+    def save(self, res: ScenarioResult | None = None) -> MatrixResult:
+        with self.lock:
+            if res is not None:
+                self.done[res.name] = res
+            m = self.result()
+            report.write_json(self.out / f"{NAME}.json", m.to_dict())
+            report.write_rows(self.out, f"{NAME}_table", rows(m))
+            return m
+
+    def climb(self, sc: Scenario, base_env: Mapping[str, str], jobs: int) -> None:
+        fixes = registry.resolve(sc.fixes)
+        comp = compose(fixes)
+        changes = "; ".join(f"{f.name}: {f.changes}" for f in fixes) or "nothing (the workload as it is)"
+        why_not = _applicability(sc.fixes, self.facts)
+        res = ScenarioResult(sc.name, sc.fixes, sc.why, changes, why_not is None, why_not)
+        if why_not:
+            self.say(f"{sc.name}: not applicable ({why_not})")
+            self.save(res)
+            return
+        self.arms[sc.name] = cost.Arm(sc.name, scenario_env(sc.fixes, base_env), comp.params)
+        self.say(f"{sc.name}: the ladder with {', '.join(sc.fixes) or 'no fix'} ({sc.why})")
+        t0 = time.monotonic()
+        # stacks for the baseline only: its failure's class picks `auto`'s fixes; the others need outcomes
+        lr = ladder.run(self.target.rungs(comp.params), repeats=self.cfg.repeats, jobs=jobs,
+                        stall_s=self.cfg.stall_s, timeout_s=self.cfg.timeout_s, out_dir=self.out / sc.name,
+                        mode=self.cfg.mode, fault=self.cfg.fault, stop_at_first_failure=True, fixes=sc.fixes,
+                        env=base_env, progress=lambda m: self.say(f"  [{sc.name}] {m}"), stacks=not sc.fixes)
+        m = self.save(dataclasses.replace(res, seconds=round(time.monotonic() - t0, 3), **ladder_summary(lr)))
+        got = next(s for s in m.scenarios if s.name == sc.name)
+        self.say(f"{sc.name}: {got.trials - got.counts.get('pass', 0)}/{got.trials} failed -> {got.verdict}")
+
+    def climb_all(self, todo: Sequence[Scenario], base_env: Mapping[str, str]) -> None:
+        """Scenarios side by side when jobs allow: `jobs` children at a time in all (a scenario's trials share
+        its slot's part)."""
+        workers = max(1, min(self.cfg.jobs, len(todo)))
+        per = max(1, self.cfg.jobs // workers)
+        if workers == 1:
+            for sc in todo:
+                self.climb(sc, base_env, per)
+            return
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scenario") as pool:
+            pending = {pool.submit(self.climb, sc, base_env, per) for sc in todo}
+            try:
+                while pending:
+                    finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        f.result()
+            except BaseException:
+                for f in pending:
+                    f.cancel()
+                proc.stop_all()
+                raise
+
+    def timed(self) -> list[str]:
+        """Scenarios worth timing: applicable, and not failing every run (unless the failure is planted: the
+        timing children run without it)."""
+        keep = [r.name for r in self.results
+                if r.name in self.arms and (r.counts.get("pass", 0) > 0 or self.cfg.fault)]
+        base = next((r.name for r in self.results if not r.fixes), None)
+        return keep if base in keep and len(keep) > 1 else []
+
+    def apply_costs(self, timings: Mapping[str, Sequence[cost.Timing]]) -> None:
+        base = next(r for r in self.results if not r.fixes)
+        base_samples = [x for t in timings.get(base.name, ()) for x in t.samples]
+        base_out = self._outputs(timings.get(base.name, ()))
+        for r in self.results:
+            if r.name not in timings:
+                continue
+            samples = [x for t in timings[r.name] for x in t.samples]
+            c = cost.overhead(samples, base_samples) if r.fixes else {"overhead": 0.0, "overhead_ci": None,
+                                                                        "samples": [len(samples)] * 2}
+            c["runs"] = [t.status for t in timings[r.name]]
+            num = None if self.target.compares_outputs else {"ok": None, "note": PLAIN}
+            if r.fixes and self.target.compares_outputs:
+                got = self._outputs(timings[r.name])
+                num = (numerics.compare_files(base_out, got, self.target.dtype({}),
+                                              self.target.dtype(self.arms[r.name].params))
+                       if base_out and got else {"ok": None, "note": "no finished timing run of "
+                                                 + ("the baseline" if not base_out else "this scenario")})
+            self.done[r.name] = dataclasses.replace(r, overhead=c.pop("overhead"), overhead_ci=c.pop("overhead_ci"),
+                                                    cost=c, numerics=num)
+
+    def _outputs(self, timings: Sequence[cost.Timing]) -> Path | None:
+        ok = next((t for t in timings if t.status == "ok"), None)
+        path = self.out / "timing" / ok.folder / "outputs.pt" if ok else None
+        return path if path is not None and path.exists() else None
+
+
+def run(target: Target, cfg: MatrixConfig, out_dir: str | Path, *, pointers_dir: str | Path | None = None,
+        env: Mapping[str, str] | None = None, progress: Callable[[str], None] | None = None) -> MatrixResult:
+    """Run the matrix; raises ValueError (UnknownFix, FixError) before anything runs on bad input. The
+    baseline runs first (with `auto`, its failure picks more fixes); the other scenarios side by side when
+    `jobs` allows; then the timing rounds, one child at a time."""
+    chosen, is_auto = scenarios.parse(cfg.scenarios)
+    say = progress or (lambda m: print(f"[gpulab fixes] {m}", file=sys.stderr, flush=True))
+    dev = target.cfg.device if target.cfg is not None else gdevice.resolve("auto")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    found = scenarios.pointers(pointers_dir)
+    mx = _Matrix(target, cfg, out, platform.facts(dev), say, found)
+    base_env = clean_env(os.environ if env is None else env)
+    say(f"{target.describe()}: {len(chosen)} scenario(s){' (auto)' if is_auto else ''}, {cfg.repeats} run(s) per "
+        f"rung, stall {cfg.stall_s:g} s" + (f", planted fault {cfg.fault} (a self-test)" if cfg.fault else ""))
+    base, rest = chosen[0], list(chosen[1:])
+    if is_auto:
+        rest += scenarios.auto(found, (), [base.name])
+    mx.order = [base.name] + [s.name for s in rest]
+    try:
+        mx.climb(base, base_env, cfg.jobs)
+        if is_auto:
+            more = scenarios.auto(scenarios.Pointers(), mx.classes(), mx.order)
+            rest += more
+            mx.order += [s.name for s in more]
+        mx.climb_all(rest, base_env)
+        names = mx.timed()
+        if names and cfg.cost_rounds:
+            say(f"cost: {cfg.cost_rounds} interleaved round(s) of {', '.join(names)} (no planted fault, no recorder)")
+            cost.measure(target, [mx.arms[n] for n in names], out / "timing", rounds=cfg.cost_rounds,
+                         time_s=cfg.time_s, stall_s=cfg.stall_s, timeout_s=cfg.timeout_s, say=say,
+                         after_round=lambda timings: (mx.apply_costs(timings), mx.save()))
+    except proc.Interrupted:
+        mx.interrupted = True
+        mx.save()
+        raise
+    m = mx.save()
+    say(f"recommendation: {m.recommendation or 'none'}: {m.next_step}")
+    return m
+
+
+def run_workload(cfg: workloads.WorkloadConfig, mcfg: MatrixConfig, out_dir: str | Path, *,
+                 progress: Callable[[str], None] | None = None) -> MatrixResult:
+    """Notebook 04's matrix: the configured workload, products in out_dir/fixes, and `auto` following the
+    01/03 products already in out_dir."""
+    return run(Target(cfg), mcfg, Path(out_dir) / NAME, pointers_dir=out_dir, progress=progress)

@@ -1,0 +1,19 @@
+"""The facts a fix's `applies` is checked against: where the workload runs and what this torch has.
+
+Read in the parent from torch's build flags (no GPU work, no CUDA context), so a fix that cannot mean
+anything here (cuDNN or an allocator setting on a CPU) is reported not_applicable instead of being run.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn.attention import SDPBackend
+
+
+def facts(device: str) -> dict:
+    """{"device": cpu|cuda[:N], "gpu": cuda|rocm|None, "cudnn": bool, "torch": version}."""
+    gpu = "rocm" if getattr(torch.version, "hip", None) else ("cuda" if torch.version.cuda else None)
+    on_gpu = str(device).startswith("cuda") and torch.cuda.is_available()
+    return {"device": str(device), "gpu": gpu if on_gpu else None,
+            "cudnn": bool(on_gpu and torch.backends.cudnn.is_available()
+                          and hasattr(SDPBackend, "CUDNN_ATTENTION")),
+            "torch": torch.__version__}

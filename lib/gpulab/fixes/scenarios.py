@@ -1,0 +1,134 @@
+"""Which scenarios the matrix runs: names, `all`, or `auto` (what 01's risk rules and 03's verdict point at).
+
+A scenario is a list of fixes: `baseline` (none), a fix's name, fixes joined with '+' (`sync_gemm+fp32_softmax`),
+or a scenario file params/scenarios/NAME.yaml with a `fixes:` list. `auto` is the baseline, the fixes 01's
+rules suggest (suggested_scenarios.json), those targeting the class of 03's verdict (a planted drill is not
+a verdict) and, once the baseline ran, those targeting the class of its own failure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from gpulab import report
+from gpulab.chain import params
+from gpulab.fixes import registry
+from gpulab.fixes.compose import compose
+from gpulab.fixes.fix import UnknownFix
+from gpulab.hang.classify import op_kind
+
+AUTO, ALL = "auto", "all"
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    fixes: tuple[str, ...] = ()
+    why: str = ""               # why it is in the matrix
+
+    @property
+    def is_baseline(self) -> bool:
+        return not self.fixes
+
+
+@dataclass(frozen=True)
+class Pointers:
+    """What earlier notebooks found that `auto` follows."""
+    suggested: tuple[str, ...] = ()      # 01: fixes its matched risk rules suggest
+    because: tuple[tuple[str, str], ...] = ()   # fix -> rule ids, in words
+    classes: tuple[str, ...] = ()        # 03: its verdict's class and its in-flight op's kind (none for a drill)
+
+
+def root_dir() -> Path:
+    return registry.project_dir().parent
+
+
+def _files(root: Path) -> dict[str, tuple[str, ...]]:
+    """Scenario files that name fixes: name -> fixes (files without `fixes:` change parameters only)."""
+    out = {}
+    for name in params.list_scenarios(root):
+        path = root / "params" / "scenarios" / f"{name}.yaml"
+        fixes = params.read_yaml(path).get("fixes")
+        if fixes:
+            out[name] = params.fix_names(fixes, f"params/scenarios/{name}.yaml")
+    return out
+
+
+def choices(root: Path | None = None) -> str:
+    files = sorted(set(_files(root or root_dir())) - set(registry.names()))
+    return (f"{BASELINE}, {AUTO}, {ALL}, a fix ({', '.join(registry.names())}), fixes joined with '+'"
+            + (f", or a scenario file ({', '.join(files)})" if files else ""))
+
+
+def named(name: str, root: Path | None = None) -> Scenario:
+    name = name.strip()
+    if name == BASELINE:
+        return Scenario(BASELINE, (), "the workload as it is")
+    if "+" in name:
+        parts = tuple(p.strip() for p in name.split("+"))
+        compose(registry.resolve(parts))   # unknown names and fixes that cannot be combined fail here
+        return Scenario(name, parts, "asked for")
+    if name in registry.load():
+        return Scenario(name, (name,), "asked for")
+    files = _files(root or root_dir())
+    if name in files:
+        return Scenario(name, files[name], f"params/scenarios/{name}.yaml")
+    raise UnknownFix(f"unknown scenario {name!r}; choose {choices(root)}")
+
+
+def parse(text: str, root: Path | None = None) -> tuple[tuple[Scenario, ...], bool]:
+    """--scenario text -> (scenarios, auto?). The baseline always comes first: everything is compared with
+    it. Raises UnknownFix (a ValueError) naming the bad name and the choices, before anything runs."""
+    text = str(text).strip()
+    if text == AUTO:
+        return (Scenario(BASELINE, (), "the workload as it is"),), True
+    if text == ALL:
+        return (Scenario(BASELINE, (), "the workload as it is"),
+                *(Scenario(n, (n,), "all") for n in registry.names())), False
+    names = [n.strip() for n in text.split(",")]
+    if not text or not all(names):
+        raise UnknownFix(f"--scenario {text!r} names an empty scenario; choose {choices(root)} (comma-separated)")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise UnknownFix(f"scenario(s) {', '.join(map(repr, dup))} listed more than once in {text!r}")
+    picked = [named(n, root) for n in names]
+    base = [s for s in picked if s.is_baseline] or [Scenario(BASELINE, (), "always run: the comparison")]
+    return (base[0], *(s for s in picked if not s.is_baseline)), False
+
+
+def pointers(out_dir: str | Path | None) -> Pointers:
+    """01's suggestions and 03's class, read from a scenario folder when they are there."""
+    if out_dir is None:
+        return Pointers()
+    out = Path(out_dir)
+    sug = report.read_json(out / "suggested_scenarios.json", default={}) or {}
+    known = set(registry.names())
+    names = tuple(n for n in sug.get("scenarios") or () if n in known)
+    because = tuple((n, ", ".join(sug.get("because", {}).get(n) or ())) for n in names)
+    m03 = (report.load_metrics(out).get("03_bisect_hang") or {}).get("metrics") or {}
+    failed = m03.get("status") not in (None, "ok") and not m03.get("drill")
+    return Pointers(names, because, failure_classes(m03.get("class"), m03.get("in_flight_op")) if failed else ())
+
+
+def failure_classes(cls: str | None, in_flight_op: str | None) -> tuple[str, ...]:
+    """A failure's class and the kind of the op it was in (a deadlock inside softmax is classed host_lock
+    from its stacks, yet the softmax fixes are the ones to try too)."""
+    return tuple(dict.fromkeys(c for c in (cls, op_kind(in_flight_op)) if c))
+
+
+def auto(found: Pointers, observed: Sequence[str] = (), have: Sequence[str] = ()) -> tuple[Scenario, ...]:
+    """The single-fix scenarios `auto` adds (pure but for the registry): 01's, then 03's class's, then the
+    class the baseline's own failure showed; none twice, none already in `have`."""
+    seen = set(have)
+    out = []
+    because = dict(found.because)
+    picks = [(n, f"01's risk rules ({because.get(n) or 'matched'})") for n in found.suggested]
+    picks += [(n, f"targets {c}, 03's failure") for c in found.classes for n in registry.targeting(c)]
+    picks += [(n, f"targets {c}, the baseline's failure") for c in observed for n in registry.targeting(c)]
+    for name, why in picks:
+        if name not in seen:
+            seen.add(name)
+            out.append(Scenario(name, (name,), why))
+    return tuple(out)

@@ -1,0 +1,94 @@
+"""Pure rules: a scenario's verdict against the baseline, the recommendation, and what to try next.
+
+A fix "fixes" when the failure rate drops to zero on the same ladder, the numbers stay within the dtype's
+tolerance of the fix-free run's, and the cost stays within `max_overhead`; "partial" when the rate drops
+but not to zero. Only a fix that removes the failure is judged on numerics and cost: one that changes
+nothing is `no_effect` whatever it costs. The recommendation is the cheapest scenario that fixes it
+(unknown cost sorts last, then fewer fixes); when there is none, the next step says why in words.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+VERDICTS = ("baseline", "fixes", "partial", "no_effect", "breaks_numerics", "too_slow", "not_applicable")
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a scenario's runs showed: all a verdict rests on."""
+    name: str
+    fixes: tuple[str, ...] = ()
+    applicable: bool = True
+    trials: int = 0
+    failures: int = 0
+    numerics_ok: bool | None = None    # None: not compared (a plain command, or no fix-free run finished)
+    overhead: float | None = None      # median time / baseline's - 1; None: not measured
+
+    @property
+    def rate(self) -> float:
+        return self.failures / self.trials if self.trials else 0.0
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0%}"
+
+
+def judge(o: Observed, base: Observed, max_overhead: float = 0.2) -> tuple[str | None, str]:
+    """(verdict, why in words); verdict None while the scenario has not run."""
+    if not o.fixes:
+        return BASELINE, (f"the workload as it is: {base.failures} of {base.trials} runs failed" if base.trials
+                          else "the workload as it is")
+    if not o.applicable:
+        return "not_applicable", "cannot apply on this platform"
+    if not o.trials or not base.trials:
+        return None, "not run"
+    runs = f"{o.failures}/{o.trials} runs failed (baseline {base.failures}/{base.trials})"
+    if base.failures == 0:
+        extra = "; it FAILS where the baseline passed" if o.failures else ""
+        return "no_effect", f"nothing to fix: the baseline did not fail; {runs}{extra}"
+    if o.rate >= base.rate:
+        return "no_effect", runs
+    verdict = "fixes" if o.failures == 0 else "partial"
+    if o.numerics_ok is False:
+        return "breaks_numerics", f"{runs}, but the outputs differ from the fix-free run beyond the tolerance"
+    if o.overhead is not None and o.overhead > max_overhead:
+        return "too_slow", f"{runs}, but it costs {_pct(o.overhead)} (over the {max_overhead:.0%} budget)"
+    cost = f", cost {_pct(o.overhead)}" if o.overhead is not None else ", cost not measured"
+    return verdict, runs + cost
+
+
+def _cheapest_key(o: Observed) -> tuple:
+    return (o.overhead if o.overhead is not None and math.isfinite(o.overhead) else math.inf, len(o.fixes), o.name)
+
+
+def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, stall_s: float,
+              cls: str | None = None, untried: Sequence[str] = ()) -> tuple[str | None, str]:
+    """(the cheapest scenario that fixes the failure or None, the next step in a sentence)."""
+    base = next((o for o in observed if not o.fixes), None)
+    by = dict(zip((o.name for o in observed), verdicts))
+    fixing = [o for o in observed if by.get(o.name) == "fixes"]
+    if fixing:
+        best = min(fixing, key=_cheapest_key)
+        cost = f"at a cost of {_pct(best.overhead)}" if best.overhead is not None else "(cost not measured)"
+        what = best.name + (f" ({', '.join(best.fixes)})" if best.fixes != (best.name,) else "")
+        return best.name, (f"apply {what}: it removes the failure {cost}; "
+                           f"then report the bug upstream with 03's bundle, naming the fix that works")
+    if base is None or not base.trials:
+        return None, "the baseline did not run: nothing can be compared"
+    if base.failures == 0:
+        return None, (f"nothing to fix: the baseline passed {base.trials} of {base.trials} runs of its top rung "
+                      f"(stall window {stall_s:g} s); if the failure is intermittent, run more repeats")
+    named = {v: [o.name for o in observed if by.get(o.name) == v] for v in ("partial", "breaks_numerics", "too_slow")}
+    if named["partial"]:
+        return None, (f"{', '.join(named['partial'])} lowers the failure rate but not to zero: combine it with "
+                      f"another fix (a scenario 'a+b') or run more repeats to see whether it only hides the failure")
+    if named["breaks_numerics"] or named["too_slow"]:
+        which = named["breaks_numerics"] + named["too_slow"]
+        return None, (f"{', '.join(which)} removes the failure but changes the numbers or costs too much: it "
+                      f"localizes the bug (that is where a targeted fix belongs); raise max_overhead only knowingly")
+    more = f"; not tried yet for class {cls}: {', '.join(untried)}" if untried else ""
+    return None, (f"no scenario tried removes the failure{more}; try --scenario all, or take 03's evidence "
+                  f"bundle upstream")

@@ -1,0 +1,11 @@
+"""Run the workload on the CPU: the last resort, and the way to tell a platform bug from a model bug.
+
+The built-in workload gets device=cpu; a user's program sees no GPU (CUDA_VISIBLE_DEVICES and
+HIP_VISIBLE_DEVICES empty), so `cuda if available else cpu` code picks the CPU.
+"""
+from gpulab.fixes.fix import Fix, on_gpu
+
+FIX = Fix("cpu_fallback", "the workload runs on the CPU (device=cpu; no GPU visible to the program)",
+          targets=("unknown",), env={"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""},
+          params={"device": "cpu"}, applies=on_gpu, needs="a GPU to fall back from (this run is on the CPU already)",
+          source="https://github.com/ROCm/ROCm/issues/2804")

@@ -1,0 +1,11 @@
+"""Replace torch.nn.functional.scaled_dot_product_attention with attention written out in plain ops.
+
+No SDPA backend runs at all (not even the math one's C++ path): matmul, masked fill, a float32 softmax,
+matmul. If this passes where every backend fails, the bug is in SDPA's dispatch or kernels.
+"""
+from gpulab.fixes.fix import Fix
+from gpulab.fixes.kit import replace_sdpa
+
+FIX = Fix("decomposed_attention", "F.scaled_dot_product_attention replaced by plain PyTorch attention "
+          "(matmul, mask, float32 softmax, matmul)", targets=("softmax",), apply=replace_sdpa,
+          source="https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html")

@@ -1,0 +1,13 @@
+"""Synchronize the device before and after every GEMM (mm, bmm, matmul, addmm, baddbmm).
+
+For a hang that comes from stream ordering: a GEMM reading a buffer another stream has not finished
+writing, or a kernel queued behind one that never completes. If synchronizing makes it pass, the bug is
+in the ordering, not in the GEMM kernel; the cost says what a targeted event/wait would save.
+"""
+from gpulab.fixes.fix import Fix, on_gpu
+from gpulab.fixes.kit import op_rewrite, synchronized
+
+FIX = Fix("sync_gemm", "torch.cuda.synchronize() before and after each mm/bmm/matmul/addmm/baddbmm on the GPU",
+          targets=("gemm", "sync"), apply=op_rewrite({"mm", "bmm", "matmul", "addmm", "baddbmm"}, synchronized),
+          applies=on_gpu, needs="a GPU (CUDA or ROCm): on the CPU there is no stream to order",
+          source="https://pytorch.org/docs/stable/notes/cuda.html#cuda-streams")

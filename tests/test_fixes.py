@@ -1,0 +1,539 @@
+"""Notebook 04: the fix registry, composition, the verdict rules, and the matrix on real hangs in real children.
+
+Each fixture deadlocks for real (a native mutex taken twice) in a way exactly one fix removes: a GEMM kernel
+on a transposed operand (contiguous_gemm_inputs), a reduced-precision softmax kernel (fp32_softmax), a
+start-up check of an environment variable (omp_single_thread). Stall windows are short; trials are few (a
+torch program costs seconds to start here).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from gpulab import proc, workloads
+from gpulab.chain import params, runner
+from gpulab.env import rules
+from gpulab.fixes import commands, compose, cost, matrix, numerics, registry, scenarios, verdict
+from gpulab.fixes.fix import Fix, FixError, UnknownFix
+from gpulab.fixes.target import Target
+from gpulab.hang import ladder, watch
+from nbfactory import notebook, project
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+CPU = {"device": "cpu", "gpu": None, "cudnn": False, "torch": "2.13"}
+CUDA = {"device": "cuda", "gpu": "cuda", "cudnn": True, "torch": "2.13"}
+ROCM = {"device": "cuda", "gpu": "rocm", "cudnn": False, "torch": "2.13"}
+REQUIRED = ("sync_gemm", "fp32_softmax", "contiguous_gemm_inputs", "alloc_async", "alloc_expandable",
+            "alloc_no_caching", "module_loading_lazy", "module_loading_eager", "launch_blocking", "sdpa_backend_math",
+            "sdpa_backend_flash", "sdpa_backend_efficient", "sdpa_backend_cudnn", "sdpa_math_off",
+            "decomposed_attention", "memory_fraction_cap", "rocm_safe", "cpu_fallback")
+
+PROBE = '''
+import os
+from gpulab.fixes.fix import Fix
+
+
+def _apply():
+    with open(os.environ["GPULAB_TEST_MARK"], "a") as fh:
+        fh.write("applied\\n")
+    if os.environ.get("GPULAB_TEST_EXIT"):
+        os._exit(0)   # the entry point called us: nothing more to see
+
+
+FIX = Fix("probe", "writes a marker file", targets=("unknown",), apply=_apply, env={"GPULAB_TEST_PROBE": "1"})
+'''
+
+
+@pytest.fixture
+def extra_patches(tmp_path, monkeypatch):
+    """Write fix modules to a folder of $GPULAB_PATCHES (the children inherit it)."""
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    monkeypatch.setenv(registry.ENV_DIRS, str(folder))
+
+    def write(**modules: str) -> Path:
+        for name, text in modules.items():
+            (folder / f"{name}.py").write_text(textwrap.dedent(text))
+        registry._CACHE.clear()
+        return folder
+    yield write
+    registry._CACHE.clear()
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+def test_registry_has_every_fix_the_investigation_needs():
+    assert set(REQUIRED) <= set(registry.names())
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_fix_declares_itself_and_has_its_scenario_file(name):
+    fx = registry.get(name)
+    assert fx.changes and fx.targets and (fx.env or fx.apply or fx.python or fx.params)
+    assert fx.applies(CUDA if fx.needs else CPU) or fx.applies(ROCM), "a fix must apply somewhere"
+    scen = yaml.safe_load((ROOT / "params" / "scenarios" / f"{name}.yaml").read_text())
+    assert scen["fixes"] == [name] and scen["description"]
+    assert {k: v for k, v in scen.items() if k not in params.SCENARIO_KEYS} == fx.workload_params
+
+
+def test_every_fix_named_by_the_risk_rules_is_in_the_registry():
+    named = {fx for r in rules.load_rules() for fx in r.fixes}
+    assert named and named <= set(registry.names()), named - set(registry.names())
+    assert set(rules.FIX_SCENARIOS) == set(registry.names())
+
+
+def test_a_risk_rule_naming_an_unknown_fix_is_refused():
+    raw = {"id": "x", "title": "t", "signature": {"fact": "cpu_arch", "eq": "x"}, "risk": "r",
+           "fixes": ["cuda_module_loading_lazy"], "source": "https://example.org/1"}
+    with pytest.raises(rules.RuleError, match="module_loading_lazy"):
+        rules.parse_rule(raw)
+
+
+@pytest.mark.parametrize("names,msg", [(["no_such_fix"], "known fixes: alloc_async"),
+                                       (["fp32_softmax", "fp32_softmax"], "more than once")])
+def test_unknown_or_repeated_fix_is_an_error_naming_the_choices(names, msg):
+    with pytest.raises(UnknownFix, match=msg):
+        registry.resolve(names)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"targets": ("gemm", "bogus")}, "hang classes"),
+    ({"targets": ("gemm",), "env": {}}, "changes nothing"),
+    ({"targets": ("gemm",), "env": {"A": 1}}, "must be strings"),
+    ({"targets": ("gemm",), "env": {"A": "1"}, "name": "Bad-Name"}, "snake_case"),
+])
+def test_a_fix_that_cannot_work_is_refused(kw, msg):
+    kw = {"name": "x", "changes": "something", **kw}
+    with pytest.raises(FixError, match=msg):
+        Fix(**kw)
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("X = 1\n", "must define FIX"),
+    ("from gpulab.fixes.fix import Fix\nFIX = Fix('other', 'c', targets=('gemm',), env={'A': '1'})\n", "file's name"),
+    ("from gpulab.fixes.fix import Fix\nFIX = Fix('fp32_softmax', 'c', targets=('gemm',), env={'A': '1'})\n",
+     "defined twice"),
+])
+def test_registry_refuses_a_bad_module(extra_patches, text, msg):
+    name = "fp32_softmax" if "defined twice" in msg else "mine"
+    extra_patches(**{name: text})
+    with pytest.raises(FixError, match=msg):
+        registry.load()
+
+
+@pytest.mark.parametrize("name,facts,applies", [
+    ("alloc_async", CPU, False), ("alloc_async", CUDA, True), ("alloc_async", ROCM, False),
+    ("alloc_expandable", ROCM, True), ("sdpa_backend_cudnn", CPU, False), ("sdpa_backend_cudnn", CUDA, True),
+    ("sdpa_backend_cudnn", {**CUDA, "cudnn": False}, False), ("sdpa_backend_efficient", CPU, False),
+    ("sdpa_backend_math", CPU, True), ("sdpa_backend_flash", CPU, True), ("rocm_safe", CUDA, False),
+    ("rocm_safe", ROCM, True), ("cpu_fallback", CPU, False), ("cpu_fallback", CUDA, True),
+    ("module_loading_eager", CPU, False), ("sync_gemm", CPU, False), ("contiguous_gemm_inputs", CPU, True),
+    ("omp_single_thread", CPU, True),
+])
+def test_a_fix_that_means_nothing_here_is_not_applicable(name, facts, applies):
+    assert registry.get(name).applies(facts) is applies
+
+
+@pytest.mark.parametrize("cls,expected", [("softmax", {"fp32_softmax", "sdpa_backend_math", "decomposed_attention"}),
+                                          ("layout", {"contiguous_gemm_inputs"}),
+                                          ("library_load", {"module_loading_lazy", "module_loading_eager"}),
+                                          ("host_lock", {"omp_single_thread"}), (None, set())])
+def test_fixes_targeting_a_class(cls, expected):
+    assert expected <= set(registry.targeting(cls))
+    assert all(cls in registry.get(n).targets for n in registry.targeting(cls))
+
+
+# ------------------------------------------------------------------------------------ composition
+
+@pytest.mark.parametrize("names,env,params_", [
+    (("alloc_async", "alloc_expandable"), {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync,expandable_segments:True"}, {}),
+    (("omp_single_thread", "launch_blocking"), {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                                "CUDA_LAUNCH_BLOCKING": "1", "HIP_LAUNCH_BLOCKING": "1"}, {}),
+    (("cpu_fallback", "fp32_softmax"), {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}, {"device": "cpu"}),
+    ((), {}, {}),
+])
+def test_fixes_compose(names, env, params_):
+    c = compose.compose(registry.resolve(names))
+    assert c.names == names and c.env == env and c.params == params_
+
+
+def test_fixes_that_cannot_both_hold_are_refused(extra_patches):
+    extra_patches(eager_too="from gpulab.fixes.fix import Fix\n"
+                  "FIX = Fix('eager_too', 'c', targets=('library_load',), env={'CUDA_MODULE_LOADING': 'EAGER'}, "
+                  "python='/opt/other/python')\n",
+                  other_python="from gpulab.fixes.fix import Fix\n"
+                  "FIX = Fix('other_python', 'c', targets=('unknown',), python='/opt/patched/python')\n")
+    with pytest.raises(FixError, match="CUDA_MODULE_LOADING"):
+        compose.compose(registry.resolve(["module_loading_lazy", "eager_too"]))
+    with pytest.raises(FixError, match="two interpreters"):
+        compose.compose(registry.resolve(["eager_too", "other_python"]))
+
+
+@pytest.mark.parametrize("base", [{}, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64", "KEEP": "x"}])
+def test_scenario_env_adds_the_fixes_and_clean_env_takes_them_away(base):
+    env = compose.scenario_env(["alloc_async", "omp_single_thread"], base)
+    assert env["GPULAB_FIXES"] == "alloc_async,omp_single_thread" and env["OMP_NUM_THREADS"] == "1"
+    assert "backend:cudaMallocAsync" in env["PYTORCH_CUDA_ALLOC_CONF"].split(",")
+    assert compose.clean_env(env) == base
+    again = compose.scenario_env(["launch_blocking"], env)    # a scenario's child with other fixes
+    assert again["GPULAB_FIXES"] == "launch_blocking" and "OMP_NUM_THREADS" not in again
+    assert compose.scenario_env([], env) == base
+
+
+def test_launch_plan_puts_fixes_in_the_environment_not_on_the_command_line(tmp_path):
+    script = tmp_path / "x.py"
+    script.write_text("print(1)\n")
+    plan = watch.launch_plan([sys.executable, str(script)], tmp_path, record=True, mode="ops", fault=None,
+                             env={"A": "1"}, coredump=False, fixes=["omp_single_thread", "fp32_softmax"])
+    assert "--fix" not in plan.argv and plan.argv[1:3] == ("-m", "gpulab.trace")
+    assert plan.env["GPULAB_FIXES"] == "omp_single_thread,fp32_softmax" and plan.env["OMP_NUM_THREADS"] == "1"
+    other = watch.launch_plan([sys.executable, str(script)], tmp_path, record=True, mode="ops", fault=None,
+                              env={workloads.PYTHON_ENV: "/opt/patched/bin/python"}, coredump=False)
+    assert other.argv[0] == "/opt/patched/bin/python"
+
+
+# ------------------------------------------------------------------------------------ verdicts
+
+BASE_FAILS = verdict.Observed("baseline", (), True, 4, 4)
+BASE_OK = verdict.Observed("baseline", (), True, 4, 0)
+
+
+@pytest.mark.parametrize("obs,base,expected", [
+    (verdict.Observed("a", ("a",), True, 4, 0, True, 0.05), BASE_FAILS, "fixes"),
+    (verdict.Observed("a", ("a",), True, 4, 0, None, None), BASE_FAILS, "fixes"),       # plain command, no cost
+    (verdict.Observed("a", ("a",), True, 4, 2, True, 0.05), BASE_FAILS, "partial"),
+    (verdict.Observed("a", ("a",), True, 4, 4, True, 0.0), BASE_FAILS, "no_effect"),
+    (verdict.Observed("a", ("a",), True, 4, 0, False, 0.05), BASE_FAILS, "breaks_numerics"),
+    (verdict.Observed("a", ("a",), True, 4, 0, True, 0.35), BASE_FAILS, "too_slow"),
+    (verdict.Observed("a", ("a",), True, 4, 2, True, 0.35), BASE_FAILS, "too_slow"),
+    (verdict.Observed("a", ("a",), False), BASE_FAILS, "not_applicable"),
+    (verdict.Observed("a", ("a",), True, 4, 0, True, 0.5), BASE_OK, "no_effect"),       # nothing to fix
+    (verdict.Observed("a", ("a",), True, 4, 1, True, 0.0), BASE_OK, "no_effect"),
+    (BASE_FAILS, BASE_FAILS, "baseline"),
+    (verdict.Observed("a", ("a",)), BASE_FAILS, None),                                  # not run yet
+])
+def test_verdict_rules(obs, base, expected):
+    got, why = verdict.judge(obs, base, max_overhead=0.2)
+    assert got == expected and why
+
+
+def test_a_fix_that_fails_where_the_baseline_passed_says_so():
+    assert "FAILS where the baseline passed" in verdict.judge(verdict.Observed("a", ("a",), True, 4, 1), BASE_OK)[1]
+
+
+def _recommend(*obs: verdict.Observed, cls=None, untried=()):
+    vs = [verdict.judge(o, obs[0], 0.2)[0] for o in obs]
+    return verdict.recommend(obs, vs, stall_s=5, cls=cls, untried=untried)
+
+
+def test_recommendation_is_the_cheapest_fix_with_unknown_cost_last():
+    rec, why = _recommend(BASE_FAILS, verdict.Observed("dear", ("dear",), True, 4, 0, True, 0.15),
+                          verdict.Observed("cheap", ("cheap",), True, 4, 0, True, 0.02),
+                          verdict.Observed("unknown", ("unknown",), True, 4, 0, None, None))
+    assert rec == "cheap" and "+2%" in why
+    rec, _ = _recommend(BASE_FAILS, verdict.Observed("unknown", ("unknown",), True, 4, 0, None, None),
+                        verdict.Observed("b+c", ("b", "c"), True, 4, 0, True, 0.01))
+    assert rec == "b+c"
+
+
+@pytest.mark.parametrize("others,words", [
+    ((), "nothing to fix"),
+    ((verdict.Observed("p", ("p",), True, 4, 1, True, 0.0),), "lowers the failure rate"),
+    ((verdict.Observed("s", ("s",), True, 4, 0, True, 0.9),), "costs too much"),
+    ((verdict.Observed("n", ("n",), True, 4, 0, False, 0.0),), "changes the numbers"),
+    ((verdict.Observed("x", ("x",), True, 4, 4, True, 0.0),), "not tried yet for class softmax: fp32_softmax"),
+])
+def test_no_recommendation_says_what_to_try_next(others, words):
+    base = BASE_OK if words == "nothing to fix" else BASE_FAILS
+    rec, why = _recommend(base, *others, cls="softmax", untried=("fp32_softmax",))
+    assert rec is None and words in why
+
+
+# ------------------------------------------------------------------------------------ scenarios
+
+@pytest.mark.parametrize("text,names,is_auto", [
+    ("auto", ["baseline"], True),
+    ("all", ["baseline", *registry.names()], False),
+    ("fp32_softmax", ["baseline", "fp32_softmax"], False),
+    ("sync_gemm+fp32_softmax,baseline", ["baseline", "sync_gemm+fp32_softmax"], False),
+    ("cpu_fallback", ["baseline", "cpu_fallback"], False),
+])
+def test_scenario_lists(text, names, is_auto):
+    got, auto = scenarios.parse(text)
+    assert [s.name for s in got] == names and auto is is_auto
+    assert not got[0].fixes
+
+
+@pytest.mark.parametrize("text,msg", [("", "empty scenario"), ("fp32_softmax,,sync_gemm", "empty scenario"),
+                                      ("nope", "unknown scenario 'nope'; choose baseline, auto, all"),
+                                      ("fp32_softmax+nope", "unknown fix 'nope'"),
+                                      ("sync_gemm,sync_gemm", "more than once"),
+                                      ("module_loading_lazy+module_loading_eager", "cannot be combined")])
+def test_bad_scenario_lists_name_the_choices(text, msg):
+    with pytest.raises(ValueError, match=msg):
+        scenarios.parse(text)
+
+
+def test_auto_follows_01_and_03_and_the_baseline(tmp_path):
+    (tmp_path / "suggested_scenarios.json").write_text(json.dumps(
+        {"scenarios": ["sdpa_math_off", "cpu_fallback"], "because": {"sdpa_math_off": ["no_fused_sdpa"]}}))
+    (tmp_path / "metrics.json").write_text(json.dumps({"03_bisect_hang": {"headline": "h", "metrics": {
+        "status": "hang", "class": "host_lock", "in_flight_op": "aten.mm.default", "drill": False}}}))
+    found = scenarios.pointers(tmp_path)
+    assert found.suggested == ("sdpa_math_off", "cpu_fallback") and found.classes == ("host_lock", "gemm")
+    picked = scenarios.auto(found, ("layout",), have=["baseline", "cpu_fallback"])
+    names = [s.name for s in picked]
+    assert names[0] == "sdpa_math_off" and "cpu_fallback" not in names
+    assert {"omp_single_thread", "sync_gemm", "contiguous_gemm_inputs"} <= set(names) and len(names) == len(set(names))
+    assert "no_fused_sdpa" in picked[0].why
+
+
+def test_a_drill_in_03_is_not_a_verdict_to_follow(tmp_path):
+    (tmp_path / "metrics.json").write_text(json.dumps({"03_bisect_hang": {"headline": "h", "metrics": {
+        "status": "hang", "class": "gemm", "in_flight_op": "aten.mm.default", "drill": True}}}))
+    assert scenarios.pointers(tmp_path).classes == () and scenarios.auto(scenarios.pointers(tmp_path)) == ()
+
+
+# ------------------------------------------------------------------------------------ numerics and cost
+
+@pytest.mark.parametrize("ref,got,dtype,ok", [
+    ({"output": torch.ones(4, 4), "losses": [1.0, 0.5]}, {"output": torch.ones(4, 4), "losses": [1.0, 0.5]},
+     "float32", True),
+    ({"output": torch.ones(4, 4)}, {"output": torch.ones(4, 4) + 5e-5}, "float32", True),
+    ({"output": torch.ones(4, 4)}, {"output": torch.ones(4, 4) + 1e-2}, "float32", False),
+    ({"output": torch.ones(4, 4)}, {"output": torch.ones(4, 4) + 1e-2}, "bfloat16", True),
+    ({"output": torch.ones(4, 4), "losses": [1.0]}, {"output": torch.ones(4, 4), "losses": [1.5]}, "bfloat16", False),
+    ({"output": torch.ones(4)}, {"output": torch.tensor([1.0, float("nan"), 1.0, 1.0])}, "bfloat16", False),
+    ({"output": torch.ones(4)}, {"output": torch.ones(5)}, "float32", False),
+    ({"output": torch.ones(4)}, {"other": torch.ones(4)}, "float32", False),
+    (None, None, "float32", None),
+])
+def test_numerics_against_the_fix_free_run(ref, got, dtype, ok):
+    res = numerics.compare_values(ref, got, dtype)
+    assert res["ok"] is ok and res["note"]
+
+
+def test_tolerances_cover_every_dtype():
+    assert set(numerics.TOLERANCE) == set(workloads.DTYPE_NAMES)
+
+
+def test_overhead_is_a_ratio_of_medians_with_an_interval():
+    base = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0, 1.03]
+    got = cost.overhead([x * 1.3 for x in base], base)
+    assert got["overhead"] == pytest.approx(0.3, abs=1e-9)
+    assert got["overhead_ci"][0] < 0.3 < got["overhead_ci"][1] + 1e-9 and got["overhead_ci"][0] > 0.2
+    assert cost.overhead([1.0], [])["overhead"] is None and cost.overhead([1.0, 2.0], [1.0])["overhead_ci"] is None
+
+
+@pytest.mark.parametrize("n,r,first", [(3, 0, "a"), (3, 1, "b"), (3, 4, "b"), (1, 7, "a")])
+def test_each_round_starts_with_another_scenario(n, r, first):
+    names = ["a", "b", "c"][:n]
+    order = cost.rotation(names, r)
+    assert order[0] == first and sorted(order) == names
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--scenario", "nope"], "unknown scenario 'nope'"), (["--scenario", ""], "empty scenario"),
+    (["--scenario", "fp32_softmax+bogus"], "unknown fix 'bogus'"), (["--repeats", "0"], "repeats=0"),
+    (["--jobs", "0"], "jobs=0"), (["--max-overhead", "-1"], "max_overhead=-1"),
+    (["--cost-rounds", "-1"], "cost_rounds=-1"),
+])
+def test_bad_input_is_one_line_and_nothing_is_run_or_written(tmp_path, capsys, argv, msg):
+    out = tmp_path / "out"
+    code = commands.main(["--json", str(tmp_path / "f.json"), "--out", str(out), *argv, "--", sys.executable,
+                          str(FIXTURES / "fix_env_startup.py")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and msg in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "f.json").exists() and not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--stall", "--timeout"])
+def test_non_positive_time_limits_are_refused_by_the_command(tmp_path, flag):
+    res = subprocess.run([sys.executable, "-m", "gpulab", "fixes", "--json", str(tmp_path / "f.json"), flag, "0",
+                          "--", sys.executable, str(FIXTURES / "fix_env_startup.py")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and flag in res.stderr and not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.parametrize("kw", [{"repeats": 0}, {"jobs": 0}, {"stall_s": 0}, {"timeout_s": -1.0}, {"time_s": 0},
+                                {"max_overhead": -0.1}, {"cost_rounds": -1}, {"mode": "bogus"}, {"fault": "bogus"}])
+def test_matrix_config_refuses_bad_values(kw):
+    with pytest.raises(ValueError, match=next(iter(kw)).split("_")[0] if "fault" not in kw else "bogus"):
+        matrix.MatrixConfig(**kw)
+
+
+# ------------------------------------------------------------------------------------ children get the fixes
+
+ENTRY_POINTS = {
+    "trace bootstrap": ["-m", "gpulab.trace", "--log", "{tmp}/ops.log", "--", "{script}"],
+    "oracle child": ["-m", "gpulab.oracle", "--candidate", "sdpa", "--cases", "quick"],
+    "benchmark worker": ["-m", "gpulab.bench.worker", "{tmp}/spec.json", "{tmp}/result.json"],
+    "fixes child": ["-m", "gpulab.fixes.child", "--", "{script}"],
+}
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_every_gpulab_child_entry_point_installs_the_scenarios_fixes(extra_patches, tmp_path, entry):
+    extra_patches(probe=PROBE)
+    script = tmp_path / "prog.py"
+    script.write_text("print('the program ran')\n")
+    mark = tmp_path / "mark.txt"
+    argv = [sys.executable] + [a.format(tmp=tmp_path, script=script) for a in ENTRY_POINTS[entry]]
+    env = {**compose.scenario_env(["probe"], os.environ), "GPULAB_TEST_MARK": str(mark), "GPULAB_TEST_EXIT": "1"}
+    r = proc.run(argv, timeout_s=120, env=env, capture=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert mark.read_text() == "applied\n"
+
+
+def test_another_interpreter_runs_the_workload_children(extra_patches, tmp_path):
+    """The `python` route (a venv with a patched torch): the ladder's children run under the fix's interpreter."""
+    wrapper = tmp_path / "patched-python"
+    wrapper.write_text(f"#!/bin/sh\nGPULAB_TEST_PATCHED=1 exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    extra_patches(patched_torch=f"from gpulab.fixes.fix import Fix\nFIX = Fix('patched_torch', 'a patched build', "
+                  f"targets=('unknown',), python={str(wrapper)!r})\n")
+    script = tmp_path / "needs_patch.py"
+    script.write_text("import os, sys\nsys.exit(0 if os.environ.get('GPULAB_TEST_PATCHED') == '1' else 3)\n")
+    rungs = [ladder.Rung("run", (sys.executable, str(script)))]
+    kw = dict(repeats=1, stall_s=5.0, timeout_s=60, out_dir=tmp_path / "lad", progress=lambda m: None, record=False)
+    assert not ladder.run(rungs, **kw).passed           # as it is: the check fails
+    kw["record"] = True                                  # under the recorder's bootstrap, with the fix
+    assert ladder.run(rungs, fixes=["patched_torch"], **kw).passed
+
+
+# ------------------------------------------------------------------------------------ the matrix, for real
+
+@pytest.mark.parametrize("fixture,fixing,stall", [
+    ("fix_transposed_gemm.py", "contiguous_gemm_inputs", 2.0),
+    ("fix_lowprec_softmax.py", "fp32_softmax", 2.0),
+    ("fix_env_startup.py", "omp_single_thread", 2.0),
+])
+def test_the_matrix_finds_the_one_fix_that_removes_a_real_hang(tmp_path, fixture, fixing, stall):
+    cfg = matrix.MatrixConfig("contiguous_gemm_inputs,fp32_softmax,omp_single_thread,sync_gemm", repeats=1,
+                              jobs=2, stall_s=stall, timeout_s=120, cost_rounds=0)
+    m = matrix.run(Target(command=(sys.executable, str(FIXTURES / fixture))), cfg, tmp_path, progress=lambda s: None)
+    got = {s.name: s.verdict for s in m.scenarios}
+    assert got == {"baseline": "baseline", "contiguous_gemm_inputs": "no_effect", "fp32_softmax": "no_effect",
+                   "omp_single_thread": "no_effect", "sync_gemm": "not_applicable", fixing: "fixes"}
+    assert m.recommendation == fixing and m.kind == "command" and "outcomes and time only" in m.numerics_note
+    assert m.baseline.counts["hang"] == 1
+    saved = json.loads((tmp_path / "fixes.json").read_text())
+    assert saved["recommendation"] == fixing and {s["name"] for s in saved["scenarios"]} == set(got)
+    assert (tmp_path / "fixes_table.csv").exists()
+
+
+def test_cost_of_a_plain_command_is_its_time(tmp_path):
+    cfg = matrix.MatrixConfig("omp_single_thread", repeats=1, stall_s=5.0, timeout_s=60, cost_rounds=3)
+    script = tmp_path / "quick.py"
+    script.write_text("import time\ntime.sleep(0.05)\n")
+    m = matrix.run(Target(command=(sys.executable, str(script))), cfg, tmp_path / "m", progress=lambda s: None)
+    s = {x.name: x for x in m.scenarios}["omp_single_thread"]
+    assert s.verdict == "no_effect" and s.overhead is not None and s.cost["samples"] == [3, 3]
+    assert s.numerics["ok"] is None and "outcomes and time only" in s.numerics["note"]
+    assert m.recommendation is None and "nothing to fix" in m.next_step
+
+
+# ------------------------------------------------------------------------------------ the chain per scenario
+
+CHAIN_NB = '''
+import os, sys
+from pathlib import Path
+from gpulab import report
+from gpulab.hang import watch
+os.environ["GPULAB_TEST_MARK"] = str(Path(out_dir) / "mark.txt")   # where the probe fix writes, in the child
+prog = Path(out_dir) / "prog.py"
+prog.write_text("print('ran')\\n")
+v = watch.run([sys.executable, str(prog)], stall_s=20, timeout_s=60, out_dir=Path(out_dir) / "w", progress=lambda m: None)
+report.record(out_dir, "01_probe", "probed", fixes=os.environ.get("GPULAB_FIXES"),
+              applied=(Path(out_dir) / "mark.txt").exists(), gpu=os.environ.get("CUDA_VISIBLE_DEVICES"), status=v.status)
+'''
+
+
+def test_the_chain_runs_once_per_scenario_with_its_fixes_in_every_child(extra_patches, tmp_path, monkeypatch):
+    """Three scenarios side by side (jobs=2) on a throwaway project: each notebook's child gets its fixes."""
+    extra_patches(probe=PROBE)
+    proj = project(tmp_path / "proj", {"01_probe": notebook("Probe", "", CHAIN_NB)},
+                   scenarios={"baseline": "description: plain\n", "probe": "description: p\nfixes: [probe]\n",
+                              "probe_too": "description: p2\nfixes: [probe, omp_single_thread]\n"})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")       # two GPUs to spread parallel scenarios over
+    cfg = runner.RunConfig(root=proj, scenarios=("baseline", "probe", "probe_too"), out=proj / "outputs",
+                           cell_timeout_s=120, notebook_timeout_s=180, jobs=2)
+    code, idx = runner.run(cfg, progress=lambda m: None)
+    assert code == 0
+    run = json.loads((idx.parent / "run.json").read_text())
+    got = {s["name"]: s["metrics"]["01_probe"]["metrics"] for s in run["scenarios"]}
+    assert got["baseline"]["fixes"] is None and not got["baseline"]["applied"]
+    assert got["probe"]["fixes"] == "probe" and got["probe"]["applied"] and got["probe"]["status"] == "ok"
+    assert got["probe_too"]["fixes"] == "probe,omp_single_thread" and got["probe_too"]["applied"]
+    assert all(g["gpu"] in ("0", "1") for g in got.values())
+
+
+def test_a_scenario_file_with_an_unknown_fix_fails_before_anything_runs(tmp_path):
+    proj = project(tmp_path, {"01_x": notebook("X", "", "print(1)")},
+                   scenarios={"baseline": "description: b\n", "bad": "fixes: [no_such_fix]\n"})
+    with pytest.raises(params.ParamError, match="unknown fix 'no_such_fix'; known fixes"):
+        runner.run(runner.RunConfig(root=proj, scenarios=("bad",), out=proj / "outputs"), progress=lambda m: None)
+    assert not (proj / "outputs").exists()
+
+
+# ------------------------------------------------------------------------------------ notebook 04
+
+SMOKE = ["-p", "device", "cpu", "-p", "batch", "1", "-p", "heads", "2", "-p", "head_dim", "16", "-p", "text_tokens", "8",
+         "-p", "image_tokens", "24", "-p", "rung", "sdpa", "-p", "stall_s", "2.0", "-p", "repeats", "1"]
+
+
+ZERO_ATTENTION = """
+from gpulab.fixes.fix import Fix
+
+
+def _apply():
+    import torch
+    import torch.nn.functional as F
+    F.scaled_dot_product_attention = lambda q, k, v, **kw: torch.zeros_like(q)
+
+
+FIX = Fix("zero_attention", "attention that returns zeros (wrong on purpose)", targets=("softmax",), apply=_apply)
+"""
+
+
+def test_notebook_04_is_a_labelled_self_test_with_a_planted_fault(extra_patches, tmp_path):
+    """A deadlock planted in the CPU flash attention kernel: the math backend removes it with the same numbers
+    (the recommendation); a fix that returns zeros removes it too, and the numerics say it breaks them."""
+    extra_patches(zero_attention=ZERO_ATTENTION)
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "04_fix_scenarios.ipynb"),
+                          str(tmp_path / "04.ipynb"), "-k", "python3", "--cwd", str(ROOT), "-p", "out_dir", str(out),
+                          *SMOKE, "-p", "scenarios", "sdpa_backend_math,zero_attention", "-p", "cost_rounds", "1",
+                          "-p", "max_overhead", "1000000.0",   # tiny CPU ops on a shared box: the cost is noise
+                          "-p", "fault", "deadlock:aten._scaled_dot_product_flash_attention_for_cpu"],
+                         capture_output=True, text=True, timeout=400, env={**os.environ, "PATH": os.path.dirname(
+                             sys.executable) + os.pathsep + os.environ.get("PATH", "")})
+    assert res.returncode == 0, res.stderr[-3000:]
+    entry = json.loads((out / "metrics.json").read_text())["04_fix_scenarios"]
+    m = entry["metrics"]
+    assert entry["headline"].startswith("self-test passed") and m["self_test"] == "passed" and m["drill"]
+    assert m["baseline_failed"] == 1 and m["recommendation"] == "sdpa_backend_math" and m["recommendation_overhead"] is not None
+    math_, zero = m["scenarios"]["sdpa_backend_math"], m["scenarios"]["zero_attention"]
+    assert math_["verdict"] == "fixes" and math_["numerics_ok"] is True and math_["overhead"] is not None
+    assert zero["verdict"] == "breaks_numerics" and zero["numerics_ok"] is False
+    saved = json.loads((out / "fixes" / "fixes.json").read_text())
+    assert saved["recommendation"] == "sdpa_backend_math" and "04_fix_scenarios" in (out / "progress.log").read_text()
+
+
+def test_the_fix_kit_knows_every_sdpa_backend_without_importing_the_workload():
+    """kit is loaded in every child before `python -m gpulab.workloads` runs: it must not import that module
+    (runpy warns and may run it twice), so it keeps its own switch table, checked here against the vocabulary."""
+    from gpulab import workloads
+    from gpulab.fixes import kit
+    assert tuple(kit._SDPA_SWITCH) == workloads.BACKENDS

@@ -1,0 +1,527 @@
+"""The op log's format v2 and the recorder's modes on the CPU: the string table, readers in another process
+while a child writes (and after it is SIGKILLed), logs sized to what was recorded, `auto` behaving as
+`ops` without CUDA, the native and the Python hot paths writing the same records, and the GPU-progress
+bookkeeping decided from recorded inputs (counters and records written by hand, as a GPU would leave them)."""
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+
+from gpulab import proc, trace
+from gpulab.hang import verdict
+from gpulab.trace import gpu, native, ring
+from gpulab.trace.run import _child_env
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _native_hot_path():
+    return native.ensure()
+
+
+def _du(path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+# ------------------------------------------------------------------------------------------ string table
+
+def _mapped(tmp_path, string_capacity=4096):
+    log = ring.create(tmp_path / "s.log", "ops", capacity=8, mem_capacity=4, string_capacity=string_capacity)
+    fh = open(log, "r+b")
+    mm = mmap.mmap(fh.fileno(), 0)
+    lay = ring.Layout(ring.SLOT_SIZE, 8, 4, string_capacity)
+    return fh, mm, lay
+
+
+@pytest.mark.parametrize("texts", [[b"aten.mm.default"], [b"x" * 700, b"", "caf\u00e9 \u2192 ok".encode()],
+                                   [f"T|float32|{i},4|4,1|cpu".encode() for i in range(40)]])
+def test_string_table_round_trip(tmp_path, texts):
+    fh, mm, lay = _mapped(tmp_path)
+    w = ring.StringWriter(mm, lay.strings_off, lay.string_capacity)
+    ids = [w.add(t) for t in texts]
+    data = bytes(mm)
+    mm.close()
+    fh.close()
+    read = ring._Strings(data, lay)
+    assert [read(i) for i in ids] == [t.decode() for t in texts]
+    assert len(set(ids)) == len(ids) and all(i % 8 == 0 and i >= 8 for i in ids)
+
+
+def test_string_table_wraps_and_a_reader_sees_evicted_entries(tmp_path):
+    fh, mm, lay = _mapped(tmp_path)
+    w = ring.StringWriter(mm, lay.strings_off, lay.string_capacity)
+    ids = [w.add(f"string number {i:04d} ".encode() * 3) for i in range(200)]   # ~70 B each: ~3.5 laps
+    assert w.lap >= 3
+    data = bytes(mm)
+    mm.close()
+    fh.close()
+    read = ring._Strings(data, lay)
+    got = [read(i) for i in ids]
+    assert got[-1] == "string number 0199 " * 3 and got[0] == ring.EVICTED
+    recent = [g for g in got[-40:]]
+    assert all(g != ring.EVICTED for g in recent)
+    assert all(g == ring.EVICTED or g == f"string number {i:04d} " * 3 for i, g in enumerate(got))
+
+
+@pytest.mark.parametrize("native_path", [True, False])
+def test_live_recording_survives_a_wrapping_string_table(tmp_path, native_path):
+    import torch
+
+    log = tmp_path / "wrap.log"
+    with trace.Recorder(log, capacity=4096, string_capacity=4096, native=native_path) as rec:
+        x = torch.ones(3)
+        for i in range(400):
+            x = x * (1.0 + i * 1e-4)      # a new float each op: a new argument summary each op
+    rec.close()
+    snap = trace.read(log)
+    assert snap.started == 401 and len(snap.records) == 401 and snap.torn == 0
+    last = snap.records[-1]
+    assert last.name == "aten.mul.Tensor" and last.args[1] == {"value": repr(1.0 + 399 * 1e-4)}
+    assert all(r.name in ("aten.ones.default", "aten.mul.Tensor", ring.EVICTED) for r in snap.records)
+    tail = snap.records[-50:]   # the newest records' texts are copied forward at each wrap
+    assert all(r.name == "aten.mul.Tensor" and r.call_site.startswith("tests/test_recorder_modes.py:")
+               and r.thread.startswith("MainThread") and r.args[1]["value"] != ring.EVICTED for r in tail)
+
+
+# ------------------------------------------------------------------------------------------ another process
+
+WRITER = textwrap.dedent("""
+    import sys, torch
+    x = torch.ones(8)
+    for i in range(int(sys.argv[1])):
+        x = x + 1
+        x = x * 1.0
+        if i % 100 == 0:
+            x = torch.relu(x)
+    open(sys.argv[2], "w").close()
+    import time
+    time.sleep(600)   # stays alive until SIGKILLed
+""")
+
+
+@pytest.mark.parametrize("native_path", ["1", "0"])
+def test_reader_in_another_process_during_writing_and_after_sigkill(tmp_path, native_path):
+    script, log, done = tmp_path / "writer.py", tmp_path / "w.log", tmp_path / "done"
+    script.write_text(WRITER)
+    cmd = [sys.executable, "-m", "gpulab.trace", "--log", str(log), "--capacity", "2048", "--", str(script),
+           "6000", str(done)]
+    names = {"aten.ones.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.relu.default"}
+    snaps = []
+    with proc.Child(cmd, env=dict(_child_env(), GPULAB_TRACE_NATIVE=native_path), stdout=tmp_path / "out.txt",
+                    stderr=tmp_path / "err.txt") as child:
+        deadline = time.time() + 120
+        while not done.exists():
+            assert child.poll() is None, (tmp_path / "err.txt").read_text()
+            assert time.time() < deadline, "the writer never finished"
+            if log.exists() and trace.progress(log).started > 0:
+                snaps.append(trace.read(log))
+            time.sleep(0.01)
+        child.stop()  # SIGKILL of the whole group
+    assert len(snaps) >= 3
+    for s in snaps:
+        seqs = [r.seq for r in s.records]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        # slots the writer overwrote while the file was being read are detected (the oldest end of the
+        # ring); inside the range at most the slot being written at that moment is missing
+        assert len(set(range(seqs[0], seqs[-1] + 1)) - set(seqs)) <= 1
+        assert s.torn == s.started - s.dropped - len(seqs)
+        assert {r.name for r in s.records} <= names
+        assert all(r.t_end is not None for r in s.records[:-1])
+        assert all("writer.py:" in r.call_site for r in s.records)
+    assert [s.started for s in snaps] == sorted(s.started for s in snaps)
+    final = trace.read(log)
+    assert final.started == final.completed == 1 + 6000 * 2 + 60 and final.torn == 0
+    assert final.dropped == final.started - 2048 and len(final.records) == 2048
+    assert final.records[-1].name == "aten.mul.Tensor"
+
+
+# ------------------------------------------------------------------------------------------ log size
+
+def _record_tiny(log, n_ops, **kw):
+    import torch
+
+    x = torch.ones(2)
+    with trace.Recorder(log, **kw) as rec:
+        y = x
+        for _ in range(n_ops):
+            y = y + 1
+    return rec
+
+
+@pytest.mark.parametrize("n_ops,max_kib", [(300, 256), (100_000, 8 * 1024)])
+def test_log_disk_usage_tracks_what_was_recorded(tmp_path, n_ops, max_kib):
+    log = tmp_path / "size.log"
+    rec = _record_tiny(log, n_ops)
+    during = _du(log)
+    rec.close()
+    after = _du(log)
+    lay = rec.layout
+    assert os.path.getsize(log) == lay.used_size(n_ops) < lay.size  # trimmed at close: the ring never wrapped
+    assert after <= max_kib * 1024 and during <= max_kib * 1024 + 1024 * 1024, (during, after)
+    snap = trace.read(log)
+    assert snap.started == len(snap.records) == n_ops and snap.torn == 0
+
+
+def test_a_wrapped_ring_keeps_its_size_and_reads_back(tmp_path):
+    log = tmp_path / "wrapped.log"
+    rec = _record_tiny(log, 5000, capacity=1024)
+    rec.close()
+    assert os.path.getsize(log) == rec.layout.size          # nothing to trim once every slot was used
+    snap = trace.read(log)
+    assert len(snap.records) == 1024 and snap.records[-1].seq == 4999 and snap.torn == 0
+
+
+# ------------------------------------------------------------------------------------------ modes on the CPU
+
+def _program():
+    import torch
+    import torch.nn.functional as F
+
+    w = torch.randn(8, 8, requires_grad=True)
+    q = torch.randn(1, 2, 8, 16)
+    loss = torch.relu(torch.randn(4, 8) @ w).sum() + F.scaled_dot_product_attention(q, q, q).sum()
+    loss.backward()
+    return float(loss.detach())
+
+
+def _shape(snap):
+    return [(r.name, r.kind, r.depth, [a.get("shape", a.get("value")) for a in r.args],
+             r.call_site.split(":")[0]) for r in snap.records]
+
+
+@pytest.mark.parametrize("mode", ["auto", "gpu"], ids=["mode_auto", "mode_events"])
+def test_auto_and_gpu_modes_on_the_cpu_record_as_ops(tmp_path, mode):
+    logs = {}
+    for m in ("ops", mode):
+        logs[m] = tmp_path / f"{m}.log"
+        with trace.Recorder(logs[m], m) as rec:
+            _program()
+        rec.close()
+    ops, other = trace.read(logs["ops"]), trace.read(logs[mode])
+    assert _shape(ops) == _shape(other) and other.mode == mode
+    assert other.gpu_mechanism == "" and other.streams == () and other.gpu_completed is None
+    assert all(r.gpu_done is None and r.stream is None for r in other.records)
+    assert trace.progress(logs[mode]) == trace.Progress(other.started, other.completed, None)
+
+
+def test_native_and_python_hot_paths_write_the_same_records(tmp_path):
+    if native.load() is None:
+        pytest.skip(f"the native hot path is not built here: {native.ensure()[1]}")
+    snaps = {}
+    for flag in (True, False):
+        log = tmp_path / f"{flag}.log"
+        with trace.Recorder(log, "ops", native=flag) as rec:
+            _program()
+        assert rec.hot_path == ("native" if flag else "python")
+        rec.close()
+        snaps[flag] = trace.read(log)
+    a, b = snaps[True], snaps[False]
+    assert [(r.name, r.args, r.call_site, r.kind, r.depth, r.thread.split(" (")[0]) for r in a.records] == \
+           [(r.name, r.args, r.call_site, r.kind, r.depth, r.thread.split(" (")[0]) for r in b.records]
+    assert len(a.records) >= 20 and any(r.kind == "composite" for r in a.records)
+
+
+@pytest.mark.parametrize("kw,msg", [({"mode": "fast"}, "choose one of ops, sync, gpu, stats, auto"),
+                                    ({"gpu_mechanism": "magic"}, "choose one of auto, memop-ring, memop-pinned, events")])
+def test_bad_recorder_arguments_name_the_choices(tmp_path, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        trace.Recorder(tmp_path / "x.log", **kw)
+
+
+def test_native_build_failure_is_reported_and_remembered(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "false")
+    path, why = native.ensure()
+    assert path is None and "false failed" in why
+    assert native.artifact().with_suffix(native.artifact().suffix + ".failed").exists()   # not retried
+    monkeypatch.setenv("CC", "cc")
+    assert native.ensure()[0] is None and native.load() is None
+    monkeypatch.setenv("GPULAB_TRACE_NATIVE", "0")
+    assert native.ensure() == (None, "turned off by GPULAB_TRACE_NATIVE=0")
+
+
+# ------------------------------------------------------------------------------------------ GPU bookkeeping
+
+S = ring.StreamProgress
+
+
+@pytest.mark.parametrize("completed,streams,want", [
+    (10, (), None),                                               # no GPU tracking
+    (10, (S(0, 0, 0, 9, 9),), 10),                                # caught up: as far as the host
+    (10, (S(0, 0, 0, 3, 9),), 4),                                 # one stream behind after op 3
+    (10, (S(0, 0, 0, 9, 9), S(1, 7, 0, 5, 8)), 6),                # the side stream is behind
+    (10, (S(0, 0, 0, 2, 9), S(1, 7, 0, 5, 8)), 3),                # the earliest pending stream wins
+])
+def test_gpu_completed_from_counters(completed, streams, want):
+    assert ring.gpu_completed(completed, streams) == want
+
+
+@pytest.mark.parametrize("seq,stream,returned,want", [
+    (3, 0, True, True), (4, 0, True, False), (4, 0, False, None), (4, None, True, None), (2, 1, True, False),
+    (1, 1, True, True), (9, 5, True, None)])
+def test_gpu_done_per_record(seq, stream, returned, want):
+    streams = (S(0, 0, 0, 3, 6), S(1, 7, 0, 1, 4))
+    assert ring.gpu_done(seq, stream, returned, streams) is want
+
+
+def _log_by_hand(path, ops, streams):
+    """A log as the recorder and the GPU would leave it: ops = [(name, returned, stream index or -1)],
+    streams = [(done, enqueued)]."""
+    cap, strcap = 64, 4096
+    ring.create(path, "auto", capacity=cap, mem_capacity=4, string_capacity=strcap)
+    lay = ring.Layout(ring.SLOT_SIZE, cap, 4, strcap)
+    with open(path, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), 0)
+        w = ring.StringWriter(mm, lay.strings_off, strcap)
+        for i, (done, enq) in enumerate(streams):
+            off = ring.add_stream(mm, i, 0x7000 + i, 0)
+            ring._STREAM.pack_into(mm, off, done, enq, 0x7000 + i, 0, 1)
+        thread = w.add(b"MainThread (1)")
+        for seq, (name, returned, stream) in enumerate(ops):
+            ring._SLOT.pack_into(mm, lay.slot(seq), seq, 1.0 + seq, 2.0 + seq if returned else 0.0,
+                                 w.add(name.encode()), 0, 0, thread, stream, 0, 0, 0)
+        ring._COUNTERS.pack_into(mm, ring.COUNTERS_OFF, len(ops), sum(r for _, r, _ in ops), 0 if streams else -1,
+                                 -1, 0, len(streams), w.pos, 0)
+        mm.close()
+    return path
+
+
+SPIN_AFTER_MM3 = [("aten.mm.default", True, 0), ("aten.mm.default", True, 0), ("aten.mm.default", True, 0),
+                  ("aten._softmax.default", True, 0), ("aten.add.Tensor", True, 0), ("aten.mm.default", True, 0),
+                  ("aten.sum.default", True, 0), ("aten._local_scalar_dense.default", False, 0)]
+
+
+@pytest.mark.parametrize("ops,streams,culprit,blocked,gpu_completed", [
+    # the GPU finished op 2 (the 3rd matmul), then spun: op 3 is the first whose work never completed
+    (SPIN_AFTER_MM3, [(2, 6)], 3, 7, 3),
+    # a side stream (1) stuck after its op 2; the default stream (0) is caught up
+    ([("aten.mm.default", True, 0), ("aten.mm.default", True, 1), ("aten.add.Tensor", True, 1),
+      ("aten.mul.Tensor", True, 0), ("aten._local_scalar_dense.default", False, 0)], [(3, 3), (1, 2)], 2, 4, 2),
+    # a CPU op and a raised op are not tracked (stream -1): never the culprit
+    ([("aten.mm.default", True, 0), ("aten.add.Tensor", True, -1), ("aten.div.Tensor", True, -1),
+      ("aten.mm.default", True, 0), ("aten.sum.default", False, 0)], [(0, 3)], 3, 4, 1),
+    # everything completed: the host is stuck in an op of its own (no GPU culprit)
+    ([("aten.mm.default", True, 0), ("gpulab.block.default", False, -1)], [(0, 0)], 1, None, 1),
+])
+def test_culprit_and_host_blocked_from_recorded_counters(tmp_path, ops, streams, culprit, blocked, gpu_completed):
+    log = _log_by_hand(tmp_path / "hand.log", ops, streams)
+    snap = trace.read(log)
+    assert len(snap.records) == len(ops) and snap.gpu_completed == gpu_completed
+    assert trace.progress(log).gpu_completed == gpu_completed
+    inflight, host, _open = verdict.localize(snap.records)
+    assert inflight.seq == culprit
+    assert (host.seq if host else None) == blocked
+    gpu_first = ring.gpu_culprit(snap.records)
+    assert (gpu_first.seq if gpu_first else None) == (culprit if blocked is not None else None)
+    d = verdict.op_dict(inflight)
+    assert d["stream"] == snap.records[culprit].stream and d["gpu_done"] == snap.records[culprit].gpu_done
+
+
+class _RecordedDriver:
+    """Answers the event calls from a script of which events completed, as a driver would."""
+
+    def __init__(self):
+        self.completed: set[int] = set()
+        self.next = 100
+        self.fn = {"cuEventRecord": lambda ev, handle: 0,
+                   "cuEventQuery": lambda ev: 0 if ev in self.completed else gpu.CUDA_ERROR_NOT_READY,
+                   "cuCtxSetCurrent": lambda ctx: 0}
+
+    def __call__(self, name, *args):
+        if name == "cuEventCreate":
+            args[0]._obj.value = self.next
+            self.next += 1
+
+    def error_name(self, code):
+        return ""
+
+
+def test_event_poller_marks_each_stream_in_order(tmp_path):
+    log = ring.create(tmp_path / "ev.log", "gpu", capacity=16, mem_capacity=4, string_capacity=4096)
+    with open(log, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), 0)
+        drv = _RecordedDriver()
+        tr = gpu.EventTracker(drv, mm, {}, pool=8)
+        targets = {i: tr.target(i, 0) for i in range(2)}
+        for i in range(2):
+            ring.add_stream(mm, i, 0x10 + i, 0)
+        ring._Q.pack_into(mm, ring._OFF_NSTREAMS, 2)
+        plan = [(0, 0), (1, 0), (2, 1), (3, 0), (4, 1)]                  # (seq, stream)
+        events = {}
+        for seq, s in plan:
+            assert tr.emit(0x10 + s, targets[s], seq, 0) == 0
+            events[seq] = targets[s][2][-1][1]
+        drv.completed |= {events[0], events[1], events[2]}                # not 3 (stream 0) nor 4 (stream 1)
+        tr.poll()
+        done = [ring._STREAM.unpack_from(mm, ring.GPU_PAGE_OFF + i * ring.STREAM_SIZE)[0] for i in range(2)]
+        assert done == [1, 2]
+        drv.completed.add(events[4])
+        tr.poll()
+        assert ring._STREAM.unpack_from(mm, ring.GPU_PAGE_OFF + ring.STREAM_SIZE)[0] == 4
+        assert len(targets[0][2]) == 1 and not targets[1][2]             # only seq 3 still pending
+        tr.pools.clear()
+        mm.close()
+
+
+def test_gpu_mechanism_choice_is_validated_and_no_driver_means_none():
+    with pytest.raises(ValueError, match="choose one of auto, memop-ring, memop-pinned, events"):
+        gpu.choose(None, None, "fastest")
+    if gpu.load() is None:   # no NVIDIA driver here: nothing is attempted
+        assert gpu.support(None).devices == 0
+
+
+def test_a_forked_child_records_nothing_into_the_parents_log(tmp_path):
+    import torch
+
+    log = tmp_path / "fork.log"
+    with trace.Recorder(log) as rec:
+        x = torch.ones(4) + 1
+        pid = os.fork()
+        if pid == 0:  # a DataLoader-style worker: ops of its own, then exit without cleanup
+            try:
+                for _ in range(50):
+                    torch.ones(3).mul(2)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert trace.progress(log) == trace.Progress(2, 2, None)   # the child's 100 ops are not in the log
+        x = x * 3
+    rec.close()
+    names = [r.name for r in trace.read(log).records]
+    assert names == ["aten.ones.default", "aten.add.Tensor", "aten.mul.Tensor"]
+
+
+# ------------------------------------------------------------------------------------------ GPU mechanisms
+
+# A stand-in for libcuda with the entry points gpulab.trace.gpu uses, whose "GPU" completes a stream
+# memory op at once (a write to the address); it checks the ctypes plumbing and the choice and fallback
+# logic on a machine without a GPU. The real driver is verified by benchmarks/gpu_recorder_check.py.
+FAKE_CUDA = r"""
+#include <stdint.h>
+#include <stdlib.h>
+typedef int R;
+static intptr_t next = 1;
+R cuInit(unsigned f) { return 0; }
+R cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+R cuDeviceGetCount(int *n) { *n = 1; return 0; }
+R cuDeviceGet(int *d, int o) { *d = o; return 0; }
+R cuDeviceGetAttribute(int *v, int a, int d) { *v = getenv("FAKE_NO_MEMOPS") && a == 93 ? 0 : 1; return 0; }
+R cuCtxGetCurrent(void **c) { *c = (void *)0x100; return 0; }
+R cuCtxSetCurrent(void *c) { return 0; }
+R cuCtxPushCurrent_v2(void *c) { return 0; }
+R cuCtxPopCurrent_v2(void **c) { return 0; }
+R cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)0x100; return 0; }
+R cuDevicePrimaryCtxRelease_v2(int d) { return 0; }
+R cuMemHostRegister_v2(void *p, size_t n, unsigned f) { return getenv("FAKE_NO_REGISTER") ? 1 : 0; }
+R cuMemHostUnregister(void *p) { return 0; }
+R cuMemHostGetDevicePointer_v2(uint64_t *d, void *p, unsigned f) { *d = (uint64_t)p; return 0; }
+R cuMemHostAlloc(void **p, size_t n, unsigned f) { *p = aligned_alloc(4096, n); return 0; }
+R cuMemFreeHost(void *p) { free(p); return 0; }
+R cuStreamWriteValue64_v2(void *s, uint64_t a, uint64_t v, unsigned f) { *(volatile uint64_t *)a = v; return 0; }
+R cuStreamCreate(void **s, unsigned f) { *s = (void *)(0x1000 + next++); return 0; }
+R cuStreamQuery(void *s) { return 0; }
+R cuStreamDestroy_v2(void *s) { return 0; }
+R cuEventCreate(void **e, unsigned f) { *e = (void *)(0x2000 + next++); return 0; }
+R cuEventRecord(void *e, void *s) { return 0; }
+R cuEventQuery(void *e) { return 0; }
+R cuEventDestroy_v2(void *e) { return 0; }
+R cuGetErrorName(int c, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
+"""
+
+
+@pytest.fixture
+def fake_driver(tmp_path):
+    import ctypes
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler for the stand-in driver")
+    src, lib = tmp_path / "fakecuda.c", tmp_path / "libfakecuda.so"
+    src.write_text(FAKE_CUDA)
+    r = proc.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], timeout_s=60, capture=True)
+    assert r.returncode == 0, r.stderr
+    drv = gpu.Driver(ctypes.CDLL(str(lib)))
+    drv("cuInit", 0)
+    return drv
+
+
+@pytest.mark.parametrize("env,preference,want,passed_over", [
+    ({}, "auto", "memop-ring", 0),
+    ({"FAKE_NO_REGISTER": "1"}, "auto", "memop-pinned", 1),        # the file page cannot be registered
+    ({"FAKE_NO_MEMOPS": "1"}, "auto", "events", 2),                # no 64-bit stream memory ops
+    ({}, "events", "events", 0),
+])
+def test_mechanism_choice_and_marker_bookkeeping(tmp_path, fake_driver, monkeypatch, env, preference, want,
+                                                 passed_over):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    log = ring.create(tmp_path / "g.log", "auto", capacity=16, mem_capacity=4, string_capacity=4096)
+    with open(log, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), 0)
+        tracker, notes = gpu.choose(fake_driver, mm, preference, 0)
+        assert tracker.mechanism == want and len(notes) == passed_over, notes
+        off = ring.add_stream(mm, 0, 0x1234, 0)
+        ring._Q.pack_into(mm, ring._OFF_GPU_SINCE, 0)
+        target = tracker.target(0, 0)
+        for seq in (0, 1, 2):
+            assert tracker.emit(0x1234, target, seq, 0) == 0
+            ring._q.pack_into(mm, off + 8, seq)         # enqueued, as the recorder writes it
+        tracker.drain(timeout_s=1.0)
+        done, enq = ring._STREAM.unpack_from(mm, off)[:2]
+        assert (done, enq) == (2, 2)
+        tracker.close()
+        mm.close()
+    assert trace.progress(log).gpu_completed == 0  # caught up: as far as the host (no op recorded here)
+
+
+@pytest.mark.parametrize("native_path", [True, False])
+def test_auto_mode_gpu_path_with_a_stand_in_driver(tmp_path, fake_driver, monkeypatch, native_path):
+    """The recorder's GPU-marker path end to end, CUDA's stream and device queries stood in: the ops
+    without tensor arguments (factories) count as ops on the current CUDA device; CPU-tensor ops are
+    never tracked."""
+    import torch
+
+    monkeypatch.setattr(gpu, "load", lambda: fake_driver)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5000 + dev, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    log = tmp_path / "auto.log"
+    with trace.Recorder(log, "auto", native=native_path) as rec:
+        x = torch.ones(3) + 1                            # before "CUDA": plain ops
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        y = torch.zeros(2)                               # a factory: tracked on device 0's current stream
+        z = x * 2                                        # CPU tensors: not tracked
+        w = torch.full((2,), 1.0)                        # tracked
+    monkeypatch.setattr(torch.cuda, "_initialized", False)
+    rec.close()
+    snap = trace.read(log)
+    got = [(r.name, r.stream, r.gpu_done) for r in snap.records]
+    assert got == [("aten.ones.default", None, None), ("aten.add.Tensor", None, None),
+                   ("aten.zeros.default", 0, True), ("aten.mul.Tensor", None, None),
+                   ("aten.full.default", 0, True)]
+    assert snap.gpu_mechanism == "memop-ring" and len(snap.streams) == 1
+    assert (snap.streams[0].handle, snap.streams[0].done, snap.streams[0].enqueued) == (0x5000, 4, 4)
+    assert snap.gpu_completed == snap.completed == 5
+
+
+def test_a_failing_gpu_path_stops_tracking_and_never_breaks_the_program(tmp_path, fake_driver, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(gpu, "load", lambda: fake_driver)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5000, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    log = tmp_path / "fail.log"
+    with trace.Recorder(log, "auto") as rec:
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        a = torch.zeros(2)          # _cuda_isCurrentStreamCapturing is the CPU build's stub: it raises
+        b = torch.ones(2)
+    monkeypatch.setattr(torch.cuda, "_initialized", False)
+    rec.close()
+    snap = trace.read(log)
+    assert [r.name for r in snap.records] == ["aten.zeros.default", "aten.ones.default"]
+    assert snap.gpu_mechanism.startswith("stopped: RuntimeError") and (a + b).sum() == 2
