@@ -43,6 +43,7 @@ for s in "$@"; do case $s in
   bisect)   step bisect 420 python3 benchmarks/bench_bisect.py --out $RES/bisect --parts gpu ;;
   *) echo "unknown step $s" ;;
 esac; done
+sleep 3  # guards of children that just ended finish their last sweep (about 1 s) before the check
 ps -eo pid,ppid,etime,cmd | grep -E "gpulab|python" | grep -v grep > $RES/leftover_processes.txt
 # Only the small text products come back (a reply carries 16 MiB per file).
 (cd $RES && find . -type f -size -3M \( -name '*.json' -o -name '*.csv' -o -name '*.txt' -o -name '*.yaml' \

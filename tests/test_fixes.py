@@ -537,3 +537,21 @@ def test_the_fix_kit_knows_every_sdpa_backend_without_importing_the_workload():
     from gpulab import workloads
     from gpulab.fixes import kit
     assert tuple(kit._SDPA_SWITCH) == workloads.BACKENDS
+
+
+def test_the_matrix_plot_is_a_sentence_when_only_the_baseline_ran():
+    import dataclasses as dc
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from gpulab.fixes import view
+    from gpulab.fixes.matrix import MatrixResult, ScenarioResult, judged
+    base = ScenarioResult("baseline", (), "as it is", "nothing", True, counts={"pass": 3}, trials=3, fail_rate=0.0,
+                          fail_rate_ci=(0.0, 0.56))
+    fix = dc.replace(base, name="sync_gemm", fixes=("sync_gemm",))
+    m = MatrixResult("builtin", "builtin", {}, tuple(judged((base,), 0.2, 30.0)[0]), None, "nothing to fix", 0.2, 3,
+                     30.0)
+    assert view.plot_matrix(m) is None
+    assert "(no fix)" in view.details_md(m)
+    m = dc.replace(m, scenarios=tuple(judged((base, fix), 0.2, 30.0)[0]))
+    assert view.plot_matrix(m) is not None
