@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
+from gpulab.chain.verdict import NOT_APPLICABLE
 from gpulab.report import url
 
 STATUS_STYLE = {
@@ -17,13 +18,13 @@ STATUS_STYLE = {
     "skipped": ("#9a6700", "skipped"),
     "running": ("#0969da", "running"),
     "interrupted": ("#bc4c00", "interrupted"),
-    "not_run": ("#59636e", "not run"),
+    "not_run": ("#59636e", "not run"), "not_applicable": ("#59636e", "not applicable"),
 }
 VERDICT_STYLE = {
     "healthy": ("#1a7f37", "healthy"), "hang": ("#cf222e", "HANG"), "crash": ("#cf222e", "CRASH"),
     "error": ("#cf222e", "ERROR"), "wrong_numbers": ("#cf222e", "WRONG NUMBERS"), "slow": ("#9a6700", "SLOW"),
     "failed": ("#8250df", "COULD NOT CHECK"), "interrupted": ("#bc4c00", "INTERRUPTED"),
-    "running": ("#0969da", "running"),
+    "running": ("#0969da", "running"), "not_applicable": ("#59636e", "not applicable"),
 }
 GLOSSARY = (
     ("rung", "a step of the validation ladder: one attention call (sdpa), one forward pass, one training step, "
@@ -63,15 +64,19 @@ def run_summary(run: Mapping[str, Any]) -> str:
     nbs = [nb for sc in run.get("scenarios", []) for nb in sc.get("notebooks", [])]
     counts: dict[str, int] = {}
     for nb in nbs:
-        counts[nb.get("status", "?")] = counts.get(nb.get("status", "?"), 0) + 1
+        key = "not_applicable" if str(nb.get("error") or "").startswith(NOT_APPLICABLE) else nb.get("status", "?")
+        counts[key] = counts.get(key, 0) + 1
     status = run.get("status", "running")
     parts = ", ".join(f"{n} {STATUS_STYLE.get(k, ('', k))[1]}" for k, n in counts.items())
     if status == "interrupted":
         return f"INTERRUPTED ({run.get('note') or 'by a signal'}): {parts}"
     if status == "running":
         return f"running: {parts or 'nothing finished yet'}"
-    if status == "failed" or any(k != "ok" for k in counts):
+    if status == "failed" or any(k not in ("ok", "not_applicable") for k in counts):
         return f"FAILED{' (' + run['note'] + ')' if run.get('note') else ''}: {parts}"
+    na = counts.get("not_applicable", 0)
+    if na:
+        return f"{counts.get('ok', 0)} notebooks ran to the end; {na} not run (their scenario's fix cannot apply here)"
     return f"all {len(nbs)} notebooks ran to the end"
 
 
@@ -144,7 +149,7 @@ def _products(sc: Mapping[str, Any]) -> str:
 def _verdicts(scenarios: Sequence[Mapping[str, Any]]) -> str:
     """The answer first: each scenario's verdict, the worst first."""
     order = {v: i for i, v in enumerate(("hang", "crash", "error", "wrong_numbers", "failed", "interrupted", "slow",
-                                         "running", "healthy"))}
+                                         "running", "healthy", "not_applicable"))}
     ranked = sorted(scenarios, key=lambda sc: order.get(sc.get("verdict") or "running", 99))
     return " ".join(f"{_badge(VERDICT_STYLE, sc.get('verdict') or 'running')} {esc(sc['name'])}" for sc in ranked)
 

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
@@ -314,6 +314,21 @@ def _scenario_env(scen: str, run: _Run) -> dict[str, str] | None:
     return None if env == os.environ else env
 
 
+def _not_applicable(run: _Run, scen: str, values: Mapping[str, Any]) -> str | None:
+    """Why the scenario's fixes cannot apply on the device it would run on (cuDNN or an allocator setting on
+    a CPU), or None. Such a scenario is reported not_applicable, not run into an error of the fix's own."""
+    fixes = params.resolve(run.cfg.root, scen, run.cfg.param_files, run.cfg.overrides).fixes
+    if not fixes:
+        return None
+    from gpulab import device as gdevice
+    from gpulab.fixes import platform, registry   # imports torch: only for scenarios with fixes
+    facts = platform.facts(gdevice.resolve(str(values.get("device", "auto"))))
+    for fx in registry.resolve(fixes):
+        if not fx.applies(facts):
+            return f"{fx.name} needs {fx.needs or 'another platform'} (device {facts['device']})"
+    return None
+
+
 def _on_gpu(run: _Run, scen: str, schema: dict) -> None:
     run.take_gpu(scen)
     try:
@@ -330,6 +345,12 @@ def _run_scenario(run: _Run, scen: str, schema: dict) -> None:
         report.write_text(sc_dir / "params.yaml", yaml.safe_dump(values, sort_keys=True))
     except OSError as exc:
         raise _disk(exc, sc_dir) if exc.errno in DISK_ERRNOS else exc
+    why_not = _not_applicable(run, scen, values)
+    if why_not:
+        run.say(f"[{scen}] not applicable here: {why_not}; its notebooks are not run")
+        for nb_path in run.notebooks:
+            run.add(scen, NotebookResult(nb_path.stem, "skipped", error=f"{verdict.NOT_APPLICABLE}: {why_not}"))
+        return
     status_of: dict[str, str] = {}
     for nb_path in run.notebooks:
         if run.stopping.is_set():
@@ -415,10 +436,13 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
             path = run_dir / "index.html"
         say(f"gpulab run: {exc}; the run stopped (nothing is reported as a success)")
         return 1, path
-    failed = any(n.status != "ok" for r in state.results.values() for n in r.notebooks)
+    failed = any(n.status != "ok" and not str(n.error or "").startswith(verdict.NOT_APPLICABLE)
+                 for r in state.results.values() for n in r.notebooks)
     state.status = "failed" if failed else "ok"
     index_path = state.write_index()
     verdicts = ", ".join(f"{sc['name']} {sc['verdict']}" for sc in state.summary()["scenarios"])
-    say(f"done in {time.time() - state.started:.0f} s: " + ("some notebooks FAILED" if failed else
-                                                             "every notebook ran to the end") + f"; verdict: {verdicts}")
+    na = sum(str(n.error or "").startswith(verdict.NOT_APPLICABLE) for r in state.results.values() for n in r.notebooks)
+    ran = "every notebook ran to the end" + (f" ({na} not run: their scenario's fix cannot apply here)" if na else "")
+    say(f"done in {time.time() - state.started:.0f} s: " + ("some notebooks FAILED" if failed else ran)
+        + f"; verdict: {verdicts}")
     return (1 if failed else 0), index_path

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted")
+VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted", "not_applicable")
+NOT_APPLICABLE = "not applicable here"   # how the runner marks the notebooks of a scenario whose fix cannot apply
 SLOW_FACTOR = 1.5  # the workload's backend this much slower than the champion on the same call is "slow"
 
 
@@ -30,6 +31,15 @@ def _h(metrics: Mapping[str, Any], nb: str) -> str:
     return str((metrics.get(nb) or {}).get("headline") or "")
 
 
+def _select(name: str) -> str:
+    """The next step for a faster correct candidate: a fix scenario only where one exists for it."""
+    from gpulab.fixes import registry  # light: reads patches/ names
+    if f"sdpa_backend_{name}" in registry.names():
+        return f"select {name} (scenario sdpa_backend_{name}) and check 04's cost table"
+    return (f"{name} is not a PyTorch SDPA backend (no fix scenario selects it): call it in the model's attention "
+            f"if 05 passed it, and time the change with 06")
+
+
 def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], scenario: str = "baseline"
           ) -> ScenarioVerdict:
     status = {n["name"]: n.get("status") for n in notebooks}
@@ -39,6 +49,11 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
         where = cut[0]["name"] if cut else "before it finished"
         return ScenarioVerdict("interrupted", f"the run was interrupted during {where}",
                                "run it again (gpulab run); the finished notebooks are linked below")
+    na = [n for n in notebooks if str(n.get("error") or "").startswith(NOT_APPLICABLE)]
+    if na and len(na) == len(notebooks):
+        why = str(na[0]["error"]).removeprefix(NOT_APPLICABLE).lstrip(": ")
+        return ScenarioVerdict("not_applicable", f"not run: {why}",
+                               "nothing to do here; run this scenario on the platform the fix is for")
     broken = [n for n in notebooks if n.get("status") in ("failed", "killed")]
     if broken:
         n = broken[0]
@@ -83,8 +98,7 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
         if mine and best and mine / best >= SLOW_FACTOR:
             return ScenarioVerdict("slow", f"the workload's attention runs on {selected}, {mine / best:.1f}x slower "
                                    f"than {champion} on the same call (06)",
-                                   f"select {champion.removeprefix('sdpa_')} (scenario sdpa_backend_"
-                                   f"{champion.removeprefix('sdpa_')}) and check 04's cost table")
+                                   _select(champion.removeprefix("sdpa_")))
     drill = " (03 ran a self-test of the watchdog, not a check of the workload)" if hang.get("drill") else ""
     parts = [p for p in (_h(metrics, "03_bisect_hang") if not hang.get("drill") else "",
                          _h(metrics, "05_oracle")) if p]

@@ -1,0 +1,48 @@
+"""The index's per-scenario verdict (pure): what the team lead reads first must follow from what ran."""
+from __future__ import annotations
+
+import pytest
+
+from gpulab.chain import verdict
+from gpulab.chain.verdict import NOT_APPLICABLE, judge
+
+NOTEBOOKS = ("01_environment", "02_instrument", "03_bisect_hang", "04_fix_scenarios", "05_oracle", "06_benchmark")
+
+
+def ok(names=NOTEBOOKS):
+    return [{"name": n, "status": "ok"} for n in names]
+
+
+def metrics(hang_status="ok", selected="flash", champion="sdpa_flash", mine=1.0, best=1.0, drill=False):
+    return {"01_environment": {"metrics": {"sdpa_selected": selected}},
+            "03_bisect_hang": {"headline": "no hang in 6 runs", "metrics": {"status": hang_status, "drill": drill}},
+            "06_benchmark": {"metrics": {"champion": champion,
+                                         "candidates": {f"sdpa_{selected}": {"median_ms": mine},
+                                                        champion: {"median_ms": best}}}}}
+
+
+def test_every_verdict_is_declared():
+    assert set(verdict.VERDICTS) >= {"healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed",
+                                     "interrupted", "not_applicable"}
+
+
+def test_a_healthy_baseline_says_nothing_to_fix():
+    v = judge(ok(), metrics())
+    assert v.verdict == "healthy" and v.next_step == "nothing to fix on this platform"
+
+
+def test_a_scenario_whose_fix_cannot_apply_is_not_an_error():
+    nbs = [{"name": n, "status": "skipped", "error": f"{NOT_APPLICABLE}: sdpa_backend_cudnn needs an NVIDIA GPU"}
+           for n in NOTEBOOKS]
+    v = judge(nbs, {}, "sdpa_backend_cudnn")
+    assert v.verdict == "not_applicable" and "needs an NVIDIA GPU" in v.evidence
+
+
+@pytest.mark.parametrize("champion,scenario_named", [("sdpa_cudnn", True), ("tiled", False)])
+def test_slow_names_a_fix_scenario_only_where_one_exists(champion, scenario_named):
+    v = judge(ok(), metrics(selected="math", champion=champion, mine=3.0, best=1.0))
+    assert v.verdict == "slow"
+    name = champion.removeprefix("sdpa_")
+    assert (f"scenario sdpa_backend_{name}" in v.next_step) is scenario_named
+    if not scenario_named:
+        assert "not a PyTorch SDPA backend" in v.next_step
