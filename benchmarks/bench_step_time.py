@@ -63,16 +63,15 @@ def step_rows(raw: dict, variants: list) -> list[dict]:
     return out
 
 
+COLUMNS = (("variant", "variant", 12, "{}"), ("step ms", "step_ms", 10, "{:.2f}"),
+           ("% over none", "overhead_pct", 13, "{:.1f}"), ("%/round", "overhead_pct_per_round", 10, "{:.1f}"),
+           ("cpu %", "cpu_overhead_pct", 9, "{:.1f}"), ("goal", "goal_pct", 7, "{:.0f}%"))
+
+
 def table(meta: dict, rows: list[dict]) -> str:
-    lines = [f"device={meta['device']} torch={meta['torch']} size={meta['size']} native hot path: {meta['native']}; "
-             f"{meta['repeats']} rounds, {meta['seconds']:.0f} s",
-             f"  {'variant':<12}{'step ms':>10}{'% over none':>13}{'%/round':>10}{'cpu %':>9}{'goal':>7}"]
-    for r in rows:
-        goal = f"{r['goal_pct']:.0f}%" if r["goal_pct"] is not None else "-"
-        cpu = "-" if r["cpu_overhead_pct"] is None else f"{r['cpu_overhead_pct']:.1f}"
-        lines.append(f"  {r['variant']:<12}{r['step_ms']:>10.2f}{r['overhead_pct']:>13.1f}"
-                     f"{r['overhead_pct_per_round']:>10.1f}{cpu:>9}{goal:>7}")
-    return "\n".join(lines + bench.failure_lines(meta["failures"]))
+    head = (f"device={meta['device']} torch={meta['torch']} size={meta['size']} native hot path: {meta['native']}; "
+            f"{meta['repeats']} rounds, {meta['seconds']:.0f} s")
+    return "\n".join([head, *bench.text_table(rows, COLUMNS), *bench.failure_lines(meta["failures"])])
 
 
 def main(argv=None) -> int:

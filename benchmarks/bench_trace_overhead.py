@@ -41,19 +41,18 @@ def program_args(device: str, quick: bool) -> list[str]:
             "--steps", "1", "--step-blocks", "3" if quick else "5", "--workload", " ".join(cli_args(cfg))]
 
 
+COLUMNS = (("variant", "variant", 12, "{}"), ("us/op", "us_per_op", 9, "{:.2f}"),
+           ("over none", "over_none_us", 11, "{:.2f}"), ("ratio", "ratio", 8, "{:.2f}"),
+           ("ratio/round", "ratio_per_round", 13, "{:.2f}"), ("cpu ratio", "cpu_ratio", 11, "{:.2f}"))
+
+
 def table(result: dict) -> str:
     lines = [f"device={result['device']} torch={result.get('torch')} native hot path: {result['native']}; "
              f"{result['repeats']} rounds, {result['seconds']:.0f} s (goal: ops <= {GOAL}x pass-through)"]
     for wname in ("tiny_ops", "transformer_step"):
         rows = [r for r in result["rows"] if r["workload"] == wname]
-        if not rows:
-            continue
-        lines.append(f"\n{wname} ({rows[0]['ops_per_unit']} ops per block)")
-        lines.append(f"  {'variant':<12}{'us/op':>9}{'over none':>11}{'ratio':>8}{'ratio/round':>13}{'cpu ratio':>11}")
-        for r in rows:
-            f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-            lines.append(f"  {r['variant']:<12}{r['us_per_op']:>9.2f}{r['over_none_us']:>11.2f}{f(r['ratio']):>8}"
-                         f"{f(r['ratio_per_round']):>13}{f(r['cpu_ratio']):>11}")
+        if rows:
+            lines += [f"\n{wname} ({rows[0]['ops_per_unit']} ops per block)", *bench.text_table(rows, COLUMNS)]
     return "\n".join(lines + bench.failure_lines(result["failures"]))
 
 

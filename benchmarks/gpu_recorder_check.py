@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "lib"))
 from gpulab import proc, trace  # noqa: E402
 from gpulab.hang import watch  # noqa: E402
 from gpulab.trace import gpu, native  # noqa: E402
-from gpulab.trace.run import _child_env  # noqa: E402
+from gpulab.trace.run import _child_env, bootstrap_command  # noqa: E402
 
 PY = sys.executable
 PARTS = ("mechanism", "drill_sleep", "drill_fault", "heldback", "benchmarks")
@@ -146,10 +146,9 @@ def part_mechanism(out: Path) -> dict:
     problems = []
     for mech in ("auto", *gpu.MECHANISMS):
         log = out / f"{mech}.log"
-        cmd = [PY, "-m", "gpulab.trace", "--log", str(log), "--mode", "auto"]
-        cmd += [] if mech == "auto" else ["--gpu-mechanism", mech]
+        cmd = bootstrap_command([str(prog)], log, "auto", gpu_mechanism=None if mech == "auto" else mech)
         t0 = time.monotonic()
-        r = proc.run([*cmd, "--", str(prog)], timeout_s=120, env=_child_env(), capture=True, label=mech)
+        r = proc.run(cmd, timeout_s=120, env=_child_env(), capture=True, label=mech)
         row: dict = {"exit": r.returncode, "seconds": round(time.monotonic() - t0, 2),
                      "stderr_tail": r.stderr[-600:]}
         if log.exists():
@@ -199,7 +198,7 @@ def part_mechanism(out: Path) -> dict:
     return res
 
 
-def _verdict_row(v, expected, stall: float) -> dict:
+def _verdict_row(v, expected) -> dict:
     op = v.in_flight_op or {}
     row = {"status": v.status, "class": v.cls, "localized": v.localized, "in_flight_op": op.get("name"),
            "in_flight_seq": op.get("seq"), "in_flight_call_site": op.get("call_site"),
@@ -233,7 +232,7 @@ def _drill(out: Path, name: str, program: str | None, expect, stall: float, **kw
     (out / f"{name}.verdict.json").write_text(json.dumps(v.to_dict(), indent=1, default=str))
     snap = trace.read(Path(v.log["dir"]) / v.log["op_log"]) if v.log.get("op_log") else None
     records = list(snap.records) if snap else []
-    row = _verdict_row(v, expect(records), stall)
+    row = _verdict_row(v, expect(records))
     row["gpu_mechanism"] = snap.gpu_mechanism if snap else None
     row["gpu_notes"] = snap.gpu_notes if snap else None
     say(f"{name}: {row['status']} class={row['class']} localized={row['localized']} in_flight_op="

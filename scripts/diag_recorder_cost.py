@@ -35,8 +35,8 @@ def host_facts(out: Path) -> dict:
 def per_op(raw: dict, workload: str) -> dict:
     out = {}
     for name, runs in raw.items():
-        xs = [statistics.median(r[workload]["unit_s"]) / r[workload]["ops_per_unit"] * 1e6 for r in runs if workload in r]
-        cs = [statistics.median(r[workload]["cpu_s"]) / r[workload]["ops_per_unit"] * 1e6 for r in runs if workload in r]
+        xs = [v for r in runs if (v := bench.per_op_us(r, workload)) is not None]
+        cs = [v for r in runs if (v := bench.per_op_us(r, workload, "cpu_s")) is not None]
         if xs:
             out[name] = {"us_per_op": round(statistics.median(xs), 2), "cpu_us_per_op": round(statistics.median(cs), 2)}
     return out

@@ -83,3 +83,11 @@ def pytest_sessionfinish(session, exitstatus):
         print("\nprocesses started by the tests were still running at the end (now killed):\n  "
               + "\n  ".join(left), file=sys.stderr)
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def native_hot_path():
+    """The recorder's C hot path, built once (as the launchers do); where it cannot be built, the native
+    variants of the recorder tests run the Python hot path (test_recorder_modes checks the two alike)."""
+    from gpulab.trace import native
+    return native.ensure()

@@ -304,3 +304,60 @@ def test_contract_names_live_on_the_package():
     assert callable(bench.measure) and callable(bench.compare)
     assert bench.Measurement.__dataclass_fields__.keys() >= {"samples_ms", "median_ms", "ci_ms"}
     assert set(stats.VERDICTS) == {"faster", "slower", "tie"}
+
+
+# ------------------------------------------------------------------------- gpulab.trace.bench (recorder cost)
+
+def _user_run(rnd: int, wall_s: float, cpu_s: float, ops: int = 1000) -> dict:
+    """One run's result as the benchmark program writes it (one block per list entry)."""
+    return {"round": rnd, "tiny_ops": {"unit_s": [wall_s, wall_s], "cpu_s": [cpu_s], "ops_per_unit": ops}}
+
+
+def test_user_run_summary_ratios_from_medians_and_per_round():
+    from gpulab.trace import bench as tbench
+
+    raw = {"none": [_user_run(0, 1.0, 0.5), _user_run(1, 1.2, 0.5), _user_run(2, 1.0, 0.5)],
+           "passthrough": [_user_run(0, 1.1, 0.6), _user_run(1, 1.3, 0.6), _user_run(2, 1.1, 0.6)],
+           "ops": [_user_run(0, 1.15, 0.65), _user_run(1, 1.3, 0.65), _user_run(2, 1.3, 0.65),
+                   {"round": 3}]}  # a run without this workload's block is left out
+    rows = {r.variant: r for r in tbench.summarize(raw, "tiny_ops", {"ops": "the ring"})}
+    ops, none = rows["ops"], rows["none"]
+    assert (ops.workload, ops.runs, ops.ops_per_unit, ops.note) == ("tiny_ops", 3, 1000, "the ring")
+    assert ops.us_per_op == pytest.approx(1300) and ops.over_none_us == pytest.approx(300)
+    assert ops.ratio == pytest.approx(3.0)             # (1300 - 1000) / (1100 - 1000), from the medians
+    assert ops.ratio_per_round == pytest.approx(1.5)   # rounds: 1.5, 1.0, 3.0
+    assert ops.cpu_us_per_op == pytest.approx(650) and ops.cpu_ratio == pytest.approx(1.5)
+    assert ops.samples_us == pytest.approx((1150, 1300, 1300))
+    assert none.ratio is None and none.ratio_per_round is None and none.cpu_ratio is None
+    assert none.over_none_us == 0 and rows["passthrough"].ratio == pytest.approx(1.0)
+    assert tbench.summarize({"ops": raw["ops"]}, "tiny_ops") == []          # no baseline: nothing to say
+    assert tbench.summarize(raw, "transformer_step") == []                  # no run has that block
+
+
+def test_variant_commands_and_choice():
+    import sys
+
+    from gpulab.trace import bench as tbench
+    from gpulab.trace.run import bootstrap_command
+
+    ops, none = tbench.Variant("ops", mode="ops"), tbench.Variant("none", wrapper="none")
+    program = ["prog.py", "res.json", "--tiny", "5"]
+    assert tbench.variant_command(ops, program, "x.log") == [
+        sys.executable, "-m", "gpulab.trace", "--log", "x.log", "--mode", "ops", "--", *program]
+    assert tbench.variant_command(ops, program, "x.log") == bootstrap_command(program, "x.log", "ops")
+    assert tbench.variant_command(none, program, "x.log") == [
+        sys.executable, "-m", "gpulab.trace.bench", "wrap", "--variant", "none", "--jsonl", "x.log", "--", *program]
+    std = tbench.standard_variants("cpu")
+    assert [v.name for v in tbench.pick_variants(std, "ops")] == ["none", "ops"]   # the baseline is always kept
+    assert {"gpu_events", "sync"}.isdisjoint(v.name for v in std)
+    with pytest.raises(ValueError, match="variants sync are not valid here"):
+        tbench.pick_variants(std, "ops,sync")
+
+
+def test_benchmark_text_table_aligns_and_dashes_missing_values():
+    from gpulab.trace import bench as tbench
+
+    cols = (("variant", "variant", 8, "{}"), ("ms", "ms", 7, "{:.2f}"), ("goal", "goal", 6, "{:.0f}%"))
+    assert tbench.text_table([{"variant": "ops", "ms": 1.234, "goal": 3.0},
+                              {"variant": "none", "ms": 10.0, "goal": None}], cols) == [
+        "  variant      ms  goal", "  ops        1.23    3%", "  none      10.00     -"]

@@ -32,8 +32,7 @@ def test_a_healthy_baseline_says_nothing_to_fix():
 
 
 def test_a_scenario_whose_fix_cannot_apply_is_not_an_error():
-    nbs = [{"name": n, "status": "skipped", "error": f"{NOT_APPLICABLE}: sdpa_backend_cudnn needs an NVIDIA GPU"}
-           for n in NOTEBOOKS]
+    nbs = [{"name": n, "status": NOT_APPLICABLE, "error": "sdpa_backend_cudnn needs an NVIDIA GPU"} for n in NOTEBOOKS]
     v = judge(nbs, {}, "sdpa_backend_cudnn")
     assert v.verdict == "not_applicable" and "needs an NVIDIA GPU" in v.evidence
 

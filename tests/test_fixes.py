@@ -22,7 +22,7 @@ from gpulab import proc, workloads
 from gpulab.chain import params, runner
 from gpulab.env import rules
 from gpulab.fixes import commands, compose, cost, matrix, numerics, registry, scenarios, verdict
-from gpulab.fixes.fix import Fix, FixError, UnknownFix
+from gpulab.fixes.fix import Fix, FixError, UnknownFix, not_applicable
 from gpulab.fixes.target import Target
 from gpulab.hang import ladder, watch
 from nbfactory import notebook, project
@@ -82,7 +82,7 @@ def test_every_fix_declares_itself_and_has_its_scenario_file(name):
     assert fx.applies(CUDA if fx.needs else CPU) or fx.applies(ROCM), "a fix must apply somewhere"
     scen = yaml.safe_load((ROOT / "params" / "scenarios" / f"{name}.yaml").read_text())
     assert scen["fixes"] == [name] and scen["description"]
-    assert {k: v for k, v in scen.items() if k not in params.SCENARIO_KEYS} == fx.workload_params
+    assert {k: v for k, v in scen.items() if k not in params.SCENARIO_KEYS} == dict(fx.params)
 
 
 def test_every_fix_named_by_the_risk_rules_is_in_the_registry():
@@ -117,14 +117,14 @@ def test_a_fix_that_cannot_work_is_refused(kw, msg):
         Fix(**kw)
 
 
-@pytest.mark.parametrize("text,msg", [
-    ("X = 1\n", "must define FIX"),
-    ("from gpulab.fixes.fix import Fix\nFIX = Fix('other', 'c', targets=('gemm',), env={'A': '1'})\n", "file's name"),
-    ("from gpulab.fixes.fix import Fix\nFIX = Fix('fp32_softmax', 'c', targets=('gemm',), env={'A': '1'})\n",
-     "defined twice"),
+@pytest.mark.parametrize("name,text,msg", [
+    ("mine", "X = 1\n", "must define FIX"),
+    ("mine", "from gpulab.fixes.fix import Fix\nFIX = Fix('other', 'c', targets=('gemm',), env={'A': '1'})\n",
+     "file's name"),
+    ("fp32_softmax", "from gpulab.fixes.fix import Fix\nFIX = Fix('fp32_softmax', 'c', targets=('gemm',), "
+     "env={'A': '1'})\n", "defined twice"),
 ])
-def test_registry_refuses_a_bad_module(extra_patches, text, msg):
-    name = "fp32_softmax" if "defined twice" in msg else "mine"
+def test_registry_refuses_a_bad_module(extra_patches, name, text, msg):
     extra_patches(**{name: text})
     with pytest.raises(FixError, match=msg):
         registry.load()
@@ -141,6 +141,12 @@ def test_registry_refuses_a_bad_module(extra_patches, text, msg):
 ])
 def test_a_fix_that_means_nothing_here_is_not_applicable(name, facts, applies):
     assert registry.get(name).applies(facts) is applies
+    assert (not_applicable([registry.get(name)], facts) is None) is applies
+
+
+def test_not_applicable_names_the_first_fix_that_does_not_apply_and_what_it_needs():
+    why = not_applicable(registry.resolve(["fp32_softmax", "sync_gemm", "alloc_async"]), CPU)
+    assert why == f"sync_gemm needs {registry.get('sync_gemm').needs}"
 
 
 @pytest.mark.parametrize("cls,expected", [("softmax", {"fp32_softmax", "sdpa_backend_math", "decomposed_attention"}),
@@ -396,6 +402,11 @@ def test_every_gpulab_child_entry_point_installs_the_scenarios_fixes(extra_patch
     assert mark.read_text() == "applied\n"
 
 
+def test_the_fixes_interpreter_variable_is_the_workloads():
+    """compose cannot import gpulab.workloads (children load it before runpy runs that module): same name."""
+    assert compose.PYTHON_VAR == workloads.PYTHON_ENV
+
+
 def test_another_interpreter_runs_the_workload_children(extra_patches, tmp_path):
     """The `python` route (a venv with a patched torch): the ladder's children run under the fix's interpreter."""
     wrapper = tmp_path / "patched-python"
@@ -414,14 +425,14 @@ def test_another_interpreter_runs_the_workload_children(extra_patches, tmp_path)
 
 # ------------------------------------------------------------------------------------ the matrix, for real
 
-@pytest.mark.parametrize("fixture,fixing,stall", [
-    ("fix_transposed_gemm.py", "contiguous_gemm_inputs", 2.0),
-    ("fix_lowprec_softmax.py", "fp32_softmax", 2.0),
-    ("fix_env_startup.py", "omp_single_thread", 2.0),
+@pytest.mark.parametrize("fixture,fixing", [
+    ("fix_transposed_gemm.py", "contiguous_gemm_inputs"),
+    ("fix_lowprec_softmax.py", "fp32_softmax"),
+    ("fix_env_startup.py", "omp_single_thread"),
 ])
-def test_the_matrix_finds_the_one_fix_that_removes_a_real_hang(tmp_path, fixture, fixing, stall):
+def test_the_matrix_finds_the_one_fix_that_removes_a_real_hang(tmp_path, fixture, fixing):
     cfg = matrix.MatrixConfig("contiguous_gemm_inputs,fp32_softmax,omp_single_thread,sync_gemm", repeats=1,
-                              jobs=2, stall_s=stall, timeout_s=120, cost_rounds=0)
+                              jobs=2, stall_s=2.0, timeout_s=120, cost_rounds=0)
     m = matrix.run(Target(command=(sys.executable, str(FIXTURES / fixture))), cfg, tmp_path, progress=lambda s: None)
     got = {s.name: s.verdict for s in m.scenarios}
     assert got == {"baseline": "baseline", "contiguous_gemm_inputs": "no_effect", "fp32_softmax": "no_effect",
@@ -552,6 +563,7 @@ def test_the_matrix_plot_is_a_sentence_when_only_the_baseline_ran():
     m = MatrixResult("builtin", "builtin", {}, tuple(judged((base,), 0.2, 30.0)[0]), None, "nothing to fix", 0.2, 3,
                      30.0)
     assert view.plot_matrix(m) is None
+    assert set(verdict.VERDICTS) <= set(view.COLOURS)   # every verdict the table can show has its colour
     assert "(no fix)" in view.details_md(m)
     m = dc.replace(m, scenarios=tuple(judged((base, fix), 0.2, 30.0)[0]))
     assert view.plot_matrix(m) is not None

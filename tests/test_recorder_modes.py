@@ -18,9 +18,7 @@ from gpulab.trace import gpu, native, ring
 from gpulab.trace.run import _child_env
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _native_hot_path():
-    return native.ensure()
+pytestmark = pytest.mark.usefixtures("native_hot_path")  # conftest: built once, as launchers do
 
 
 def _du(path) -> int:
@@ -62,8 +60,7 @@ def test_string_table_wraps_and_a_reader_sees_evicted_entries(tmp_path):
     read = ring._Strings(data, lay)
     got = [read(i) for i in ids]
     assert got[-1] == "string number 0199 " * 3 and got[0] == ring.EVICTED
-    recent = [g for g in got[-40:]]
-    assert all(g != ring.EVICTED for g in recent)
+    assert all(g != ring.EVICTED for g in got[-40:])
     assert all(g == ring.EVICTED or g == f"string number {i:04d} " * 3 for i, g in enumerate(got))
 
 
@@ -77,6 +74,7 @@ def test_live_recording_survives_a_wrapping_string_table(tmp_path, native_path):
         for i in range(400):
             x = x * (1.0 + i * 1e-4)      # a new float each op: a new argument summary each op
     rec.close()
+    assert rec.hot_path == ("native" if native_path and native.load() is not None else "python")
     snap = trace.read(log)
     assert snap.started == 401 and len(snap.records) == 401 and snap.torn == 0
     last = snap.records[-1]
@@ -507,6 +505,7 @@ def test_auto_mode_gpu_path_with_a_stand_in_driver(tmp_path, fake_driver, monkey
     assert snap.gpu_mechanism == "memop-ring" and len(snap.streams) == 1
     assert (snap.streams[0].handle, snap.streams[0].done, snap.streams[0].enqueued) == (0x5000, 4, 4)
     assert snap.gpu_completed == snap.completed == 5
+    assert os.path.getsize(log) == rec.layout.used_size(5)   # every marker landed: closed and trimmed
 
 
 def test_a_failing_gpu_path_stops_tracking_and_never_breaks_the_program(tmp_path, fake_driver, monkeypatch):
@@ -515,10 +514,15 @@ def test_a_failing_gpu_path_stops_tracking_and_never_breaks_the_program(tmp_path
     monkeypatch.setattr(gpu, "load", lambda: fake_driver)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5000, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+
+    def capturing():  # as the CPU build's stub does (stood in, so that a CUDA build fails the same way)
+        raise RuntimeError("Tried to instantiate dummy base class _cuda_isCurrentStreamCapturing")
+
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", capturing, raising=False)
     log = tmp_path / "fail.log"
     with trace.Recorder(log, "auto") as rec:
         monkeypatch.setattr(torch.cuda, "_initialized", True)
-        a = torch.zeros(2)          # _cuda_isCurrentStreamCapturing is the CPU build's stub: it raises
+        a = torch.zeros(2)          # the stream-capture query raises: tracking stops, the program goes on
         b = torch.ones(2)
     monkeypatch.setattr(torch.cuda, "_initialized", False)
     rec.close()

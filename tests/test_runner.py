@@ -114,3 +114,17 @@ def test_only_still_validates_against_every_notebook(tmp_path):
     code, idx = runner.run(_cfg(proj, only=("03",)), progress=lambda m: None)
     run = json.loads((idx.parent / "run.json").read_text())
     assert code == 0 and [n["name"] for n in run["scenarios"][0]["notebooks"]] == ["03_after"]
+
+
+def test_a_scenario_whose_fix_cannot_apply_is_not_run_and_not_a_failure(tmp_path):
+    scenarios = {"baseline": "description: plain\n", "cudnn": "description: c\nfixes: [sdpa_backend_cudnn]\n"}
+    proj = project(tmp_path, {"01_ok": _nbs()["01_ok"]}, scenarios=scenarios)
+    code, idx = runner.run(_cfg(proj, scenarios=("cudnn",), overrides=("device=cpu",)), progress=lambda m: None)
+    run = json.loads((idx.parent / "run.json").read_text())
+    sc = run["scenarios"][0]
+    assert code == 0 and run["status"] == "ok"
+    assert sc["fixes"] == ["sdpa_backend_cudnn"] and sc["verdict"] == "not_applicable"
+    assert [(n["status"], n["ipynb"]) for n in sc["notebooks"]] == [("not_applicable", None)]
+    assert "sdpa_backend_cudnn needs" in sc["notebooks"][0]["error"] and "sdpa_backend_cudnn needs" in sc["evidence"]
+    html = idx.read_text()
+    assert "fixes <code>sdpa_backend_cudnn</code>" in html and "1 not run (their scenario&#x27;s fix cannot apply here)" in html

@@ -33,11 +33,7 @@ BLOCKING_CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _native_hot_path():
-    """Build the C hot path once (as the launchers do); tests that need it skip when it cannot be built."""
-    from gpulab.trace import native
-    return native.ensure()
+pytestmark = pytest.mark.usefixtures("native_hot_path")  # conftest: built once, as launchers do
 
 
 def _popen(cmd, native="1"):
@@ -197,6 +193,8 @@ def test_torn_and_truncated_logs_are_tolerated(tmp_path, native):
     with trace.Recorder(log, capacity=32, native=native) as rec:
         fn()
     rec.close()
+    from gpulab.trace import native as native_mod
+    assert rec.hot_path == ("native" if native and native_mod.load() is not None else "python")
     lay = ring.layout_for("ops", 32, ring.DEFAULT_MEM_CAPACITY, ring.DEFAULT_STRING_CAPACITY)
     raw = bytearray(log.read_bytes())
     # a slot caught mid-write (commit marker -1), and garbage in another

@@ -39,6 +39,15 @@ EXIT_NOT_EXECUTABLE = 126
 PR_SET_CHILD_SUBREAPER = 36
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _KILL_ROUNDS = 50
+LIB_DIR = str(Path(__file__).resolve().parents[1])   # the folder holding this gpulab package
+
+
+def python_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """env (default: this process's) with this gpulab first on PYTHONPATH, so that a Python child imports this
+    very gpulab, whatever its PYTHONPATH said and whichever interpreter it is (a fix's patched-torch venv)."""
+    out = dict(os.environ if env is None else env)
+    out["PYTHONPATH"] = os.pathsep.join([LIB_DIR, *[p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    return out
 
 
 class CommandNotFound(FileNotFoundError):

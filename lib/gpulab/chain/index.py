@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
-from gpulab.chain.verdict import NOT_APPLICABLE
+from gpulab.chain.verdict import FINISHED, NOT_APPLICABLE
 from gpulab.report import url
 
 STATUS_STYLE = {
@@ -64,7 +64,7 @@ def run_summary(run: Mapping[str, Any]) -> str:
     nbs = [nb for sc in run.get("scenarios", []) for nb in sc.get("notebooks", [])]
     counts: dict[str, int] = {}
     for nb in nbs:
-        key = "not_applicable" if str(nb.get("error") or "").startswith(NOT_APPLICABLE) else nb.get("status", "?")
+        key = nb.get("status", "?")
         counts[key] = counts.get(key, 0) + 1
     status = run.get("status", "running")
     parts = ", ".join(f"{n} {STATUS_STYLE.get(k, ('', k))[1]}" for k, n in counts.items())
@@ -72,9 +72,9 @@ def run_summary(run: Mapping[str, Any]) -> str:
         return f"INTERRUPTED ({run.get('note') or 'by a signal'}): {parts}"
     if status == "running":
         return f"running: {parts or 'nothing finished yet'}"
-    if status == "failed" or any(k not in ("ok", "not_applicable") for k in counts):
+    if status == "failed" or any(k not in FINISHED for k in counts):
         return f"FAILED{' (' + run['note'] + ')' if run.get('note') else ''}: {parts}"
-    na = counts.get("not_applicable", 0)
+    na = counts.get(NOT_APPLICABLE, 0)
     if na:
         return f"{counts.get('ok', 0)} notebooks ran to the end; {na} not run (their scenario's fix cannot apply here)"
     return f"all {len(nbs)} notebooks ran to the end"

@@ -29,7 +29,8 @@ from gpulab.fixes import scenario_env
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
-NOTEBOOK_STATUSES = ("ok", "failed", "killed", "skipped", "interrupted", "not_run")
+# not_applicable: the scenario's fix cannot apply on this device, so its notebooks are not run (not a failure)
+NOTEBOOK_STATUSES = ("ok", "failed", "killed", "skipped", "interrupted", "not_run", verdict.NOT_APPLICABLE)
 RUN_STATUSES = ("running", "ok", "failed", "interrupted")
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
@@ -78,6 +79,7 @@ class ScenarioResult:
     params: dict[str, Any]
     notebooks: tuple[NotebookResult, ...] = field(default_factory=tuple)
     changed: dict[str, Any] = field(default_factory=dict)   # parameters that differ from the notebooks' defaults
+    fixes: tuple[str, ...] = ()   # registry fixes applied to every child of the scenario's notebooks
 
 
 PRODUCT_SUFFIXES = (".json", ".csv", ".zip", ".md", ".py", ".sh", ".png", ".txt", ".log")
@@ -160,18 +162,21 @@ def _rel(path: Path | None, base: Path) -> str | None:
     return None if path is None else os.path.relpath(path, base)
 
 
-def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, tuple[dict, str]]]:
-    """Everything that can be wrong with the input, checked before any notebook runs."""
+def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, ScenarioResult]]:
+    """Everything that can be wrong with the input, checked before any notebook runs; each scenario's
+    parameters and fixes are resolved here, once."""
     params.check_scenarios(cfg.root, cfg.scenarios)
     notebooks = discover(cfg.root, cfg.only)
     # The schema comes from every notebook, so a shared params file stays valid with --only.
     schema = params.notebook_schema(discover(cfg.root))
-    resolved: dict[str, tuple[dict, str]] = {}
+    resolved: dict[str, ScenarioResult] = {}
     problems = []
     for scen in cfg.scenarios:
         try:
             layered = params.resolve(cfg.root, scen, cfg.param_files, cfg.overrides)
-            resolved[scen] = (params.validate(layered, schema), layered.description)
+            values = params.validate(layered, schema)
+            resolved[scen] = ScenarioResult(scen, layered.description, values, changed=params.changed(values, schema),
+                                            fixes=layered.fixes)
         except params.ParamError as exc:
             problems.append(f"scenario {scen!r}: {exc}" if len(cfg.scenarios) > 1 else str(exc))
     if problems:
@@ -183,16 +188,14 @@ class _Run:
     """The state of one run, shared by the scenario threads; every change rewrites run.json and the index."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, notebooks: list[Path],
-                 resolved: dict[str, tuple[dict, str]], say: Callable[[str], None],
-                 schema: dict[str, params.ParamSpec]):
+                 resolved: dict[str, ScenarioResult], say: Callable[[str], None]):
         self.cfg, self.run_dir, self.notebooks, self.say = cfg, run_dir, notebooks, say
         self.started = time.time()
         self.lock = threading.RLock()
         self.stopping = threading.Event()
         self.status = "running"
         self.note: str | None = None
-        self.results = {s: ScenarioResult(s, resolved[s][1], resolved[s][0],
-                                          changed=params.changed(resolved[s][0], schema)) for s in cfg.scenarios}
+        self.results = dict(resolved)   # in cfg.scenarios order
         parallel = cfg.jobs > 1 and len(cfg.scenarios) > 1
         self.gpu_load = {g: 0 for g in visible_gpus()} if parallel else {}   # GPU id -> scenarios on it
         self.gpu_of: dict[str, str] = {}
@@ -211,10 +214,10 @@ class _Run:
             if gpu is not None:
                 self.gpu_load[gpu] -= 1
 
-    def add(self, scen: str, res: NotebookResult) -> None:
+    def add(self, scen: str, *res: NotebookResult) -> None:
         with self.lock:
             r = self.results[scen]
-            self.results[scen] = replace(r, notebooks=r.notebooks + (res,))
+            self.results[scen] = replace(r, notebooks=r.notebooks + res)
             self.write_index()
 
     def scenario(self, s: ScenarioResult) -> dict[str, Any]:
@@ -223,8 +226,8 @@ class _Run:
         nbs = [asdict(n) for n in s.notebooks]
         v = verdict.judge(nbs, metrics, s.name) if nbs else None
         return {"name": s.name, "description": s.description, "params": s.params, "changed": s.changed,
-                "notebooks": nbs, "verdict": v.verdict if v else "running", "evidence": v.evidence if v else "",
-                "next_step": v.next_step if v else "", "metrics": metrics,
+                "fixes": list(s.fixes), "notebooks": nbs, "verdict": v.verdict if v else "running",
+                "evidence": v.evidence if v else "", "next_step": v.next_step if v else "", "metrics": metrics,
                 "products": products(sc_dir, self.run_dir) if sc_dir.exists() else []}
 
     def summary(self) -> dict[str, Any]:
@@ -244,9 +247,9 @@ class _Run:
             "scenarios": scenarios,
         }
 
-    def write_index(self) -> Path:
+    def write_index(self, summary: dict[str, Any] | None = None) -> Path:
         with self.lock:
-            summary = self.summary()
+            summary = self.summary() if summary is None else summary
             report.write_json(self.run_dir / "run.json", summary)
             return report.write_text(self.run_dir / "index.html", index.render(summary))
 
@@ -306,27 +309,24 @@ def _scenario_env(scen: str, run: _Run) -> dict[str, str] | None:
     """The environment a scenario's notebooks run in (None: this process's own): its fixes (GPULAB_FIXES and
     their variables, inherited by every child the notebooks start) and, when scenarios run side by side on
     several GPUs, the GPU it was given."""
-    fixes = params.resolve(run.cfg.root, scen, run.cfg.param_files, run.cfg.overrides).fixes
     env = dict(os.environ)
     if run.gpu_of.get(scen) is not None:
         env["CUDA_VISIBLE_DEVICES"] = run.gpu_of[scen]
-    env = scenario_env(fixes, env)   # also drops fixes this process inherited: a baseline has none
+    env = scenario_env(run.results[scen].fixes, env)   # also drops inherited fixes: a baseline has none
     return None if env == os.environ else env
 
 
-def _not_applicable(run: _Run, scen: str, values: Mapping[str, Any]) -> str | None:
+def _not_applicable(fixes: Sequence[str], values: Mapping[str, Any]) -> str | None:
     """Why the scenario's fixes cannot apply on the device it would run on (cuDNN or an allocator setting on
     a CPU), or None. Such a scenario is reported not_applicable, not run into an error of the fix's own."""
-    fixes = params.resolve(run.cfg.root, scen, run.cfg.param_files, run.cfg.overrides).fixes
     if not fixes:
         return None
     from gpulab import device as gdevice
     from gpulab.fixes import platform, registry   # imports torch: only for scenarios with fixes
+    from gpulab.fixes.fix import not_applicable
     facts = platform.facts(gdevice.resolve(str(values.get("device", "auto"))))
-    for fx in registry.resolve(fixes):
-        if not fx.applies(facts):
-            return f"{fx.name} needs {fx.needs or 'another platform'} (device {facts['device']})"
-    return None
+    why = not_applicable(registry.resolve(fixes), facts)
+    return f"{why} (device {facts['device']})" if why else None
 
 
 def _on_gpu(run: _Run, scen: str, schema: dict) -> None:
@@ -338,18 +338,17 @@ def _on_gpu(run: _Run, scen: str, schema: dict) -> None:
 
 
 def _run_scenario(run: _Run, scen: str, schema: dict) -> None:
-    values = run.results[scen].params
+    values, fixes = run.results[scen].params, run.results[scen].fixes
     sc_dir = run.run_dir / scen
     try:
         (sc_dir / "logs").mkdir(parents=True)
         report.write_text(sc_dir / "params.yaml", yaml.safe_dump(values, sort_keys=True))
     except OSError as exc:
         raise _disk(exc, sc_dir) if exc.errno in DISK_ERRNOS else exc
-    why_not = _not_applicable(run, scen, values)
+    why_not = _not_applicable(fixes, values)
     if why_not:
         run.say(f"[{scen}] not applicable here: {why_not}; its notebooks are not run")
-        for nb_path in run.notebooks:
-            run.add(scen, NotebookResult(nb_path.stem, "skipped", error=f"{verdict.NOT_APPLICABLE}: {why_not}"))
+        run.add(scen, *(NotebookResult(p.stem, verdict.NOT_APPLICABLE, error=why_not) for p in run.notebooks))
         return
     status_of: dict[str, str] = {}
     for nb_path in run.notebooks:
@@ -397,7 +396,7 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
     out = (cfg.out or cfg.root / "outputs").resolve()
     run_dir = new_run_dir(out)
     _point_latest(out, run_dir)
-    state = _Run(cfg, run_dir, notebooks, resolved, say, schema)
+    state = _Run(cfg, run_dir, notebooks, resolved, say)
     say(f"gpulab run {run_dir.name}: {len(cfg.scenarios)} scenario(s) x {len(notebooks)} notebook(s) -> {run_dir}")
     try:
         state.write_index()
@@ -436,12 +435,13 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
             path = run_dir / "index.html"
         say(f"gpulab run: {exc}; the run stopped (nothing is reported as a success)")
         return 1, path
-    failed = any(n.status != "ok" and not str(n.error or "").startswith(verdict.NOT_APPLICABLE)
-                 for r in state.results.values() for n in r.notebooks)
+    statuses = [n.status for r in state.results.values() for n in r.notebooks]
+    failed = any(s not in verdict.FINISHED for s in statuses)
     state.status = "failed" if failed else "ok"
-    index_path = state.write_index()
-    verdicts = ", ".join(f"{sc['name']} {sc['verdict']}" for sc in state.summary()["scenarios"])
-    na = sum(str(n.error or "").startswith(verdict.NOT_APPLICABLE) for r in state.results.values() for n in r.notebooks)
+    summary = state.summary()
+    index_path = state.write_index(summary)
+    verdicts = ", ".join(f"{sc['name']} {sc['verdict']}" for sc in summary["scenarios"])
+    na = statuses.count(verdict.NOT_APPLICABLE)
     ran = "every notebook ran to the end" + (f" ({na} not run: their scenario's fix cannot apply here)" if na else "")
     say(f"done in {time.time() - state.started:.0f} s: " + ("some notebooks FAILED" if failed else ran)
         + f"; verdict: {verdicts}")

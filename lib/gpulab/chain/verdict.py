@@ -11,8 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from gpulab.fixes import registry
+
 VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted", "not_applicable")
-NOT_APPLICABLE = "not applicable here"   # how the runner marks the notebooks of a scenario whose fix cannot apply
+# The status the runner gives the notebooks of a scenario whose fix cannot apply here (their error says why),
+# and that scenario's verdict.
+NOT_APPLICABLE = "not_applicable"
+FINISHED = ("ok", NOT_APPLICABLE)   # notebook statuses that do not fail a run
 SLOW_FACTOR = 1.5  # the workload's backend this much slower than the champion on the same call is "slow"
 
 
@@ -33,7 +38,6 @@ def _h(metrics: Mapping[str, Any], nb: str) -> str:
 
 def _select(name: str) -> str:
     """The next step for a faster correct candidate: a fix scenario only where one exists for it."""
-    from gpulab.fixes import registry  # light: reads patches/ names
     if f"sdpa_backend_{name}" in registry.names():
         return f"select {name} (scenario sdpa_backend_{name}) and check 04's cost table"
     return (f"{name} is not a PyTorch SDPA backend (no fix scenario selects it): call it in the model's attention "
@@ -49,10 +53,8 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
         where = cut[0]["name"] if cut else "before it finished"
         return ScenarioVerdict("interrupted", f"the run was interrupted during {where}",
                                "run it again (gpulab run); the finished notebooks are linked below")
-    na = [n for n in notebooks if str(n.get("error") or "").startswith(NOT_APPLICABLE)]
-    if na and len(na) == len(notebooks):
-        why = str(na[0]["error"]).removeprefix(NOT_APPLICABLE).lstrip(": ")
-        return ScenarioVerdict("not_applicable", f"not run: {why}",
+    if notebooks and all(n.get("status") == NOT_APPLICABLE for n in notebooks):
+        return ScenarioVerdict(NOT_APPLICABLE, f"not run: {notebooks[0].get('error')}",
                                "nothing to do here; run this scenario on the platform the fix is for")
     broken = [n for n in notebooks if n.get("status") in ("failed", "killed")]
     if broken:

@@ -8,7 +8,6 @@ named, and the child's whole process group is stopped through gpulab.proc.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time
@@ -100,9 +99,7 @@ def _tail_text(path: Path, chars: int = 800) -> str:
 
 def _child_env(env: dict | None) -> dict:
     """The child imports this very gpulab, whatever its PYTHONPATH said."""
-    child_env = dict(os.environ if env is None else env)
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    child_env["PYTHONPATH"] = pkg_root + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
+    child_env = proc.python_env(env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     return child_env
 

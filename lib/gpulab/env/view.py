@@ -179,8 +179,10 @@ def finding(facts: dict, matches: list[RiskMatch]) -> tuple[str, dict]:
     """Notebook 01's headline and metrics for gpulab.report.record."""
     return headline(facts, matches), {
         "device_name": facts.get("device_name"), "device_kind": facts.get("device_kind"),
-        "torch_version": facts.get("torch_version"), "cuda_version": facts.get("cuda_version") or
-        facts.get("hip_version"), "sdpa_selected": facts.get("sdpa_selected"), "sdpa_hung": facts.get("sdpa_hung"), "sdpa_failed": facts.get("sdpa_failed"),
+        "torch_version": facts.get("torch_version"),
+        "cuda_version": facts.get("cuda_version") or facts.get("hip_version"),
+        "sdpa_selected": facts.get("sdpa_selected"), "sdpa_hung": facts.get("sdpa_hung"),
+        "sdpa_failed": facts.get("sdpa_failed"),
         "sdpa_call": (facts.get("sdpa") or {}).get("call"), "risks": len(matches),
         "risk_ids": [m.rule_id for m in matches], "suggested_scenarios": suggested_scenarios(matches),
         "probe_status": facts.get("torch_probe_status")}

@@ -15,7 +15,7 @@ from gpulab.fixes import registry
 from gpulab.fixes.fix import Fix, FixError
 
 FIXES_VAR = "GPULAB_FIXES"
-PYTHON_VAR = "GPULAB_PYTHON"
+PYTHON_VAR = "GPULAB_PYTHON"   # = gpulab.workloads.PYTHON_ENV, not imported: children load this before runpy runs it
 LIST_VARS = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"})   # comma-separated options
 
 

@@ -9,18 +9,17 @@ The overhead is the ratio of median times minus one, with a bootstrap interval (
 from __future__ import annotations
 
 import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any, Callable, Mapping, Sequence
 
 from gpulab.bench.stats import ratio_ci
 from gpulab.fixes.target import Target
 from gpulab.hang import watch
-from gpulab import workloads
+from gpulab import proc, workloads
 
-LIB_DIR = str(Path(__file__).resolve().parents[2])   # children of another interpreter must find gpulab too
 
 
 @dataclass(frozen=True)
@@ -51,18 +50,11 @@ def overhead(candidate: Sequence[float], baseline: Sequence[float]) -> dict[str,
     95% interval (None with fewer than 3 samples a side). Pure."""
     if not candidate or not baseline:
         return {"overhead": None, "overhead_ci": None, "samples": [len(candidate), len(baseline)], "method": "none"}
-    c, b = sorted(candidate), sorted(baseline)
-    med = lambda x: (x[(len(x) - 1) // 2] + x[len(x) // 2]) / 2  # noqa: E731
-    (lo, hi), method = ratio_ci(c, b)
+    (lo, hi), method = ratio_ci(sorted(candidate), sorted(baseline))
     ci = [lo - 1, hi - 1] if math.isfinite(lo) and math.isfinite(hi) else None
-    return {"overhead": med(c) / med(b) - 1, "overhead_ci": ci, "samples": [len(c), len(b)], "method": method,
-            "median_s": med(c), "baseline_median_s": med(b)}
-
-
-def child_env(env: Mapping[str, str]) -> dict[str, str]:
-    out = dict(env)
-    out["PYTHONPATH"] = os.pathsep.join([LIB_DIR] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return out
+    mc, mb = median(candidate), median(baseline)
+    return {"overhead": mc / mb - 1, "overhead_ci": ci, "samples": [len(candidate), len(baseline)], "method": method,
+            "median_s": mc, "baseline_median_s": mb}
 
 
 def time_once(target: Target, arm: Arm, folder: Path, *, time_s: float, stall_s: float, timeout_s: float,
@@ -70,8 +62,8 @@ def time_once(target: Target, arm: Arm, folder: Path, *, time_s: float, stall_s:
     folder.mkdir(parents=True, exist_ok=True)
     python = arm.env.get(workloads.PYTHON_ENV) or sys.executable
     argv = target.timing_argv(arm.params, folder, python, time_s)
-    v = watch.run(argv, stall_s=stall_s, timeout_s=timeout_s, record=False, env=child_env(arm.env), out_dir=folder,
-                  progress=lambda m: None, stacks=False)
+    v = watch.run(argv, stall_s=stall_s, timeout_s=timeout_s, record=False, env=proc.python_env(arm.env),
+                  out_dir=folder, progress=lambda m: None, stacks=False)
     samples = target.samples(folder, v.elapsed_s) if v.status == "ok" else ()
     return Timing(arm.name, round_, v.status, samples, folder.name)
 
@@ -88,6 +80,6 @@ def measure(target: Target, arms: Sequence[Arm], out: Path, *, rounds: int, time
                           timeout_s=timeout_s, round_=r)
             done[name].append(t)
             say(f"  timing {name} round {r + 1}/{rounds}: {t.status}"
-                + (f", median {sorted(t.samples)[len(t.samples) // 2] * 1e3:.1f} ms" if t.samples else ""))
+                + (f", median {median(t.samples) * 1e3:.1f} ms" if t.samples else ""))
         after_round(done)
     return done

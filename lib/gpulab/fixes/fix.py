@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from gpulab.hang.classify import CLASSES
 
@@ -77,14 +77,6 @@ class Fix:
         if not self.changes:
             raise FixError(f"fix {self.name!r}: say what it changes (changes=...)")
 
-    @property
-    def env_vars(self) -> dict[str, str]:
-        return dict(self.env)
-
-    @property
-    def workload_params(self) -> dict[str, Any]:
-        return dict(self.params)
-
     def how(self) -> str:
         """How it reaches the child, in words (a table column)."""
         parts = [" ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in self.env)] if self.env else []
@@ -92,3 +84,11 @@ class Fix:
         parts += [f"interpreter {self.python}"] if self.python else []
         parts += [", ".join(f"{k}={v}" for k, v in self.params)] if self.params else []
         return "; ".join(parts)
+
+
+def not_applicable(fixes: Sequence[Fix], facts: Facts) -> str | None:
+    """None when every fix applies on this platform, else why not (the first that does not, in words)."""
+    for fx in fixes:
+        if not fx.applies(facts):
+            return f"{fx.name} needs {fx.needs or 'another platform'}"
+    return None

@@ -22,6 +22,7 @@ from gpulab import device as gdevice
 from gpulab import proc, report, workloads
 from gpulab.fixes import cost, numerics, platform, registry, scenarios, verdict
 from gpulab.fixes.compose import clean_env, compose, scenario_env
+from gpulab.fixes.fix import not_applicable
 from gpulab.fixes.scenarios import Scenario
 from gpulab.fixes.target import Target
 from gpulab.hang import ladder, watch
@@ -97,10 +98,17 @@ class ScenarioResult:
     verdict_why: str = ""
     seconds: float = 0.0
 
+    @property
+    def failures(self) -> int:
+        return self.trials - self.counts.get("pass", 0)
+
+    @property
+    def numerics_ok(self) -> bool | None:
+        return (self.numerics or {}).get("ok")
+
     def observed(self) -> verdict.Observed:
-        return verdict.Observed(self.name, self.fixes, self.applicable, self.trials,
-                                self.trials - self.counts.get("pass", 0) if self.trials else 0,
-                                (self.numerics or {}).get("ok"), self.overhead)
+        return verdict.Observed(self.name, self.fixes, self.applicable, self.trials, self.failures,
+                                self.numerics_ok, self.overhead)
 
 
 @dataclass(frozen=True)
@@ -169,12 +177,11 @@ def rows(m: MatrixResult) -> list[dict]:
         growth = (s.memory_growth or {}).get("series", {})
         out.append({
             "scenario": s.name, "fixes": ", ".join(s.fixes) or "-", "verdict": s.verdict or "not run",
-            "failed": f"{s.trials - s.counts.get('pass', 0)}/{s.trials}" if s.trials else "-",
+            "failed": f"{s.failures}/{s.trials}" if s.trials else "-",
             "fail rate 95%": f"{ci[0]:.0%}-{ci[1]:.0%}" if ci and s.trials else "-",
             "cost": (f"{s.overhead:+.1%}" + (f" ({oci[0]:+.0%}..{oci[1]:+.0%})" if oci else "")
                      if s.overhead is not None else "-"),
-            "numerics": ("ok" if (s.numerics or {}).get("ok") else "CHANGED" if (s.numerics or {}).get("ok") is False
-                         else "-"),
+            "numerics": "ok" if s.numerics_ok else "CHANGED" if s.numerics_ok is False else "-",
             "memory/step": ", ".join(f"{k} {v['bytes_per_step'] / 2**20:+.2f} MiB" + (" LEAK" if v["leak"] else "")
                                      for k, v in growth.items()) or "-",
             "why": s.verdict_why if s.applicable else s.not_applicable,
@@ -183,14 +190,6 @@ def rows(m: MatrixResult) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------ running
-
-def _applicability(fixes: Sequence[str], facts: Mapping[str, Any]) -> str | None:
-    """None when every fix applies here, else why not."""
-    for fx in registry.resolve(fixes):
-        if not fx.applies(facts):
-            return f"{fx.name} needs {fx.needs or 'another platform'}"
-    return None
-
 
 class _Matrix:
     """The state of one matrix run: results so far (in the planned order), saved after every change."""
@@ -208,9 +207,13 @@ class _Matrix:
     def results(self) -> list[ScenarioResult]:
         return [self.done[n] for n in self.order if n in self.done]
 
+    @property
+    def baseline(self) -> ScenarioResult | None:
+        return next((r for r in self.results if not r.fixes), None)
+
     def classes(self) -> tuple[str, ...]:
         """The baseline's failure class and op kind, then 03's."""
-        base = next((r for r in self.results if not r.fixes), None)
+        base = self.baseline
         ff = (base.first_failure or {}) if base else {}
         seen = scenarios.failure_classes(ff.get("class"), ff.get("in_flight_op"))
         return tuple(dict.fromkeys(seen + self.pointers.classes))
@@ -235,7 +238,7 @@ class _Matrix:
         fixes = registry.resolve(sc.fixes)
         comp = compose(fixes)
         changes = "; ".join(f"{f.name}: {f.changes}" for f in fixes) or "nothing (the workload as it is)"
-        why_not = _applicability(sc.fixes, self.facts)
+        why_not = not_applicable(fixes, self.facts)
         res = ScenarioResult(sc.name, sc.fixes, sc.why, changes, why_not is None, why_not)
         if why_not:
             self.say(f"{sc.name}: not applicable ({why_not})")
@@ -251,7 +254,7 @@ class _Matrix:
                         env=base_env, progress=lambda m: self.say(f"  [{sc.name}] {m}"), stacks=not sc.fixes)
         m = self.save(dataclasses.replace(res, seconds=round(time.monotonic() - t0, 3), **ladder_summary(lr)))
         got = next(s for s in m.scenarios if s.name == sc.name)
-        self.say(f"{sc.name}: {got.trials - got.counts.get('pass', 0)}/{got.trials} failed -> {got.verdict}")
+        self.say(f"{sc.name}: {got.failures}/{got.trials} failed -> {got.verdict}")
 
     def climb_all(self, todo: Sequence[Scenario], base_env: Mapping[str, str]) -> None:
         """Scenarios side by side when jobs allow: `jobs` children at a time in all (a scenario's trials share
@@ -280,11 +283,11 @@ class _Matrix:
         timing children run without it)."""
         keep = [r.name for r in self.results
                 if r.name in self.arms and (r.counts.get("pass", 0) > 0 or self.cfg.fault)]
-        base = next((r.name for r in self.results if not r.fixes), None)
-        return keep if base in keep and len(keep) > 1 else []
+        base = self.baseline
+        return keep if base is not None and base.name in keep and len(keep) > 1 else []
 
     def apply_costs(self, timings: Mapping[str, Sequence[cost.Timing]]) -> None:
-        base = next(r for r in self.results if not r.fixes)
+        base = self.baseline
         base_samples = [x for t in timings.get(base.name, ()) for x in t.samples]
         base_out = self._outputs(timings.get(base.name, ()))
         for r in self.results:

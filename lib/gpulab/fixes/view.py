@@ -32,9 +32,7 @@ def intro_md(cfg: WorkloadConfig, mcfg: MatrixConfig) -> str:
 
 def matrix_table(m: MatrixResult):
     """The matrix, one row per scenario, coloured by verdict."""
-    import pandas as pd
-
-    frame = pd.DataFrame(rows(m)).set_index("scenario") if m.scenarios else pd.DataFrame()
+    frame = report.table(rows(m), "scenario")
     if frame.empty:
         return frame
     return frame.style.apply(lambda col: [f"background-color: {COLOURS.get(v, '#ffffff')}" for v in col],
@@ -159,7 +157,7 @@ def finding(m: MatrixResult) -> tuple[str, dict[str, Any]]:
         s = by[m.recommendation]
         cost = (f"cost {s.overhead:+.1%}" + (f" (95% {s.overhead_ci[0]:+.0%}..{s.overhead_ci[1]:+.0%})"
                                               if s.overhead_ci else "") if s.overhead is not None else "cost not measured")
-        headline = (f"{drill}{s.name} removes the failure: {base.trials - base.counts.get('pass', 0)}/{base.trials} "
+        headline = (f"{drill}{s.name} removes the failure: {base.failures}/{base.trials} "
                     f"failed runs without it, 0/{s.trials} with it; {cost}; numerics "
                     f"{_numerics(s).split(':')[0]}")
     elif base is not None and base.trials and base.counts.get("pass", 0) == base.trials:
@@ -173,14 +171,14 @@ def finding(m: MatrixResult) -> tuple[str, dict[str, Any]]:
         "recommendation": m.recommendation, "next_step": m.next_step, "kind": m.kind, "drill": bool(m.drill),
         "recommendation_overhead": by[m.recommendation].overhead if m.recommendation else None,
         "planted": m.drill, "self_test": None if test is None else ("passed" if test[0] else "failed"),
-        "baseline_failed": (base.trials - base.counts.get("pass", 0)) if base else None,
+        "baseline_failed": base.failures if base else None,
         "baseline_trials": base.trials if base else 0, "baseline_fail_rate": base.fail_rate if base else None,
         "max_overhead": m.max_overhead, "interrupted": m.interrupted,
         "scenarios": {s.name: {"fixes": list(s.fixes), "verdict": s.verdict, "applicable": s.applicable,
-                               "trials": s.trials, "failed": s.trials - s.counts.get("pass", 0) if s.trials else 0,
+                               "trials": s.trials, "failed": s.failures,
                                "fail_rate": s.fail_rate, "fail_rate_ci": list(s.fail_rate_ci or ()) or None,
                                "overhead": s.overhead, "overhead_ci": s.overhead_ci,
-                               "numerics_ok": (s.numerics or {}).get("ok")} for s in m.scenarios},
+                               "numerics_ok": s.numerics_ok} for s in m.scenarios},
     }
     return headline, metrics
 

@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import proc, report, workloads
-from gpulab.hang import watch
-from gpulab.hang.ladder import Rung, Trial, run_trial, trials_to_detect
+from gpulab.hang.ladder import Rung, Trial, run_trial
 
 ENV_PREFIX = "env."
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -69,7 +69,7 @@ def issue_md(*, verdict: Mapping[str, Any] | None, ladder: Mapping[str, Any] | N
     shapes = " x ".join(str(tuple(s)) for s in op.get("shapes") or ())
     what = (f"`{op.get('name')}` ({shapes}, {', '.join(map(str, op.get('dtypes') or ()))}, on "
             f"{op.get('device')}) called at `{op.get('call_site')}`" if op else f"phase {v.get('phase')}")
-    lines = [f"### 🐛 Describe the bug", ""]
+    lines = ["### 🐛 Describe the bug", ""]
     if v.get("drill"):
         lines += [f"> This report comes from a **self-test** of gpulab's watchdog: the fault `{v.get('planted')}` "
                   "was planted on purpose. It is not a bug of PyTorch.", ""]

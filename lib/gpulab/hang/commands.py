@@ -124,7 +124,7 @@ def bisect_main(argv: Sequence[str]) -> int:
         return proc.EXIT_NOT_FOUND
     except (bisect.BisectError, ValueError, FileNotFoundError, BadInput, faults.FaultSpecError) as exc:
         if isinstance(exc, bisect.NothingToBisect):  # the probes ran: their record is kept
-            report.write_json(args.json, report.read_json(Path(out) / "bisect.json", default={}))
+            report.write_json(args.json, report.read_json(out / "bisect.json", default={}))
         print(f"gpulab bisect: {exc}", file=sys.stderr)
         return proc.EXIT_BAD_INPUT
     report.write_json(args.json, result.to_dict())

@@ -231,7 +231,7 @@ def show_bisection(bis: bisect.BisectResult | None, why: str) -> None:
     if bis is None:
         display(Markdown(f"**No bisection:** {report.esc(why)}."))
         return
-    display(Markdown(f"**Smallest failing configuration:** "
+    display(Markdown("**Smallest failing configuration:** "
                      + ", ".join(report.code(f"{k}={v}") for k, v in bis.minimal.items())
                      + f" ({report.esc(why)}; {report.esc(bis.detection)})"))
     plot_probes(bis)

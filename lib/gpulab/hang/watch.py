@@ -142,9 +142,7 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
     native.ensure()  # the recorder's C hot path, built here (never inside the watched program)
     if child_env.get(workloads.PYTHON_ENV) and interp == sys.executable:  # a fix's interpreter (patched torch)
         interp = child_env[workloads.PYTHON_ENV]
-    lib_dir = str(Path(__file__).resolve().parents[2])
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        [lib_dir] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    child_env = proc.python_env(child_env)
     argv = [interp, *flags, "-m", "gpulab.trace", "--log", str(out / "ops.log"), "--mode", mode,
             "--faulthandler", str(out / "faulthandler.txt")]
     argv += ["--fault", str(fault)] if fault else []

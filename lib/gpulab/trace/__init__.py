@@ -18,7 +18,7 @@ from gpulab.trace.view import plot_memory, plot_summary, plot_timeline
 
 # gpulab.trace.run imports gpulab.workloads: loaded on first use, so that `python -m gpulab.trace -- -m
 # gpulab.workloads` runs that module fresh as __main__ (runpy warns when it was imported before)
-_RUN = ("Recording", "bootstrap_command", "finding", "modes_for", "overhead", "record")
+_RUN = ("Recording", "bootstrap_command", "modes_for", "overhead", "record")
 
 
 def __getattr__(name: str):
@@ -31,5 +31,5 @@ __all__ = [
     "MODES", "Progress", "OpRecord", "MemSample", "Snapshot", "StreamProgress", "Recording", "Recorder", "create",
     "progress", "read", "read_device", "trim", "parse_args", "gpu_completed", "gpu_done", "gpu_culprit",
     "first_nonfinite", "to_frame", "summary", "memory_frame", "to_chrome_trace", "record", "bootstrap_command",
-    "overhead", "finding", "modes_for", "plot_timeline", "plot_summary", "plot_memory",
+    "overhead", "modes_for", "plot_timeline", "plot_summary", "plot_memory",
 ]

@@ -81,10 +81,7 @@ def memory_frame(snapshot: Snapshot):
     rows = []
     for m in snapshot.memory:
         gpu = m.reserved is not None
-        rss = getattr(m, "rss", None)
-        if rss is None and not gpu:
-            rss = m.allocated
-        rows.append({"t_s": m.t - snapshot.t0, "seq": m.seq, "rss_mb": rss / 2**20 if rss is not None else None,
+        rows.append({"t_s": m.t - snapshot.t0, "seq": m.seq, "rss_mb": None if gpu else m.allocated / 2**20,
                      "allocated_mb": m.allocated / 2**20 if gpu else None,
                      "reserved_mb": m.reserved / 2**20 if gpu else None})
     return pd.DataFrame(rows, columns=["t_s", "seq", "rss_mb", "allocated_mb", "reserved_mb"])
@@ -112,7 +109,6 @@ def to_chrome_trace(snapshot: Snapshot, path: str | os.PathLike) -> Path:
     return report.write_text(path, json.dumps({"traceEvents": ev, "displayTimeUnit": "ms",
                                 "otherData": {"mode": snapshot.mode, "device": snapshot.device,
                                               "dropped": snapshot.dropped}}))
-
 
 
 # ---------------------------------------------------------------------------------------------- warm-up
@@ -199,26 +195,39 @@ def nonfinite_note(bad: OpRecord | None, snapshot: Snapshot) -> str:
             f"{report.code(bad.call_site)}, inputs {report.code(_args_brief(bad.args))}.")
 
 
+def _reader_table(frame, columns: dict[str, str], index: str, percent: str | None = None):
+    """A table for a reader: columns renamed to words, `percent` (a share) as a percentage."""
+    t = frame.rename(columns=columns)
+    if percent:
+        t[percent] = [f"{v:.0%}" for v in t[percent]]
+    return report.table(t, index)
+
+
 def summary_table(summ, top: int = 12):
     """02's host-time table for a reader: op, calls, total and mean host time, share (and GPU time)."""
     cols = {"name": "op", "count": "calls", "total_ms": "host ms (total)", "mean_us": "host us (mean)",
             "share": "share of host time", "gpu_ms": "GPU ms (total)"}
-    t = summ.head(top).rename(columns=cols)
-    t["share of host time"] = [f"{v:.0%}" for v in t["share of host time"]]
-    return report.table(t, "op")
+    return _reader_table(summ.head(top), cols, "op", "share of host time")
 
 
 def warmup_table(ws, top: int = 12):
     cols = {"name": "op", "calls": "calls", "first_calls_ms": "first calls, ms (warm-up)",
             "steady_calls": "later calls", "steady_median_us": "later calls, median us", "steady_ms": "later calls, ms",
             "warmup_share": "warm-up share"}
-    t = ws.head(top).rename(columns=cols)
-    t["warm-up share"] = [f"{v:.0%}" for v in t["warm-up share"]]
-    return report.table(t, "op")
+    return _reader_table(ws.head(top), cols, "op", "warm-up share")
+
+
+def _overhead_rows(ov):
+    """The overhead table without its raw samples."""
+    return ov.drop(columns=["samples_s"], errors="ignore")
+
+
+def save_overhead(ov, out_dir: str | os.PathLike) -> None:
+    """02's overhead.csv (and .json): what each recording mode cost in this run."""
+    report.write_rows(out_dir, "overhead", _overhead_rows(ov).to_dict("records"))
 
 
 def overhead_table(ov):
     cols = {"variant": "recording mode", "ops": "ops", "median_s": "run s (median)", "baseline_s": "no recorder s",
             "us_per_op": "us per op over no recorder", "ratio": "x pass-through"}
-    t = ov.drop(columns=["samples_s"], errors="ignore").rename(columns=cols)
-    return report.table(t, "recording mode")
+    return _reader_table(_overhead_rows(ov), cols, "recording mode")

@@ -32,7 +32,7 @@ from gpulab.report import write_json
 from gpulab.trace import native
 from gpulab.trace.recorder import Recorder
 from gpulab.trace.ring import _check_mode
-from gpulab.trace.run import _child_env
+from gpulab.trace.run import _child_env, bootstrap_command
 
 WRAPPERS = ("none", "passthrough", "debugmode", "jsonl_flush")
 
@@ -260,7 +260,6 @@ class Variant:
     name: str
     mode: str | None = None            # recorder mode, or None for a wrapper
     wrapper: str | None = None         # one of WRAPPERS
-    gpu_mechanism: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     note: str = ""
 
@@ -279,7 +278,7 @@ def standard_variants(device: str) -> list[Variant]:
                 Variant("sync", mode="sync", note="synchronize after each op")]
     out += [Variant("stats", mode="stats", note="min/max/NaN of every output (syncs on CUDA)"),
             Variant("jsonl_flush", wrapper="jsonl_flush", note="naive crash-safe: one flushed JSON line per op")]
-    if debugmode_available():
+    if debugmode_variant() is not None:
         out.append(Variant("debugmode", wrapper="debugmode", note="PyTorch DebugMode (in memory, not crash-safe)"))
     return out
 
@@ -296,21 +295,10 @@ def pick_variants(variants: Sequence[Variant], names: str | None) -> list[Varian
     return [v for v in variants if v.name in want or v.name == "none"]
 
 
-def debugmode_available() -> bool:
-    try:
-        import importlib.util
-        return importlib.util.find_spec("torch.utils._debug_mode") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def variant_command(v: Variant, program: Sequence[str], log: str | os.PathLike) -> list[str]:
     """argv that runs `program` (SCRIPT.py ARGS) under variant v."""
     if v.mode is not None:
-        cmd = [sys.executable, "-m", "gpulab.trace", "--log", str(log), "--mode", v.mode]
-        if v.gpu_mechanism:
-            cmd += ["--gpu-mechanism", v.gpu_mechanism]
-        return cmd + ["--", *program]
+        return bootstrap_command(program, log, v.mode)
     return [sys.executable, "-m", "gpulab.trace.bench", "wrap", "--variant", v.wrapper or "none",
             "--jsonl", str(log), "--", *program]
 
@@ -369,7 +357,9 @@ class UserRow:
     samples_us: tuple[float, ...] = field(default=(), repr=False)
 
 
-def _per_op(run: dict, workload: str, key: str) -> float | None:
+def per_op_us(run: dict, workload: str, key: str = "unit_s") -> float | None:
+    """Microseconds per op in one run of PROGRAM: its median `workload` block time (`unit_s` wall, `cpu_s`
+    thread CPU) over the ops in a block; None when the run has no such block."""
     w = run.get(workload)
     if not w or not w.get(key):
         return None
@@ -381,19 +371,19 @@ def summarize(raw: Mapping[str, list[dict]], workload: str, notes: Mapping[str, 
     """Pure: per-run block times -> us/op per variant, over the no-mode baseline, and the ratio to the
     pass-through mode (from the medians, and per round: each round's variants ran within seconds)."""
     notes = notes or {}
-    med: dict[str, dict[str, float | None]] = {}
+    samples: dict[str, tuple[float, ...]] = {}       # wall us/op of each run, in run order
     per_round: dict[str, dict[int, float]] = {}
-    per_round_cpu: dict[str, dict[int, float]] = {}
+    wall: dict[str, float | None] = {}
+    cpu: dict[str, float | None] = {}
     ops = 0
     for name, runs in raw.items():
-        wall = [x for x in (_per_op(r, workload, "unit_s") for r in runs) if x is not None]
-        cpu = [x for x in (_per_op(r, workload, "cpu_s") for r in runs) if x is not None]
-        med[name] = {"wall": statistics.median(wall) if wall else None, "cpu": statistics.median(cpu) if cpu else None,
-                     "samples": tuple(wall)}
-        per_round[name] = {r["round"]: v for r in runs if (v := _per_op(r, workload, "unit_s")) is not None}
-        per_round_cpu[name] = {r["round"]: v for r in runs if (v := _per_op(r, workload, "cpu_s")) is not None}
+        pairs = [(r["round"], v) for r in runs if (v := per_op_us(r, workload)) is not None]
+        cpus = [v for r in runs if (v := per_op_us(r, workload, "cpu_s")) is not None]
+        samples[name], per_round[name] = tuple(v for _, v in pairs), dict(pairs)
+        wall[name] = statistics.median(samples[name]) if pairs else None
+        cpu[name] = statistics.median(cpus) if cpus else None
         ops = max(ops, max((r[workload]["ops_per_unit"] for r in runs if workload in r), default=0))
-    if baseline not in med or med[baseline]["wall"] is None:
+    if wall.get(baseline) is None:
         return []
 
     def ratio(a: float | None, base: float | None, ref: float | None) -> float | None:
@@ -401,25 +391,24 @@ def summarize(raw: Mapping[str, list[dict]], workload: str, notes: Mapping[str, 
             return None
         return (a - base) / (ref - base)
 
-    def round_ratio(table: dict[str, dict[int, float]], name: str) -> float | None:
-        vals = [ratio(table[name][r], table[baseline].get(r), table.get(reference, {}).get(r))
-                for r in table.get(name, {})]
+    def round_ratio(name: str) -> float | None:
+        vals = [ratio(v, per_round[baseline].get(r), per_round.get(reference, {}).get(r))
+                for r, v in per_round[name].items()]
         vals = [v for v in vals if v is not None]
         return statistics.median(vals) if vals else None
 
     out = []
-    base, ref = med[baseline], med.get(reference, {"wall": None, "cpu": None})
-    for name, m in med.items():
-        if m["wall"] is None:
+    for name, w in wall.items():
+        if w is None:
             continue
         is_base = name == baseline
         out.append(UserRow(
-            workload, name, len(m["samples"]), ops, m["wall"], m["wall"] - base["wall"],
-            None if is_base else ratio(m["wall"], base["wall"], ref["wall"]),
-            None if is_base else round_ratio(per_round, name),
-            m["cpu"] if m["cpu"] is not None else float("nan"),
-            None if is_base else ratio(m["cpu"], base["cpu"], ref["cpu"]),
-            notes.get(name, ""), m["samples"]))
+            workload, name, len(samples[name]), ops, w, w - wall[baseline],
+            None if is_base else ratio(w, wall[baseline], wall.get(reference)),
+            None if is_base else round_ratio(name),
+            cpu[name] if cpu[name] is not None else float("nan"),
+            None if is_base else ratio(cpu[name], cpu[baseline], cpu.get(reference)),
+            notes.get(name, ""), samples[name]))
     return out
 
 
@@ -432,6 +421,17 @@ def benchmark_parser(description: str, rounds_help: str) -> argparse.ArgumentPar
     p.add_argument("--quick", action="store_true", help="fewer rounds, variants and steps (< 1 min on a CPU)")
     p.add_argument("--variants", default=None, help="comma-separated subset of the variants (default: all)")
     return p
+
+
+def text_table(rows: Sequence[Mapping], columns: Sequence[tuple[str, str, int, str]]) -> list[str]:
+    """A benchmark's table for the terminal: a header line, then a line per row. columns: (title, key, width,
+    format such as "{:.2f}"); the first is left-aligned, the rest right-aligned; None prints as "-"."""
+    (title, key, width, _), rest = columns[0], columns[1:]
+    lines = [f"  {title:<{width}}" + "".join(f"{t:>{w}}" for t, _, w, _ in rest)]
+    for r in rows:
+        lines.append(f"  {r[key]:<{width}}" + "".join(f"{'-' if r[k] is None else fmt.format(r[k]):>{w}}"
+                                                      for _, k, w, fmt in rest))
+    return lines
 
 
 def failure_lines(failures: Mapping[str, str]) -> list[str]:

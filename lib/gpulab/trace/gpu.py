@@ -381,7 +381,7 @@ class EventTracker(Tracker):
 
 # ---------------------------------------------------------------------------------------------- choosing
 
-def _verify_memop(drv: Driver, tracker: MemopTracker, buf, timeout_s: float = 1.0) -> None:
+def _verify_memop(drv: Driver, tracker: MemopTracker, timeout_s: float = 1.0) -> None:
     """Write a value with the tracker on a private non-blocking stream and see it land in the log: the
     driver can accept the registration and still not deliver (a page it could not really pin). Waits
     only on its own stream, never on the program's work."""
@@ -425,7 +425,7 @@ def choose(drv: Driver, buf, preference: str = "auto", device: int = 0) -> tuple
                 if drv.attribute(ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS, device) == 0:
                     raise CudaError("cuDeviceGetAttribute", -1, "CAN_USE_64_BIT_STREAM_MEM_OPS is 0")
                 tracker = MemopTracker(drv, buf, pinned=mech == "memop-pinned")
-                _verify_memop(drv, tracker, buf)
+                _verify_memop(drv, tracker)
             else:
                 tracker = EventTracker(drv, buf, contexts)
                 tracker._events(device)

@@ -31,10 +31,9 @@ from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the
 from gpulab.trace import native, ring
 from gpulab.trace.ring import (_IDS, _MEM, _OFF_COMPLETED, _OFF_DEVICE, _OFF_FLAGS, _OFF_IDS, _OFF_GPU_SINCE, _OFF_MECHANISM,
                                _OFF_MEMCOUNT, _OFF_NONFINITE, _OFF_STARTED, _OFF_STATS, _OFF_STREAM, _OFF_TEND,
-                               _SLOT, _STATIC, _STATS, _UNINITIALIZED, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
+                               _SLOT, _STATS, _UNINITIALIZED, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
                                DEFAULT_STRING_CAPACITY, F_NONFINITE, F_RAISED, F_STATS, GPU_PAGE_OFF, HEADER_SIZE,
-                               MAX_STREAMS, MEM_SIZE, PAGE, STREAM_SIZE, Layout, StringWriter, _check_mode, _Q, _q,
-                               create)
+                               MAX_STREAMS, MEM_SIZE, PAGE, Layout, StringWriter, _check_mode, _Q, _q, create)
 
 _HERE = str(Path(__file__).resolve().parent)
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
@@ -109,10 +108,9 @@ class Recorder:
             create(self.log, mode, capacity, mem_capacity, string_capacity=string_capacity)
         self._fh = open(self.log, "r+b")
         self._mm = mmap.mmap(self._fh.fileno(), 0)
-        _, _, slot, cap, memcap, strcap, *_ = _STATIC.unpack_from(self._mm, 0)
-        self.layout = Layout(slot, cap, memcap, strcap)
-        self.capacity, self.mem_capacity = cap, memcap
-        self.strings = StringWriter(self._mm, self.layout.strings_off, strcap,
+        self.layout, _ = ring._header(self._mm, self.log)
+        self.capacity, self.mem_capacity = self.layout.capacity, self.layout.mem_capacity
+        self.strings = StringWriter(self._mm, self.layout.strings_off, self.layout.string_capacity,
                                     _Q.unpack_from(self._mm, ring._OFF_STRPOS)[0] or 8)
         self.prefault = Prefault(self._mm, self.layout)
         self._step_prefault()
@@ -193,11 +191,7 @@ class Recorder:
             return True
         self.tracker.poll()
         n = _Q.unpack_from(self._mm, ring._OFF_NSTREAMS)[0]
-        for i in range(min(n, MAX_STREAMS)):
-            done, enq = ring._STREAM.unpack_from(self._mm, GPU_PAGE_OFF + i * STREAM_SIZE)[:2]
-            if done < enq:
-                return False
-        return True
+        return not any(s.pending for s in ring._streams(self._mm, n))
 
     def __enter__(self) -> "Recorder":
         return self.install()
@@ -354,7 +348,6 @@ def _make_mode(rec: Recorder):
     # is the unavoidable cost (4 attribute reads per tensor); a hit skips everything else.
     arg_cache: dict = {}
     ARG_CACHE_MAX = 1 << 14
-    tensor_cls = frozenset((Tensor, torch.nn.Parameter))
     # scalars whose text is repr(value) and that are hashable with value equality (floats: nonzero only)
     scalar_cls = frozenset((int, bool, type(None), str, torch.dtype, torch.device, torch.layout,
                             torch.memory_format))
@@ -678,10 +671,9 @@ def _make_mode(rec: Recorder):
     WAIT = _TRACK_WAIT_CUDA
     skip = _dispatch_depth(torch, TorchDispatchMode)
     hot = _native_hot(rec, mm, lay, skip, dict(
-        tensor_type=Tensor, parameter_type=torch.nn.Parameter, scalar_types=scalar_cls, names=names,
-        threads=threads, codes=codes, cache=arg_cache, depths=depths, on_name=name_of, on_thread=thread_name,
-        on_code=code_kind, on_site=lambda f, d, lasti: site_text(f, d, lasti), on_args=args_slow,
-        on_miss=args_miss))
+        tensor_type=Tensor, parameter_type=Parameter, scalar_types=scalar_cls, names=names, threads=threads,
+        codes=codes, cache=arg_cache, depths=depths, on_name=name_of, on_thread=thread_name, on_code=code_kind,
+        on_site=site_text, on_args=args_slow, on_miss=args_miss))
     if hot is not None:  # one seq and completion count for both paths (composite records use them)
         next_seq, next_done = hot.next_seq, hot.next_done
     else:
@@ -693,7 +685,6 @@ def _make_mode(rec: Recorder):
         if track == _TRACK_WAIT_CUDA and cuda_mod._initialized:
             start_gpu()
         seq, dev = token >> 8, (token & 255) - 2
-        off = slots + (seq % cap) * slot_size
         if track == _TRACK_GPU:
             # completion marker on the op's stream, after its work (never a host sync)
             if dev == -1:
@@ -717,13 +708,13 @@ def _make_mode(rec: Recorder):
                 return
             if not code:
                 mv_q[e[1]] = seq
-                mv_h[(off >> 1) + h_stream] = e[0]
+                mv_h[((slots + (seq % cap) * slot_size) >> 1) + h_stream] = e[0]
         elif track == _TRACK_SYNC:
             if cuda_mod._initialized:
                 cuda.synchronize()
         elif track == _TRACK_STATS:
             if id(func) not in uninitialized:  # empty() holds garbage: NaNs there are not a fault
-                compute_stats(out, off, seq)
+                compute_stats(out, slots + (seq % cap) * slot_size, seq)
 
     # ------------------------------------------------------------------ composite records (SDPA)
     def begin(name: bytes, args, kind: int, site: int) -> tuple[int, int]:

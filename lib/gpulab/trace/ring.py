@@ -229,12 +229,6 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode={mode!r} is not valid; choose one of {', '.join(MODES)}")
 
 
-def check_mode(mode: str) -> str:
-    """`mode` if it is a recorder mode, else a ValueError naming the choices."""
-    _check_mode(mode)
-    return mode
-
-
 class StringWriter:
     """Appends texts to the string table of a mapped log and hands back their ids (positions).
 

@@ -19,7 +19,6 @@ from gpulab.trace import native
 from gpulab.trace.ring import _check_mode, read
 from gpulab.workloads import WorkloadConfig, cli_args, command
 
-_LIB = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True)
@@ -39,8 +38,7 @@ class Recording:
 
 
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([_LIB, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env = proc.python_env()
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -101,14 +99,16 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     return Recording(snap, None if timed_out else rc, sig, timed_out, secs, str(log), tuple(cmd), tail)
 
 
-def overhead(cfg, modes: Sequence[str] = ("ops", "stats"), repeats: int = 5, out_dir: str | os.PathLike =
+def overhead(cfg, modes: Sequence[str] | None = None, repeats: int = 5, out_dir: str | os.PathLike =
              "outputs/trace", timeout_s: float = 600.0):
     """Wall time of one rung with no recorder vs each mode, interleaved, in ONE child (a DataFrame).
 
     The built-in workload is timed in-process in the child (model built once); us/op = (t_mode - t_none)/ops.
+    modes: default `modes_for(cfg)`.
     """
     import pandas as pd
 
+    modes = modes_for(cfg) if modes is None else modes
     for m in modes:
         _check_mode(m)
     out = Path(out_dir)
@@ -151,20 +151,9 @@ def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s
                           "samples_s": s} for n, s in samples.items()])
 
 
-def finding(snap, rec: "Recording", ov, bad, rung: str, device: str) -> tuple[str, dict[str, Any]]:
-    """Notebook 02's headline and metrics from its recording, the overhead table and the first bad op."""
-    per_op = {r.variant: round(r.us_per_op, 2) for r in ov.itertuples() if r.variant != "none"}
-    ratio = (per_op.get("ops", float("nan")) / per_op["passthrough"]) if per_op.get("passthrough") else None
-    headline = (f"{snap.started} ops recorded ({rung} rung on {device}); crash-safe ops mode costs "
-                f"{per_op.get('ops', float('nan')):.1f} us/op"
-                + (f" ({ratio:.2f}x a bare dispatch mode)" if ratio else "")
-                + (f"; first non-finite op: {bad.name}" if bad else "; no non-finite values"))
-    metrics = dict(ops_recorded=snap.started, exit_code=rec.returncode, overhead_us_per_op=per_op,
-                   ops_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
-                   first_nonfinite_seq=bad.seq if bad else None, log=rec.log)
-    return headline, metrics
-
-
-def modes_for(device: str) -> list[str]:
-    """Modes worth timing on this device (auto, gpu and sync only differ from ops on CUDA)."""
-    return ["ops", "auto", "gpu", "sync", "stats"] if str(device).startswith("cuda") else ["ops", "stats"]
+def modes_for(cfg) -> list[str]:
+    """Modes worth timing for this workload: auto, gpu and sync only differ from ops on CUDA; a user's
+    workload is timed as a whole process, so only ops is (each mode would be one more full run)."""
+    if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
+        return ["ops"]
+    return ["ops", "auto", "gpu", "sync", "stats"] if str(cfg.device).startswith("cuda") else ["ops", "stats"]

@@ -6,14 +6,16 @@ from typing import Any
 from gpulab.trace.analysis import KINDS_ORDER, op_category
 
 
-def plain_log(ax: Any, axis: str = "x") -> None:
-    """Log-scale ticks as plain numbers (0.3, 1, 30), not 3x10^-1."""
+def log_axis(ax: Any, label: str, axis: str = "x") -> None:
+    """A log-scale axis with its label, ticks as plain numbers (0.3, 1, 30), not 3x10^-1."""
     from matplotlib.ticker import FuncFormatter
 
-    fmt = FuncFormatter(lambda v, _: f"{v:g}")
-    target = ax.xaxis if axis == "x" else ax.yaxis
-    target.set_major_formatter(fmt)
+    x = axis == "x"
+    (ax.set_xscale if x else ax.set_yscale)("log")
+    target = ax.xaxis if x else ax.yaxis
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     target.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    (ax.set_xlabel if x else ax.set_ylabel)(label)
 
 
 def _nothing(ax: Any, text: str):
@@ -21,6 +23,13 @@ def _nothing(ax: Any, text: str):
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()
     return ax
+
+
+def _top_rows(table, ax: Any, top: int):
+    """(axes to draw on, the table's first `top` rows bottom-up: horizontal bars list the largest on top)."""
+    import matplotlib.pyplot as plt
+
+    return ax or plt.subplots(figsize=(8, 4))[1], table.head(top).iloc[::-1]
 
 
 def plot_timeline(frame, ax: Any = None, max_rows: int = 4000):
@@ -59,16 +68,11 @@ def plot_timeline(frame, ax: Any = None, max_rows: int = 4000):
 
 def plot_summary(summ, ax: Any = None, top: int = 15):
     """Total host time per op type, on a log axis: op types span several decades."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(8, 4))[1]
-    s = summ.head(top).iloc[::-1]
+    ax, s = _top_rows(summ, ax, top)
     if s.empty:
         return _nothing(ax, "no op was recorded")
     ax.barh(s["name"].str.replace("aten.", "", regex=False), s["total_ms"].clip(lower=1e-4))
-    ax.set_xscale("log")
-    plain_log(ax)
-    ax.set_xlabel("total host time (ms, log scale)")
+    log_axis(ax, "total host time (ms, log scale)")
     ax.set_title(f"time per op type (top {min(top, len(summ))})")
     ax.tick_params(axis="y", labelsize=8)
     return ax
@@ -76,10 +80,7 @@ def plot_summary(summ, ax: Any = None, top: int = 15):
 
 def plot_warmup(ws, ax: Any = None, top: int = 12):
     """First calls (set-up: handles, autotuning, module loading) against the calls after them, per op type."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(8, 4))[1]
-    s = ws.head(top).iloc[::-1]
+    ax, s = _top_rows(ws, ax, top)
     if s.empty:
         return _nothing(ax, "no op was recorded")
     names = s["name"].str.replace("aten.", "", regex=False)
@@ -89,9 +90,7 @@ def plot_warmup(ws, ax: Any = None, top: int = 12):
     steady = s["steady_ms"].where(s["steady_calls"] > 0)  # no later call: no bar (not a zero-length one)
     ax.barh([i - 0.2 for i in y], steady, height=0.4, color="#0969da", label="every later call (steady state)")
     ax.set_yticks(list(y), names, fontsize=8)
-    ax.set_xscale("log")
-    plain_log(ax)
-    ax.set_xlabel("host time (ms, log scale)")
+    log_axis(ax, "host time (ms, log scale)")
     ax.set_title("warm-up apart from steady state")
     ax.legend(fontsize=8, loc="lower right")
     return ax
@@ -106,9 +105,7 @@ def plot_overhead(ov, device: str, rung: str, ax: Any = None):
     if rows.empty:
         return _nothing(ax, "the cost of recording was below this run's timing noise")
     ax.bar(rows["variant"], rows["us_per_op"], color="#0969da")
-    ax.set_yscale("log")
-    plain_log(ax, "y")
-    ax.set_ylabel("us per op over no recorder (log)")
+    log_axis(ax, "us per op over no recorder (log)", "y")
     ax.set_title(f"recording cost per op ({device}, {rung} rung, measured in this run)")
     return ax
 

@@ -64,8 +64,8 @@ static void forget_walk(Hot *self) {
     memset(self->site_cache, 0, sizeof(self->site_cache));
 }
 
-/* value of dict[key], or the callback's result on a miss; a new reference (NULL on error) */
-static PyObject *lookup_or_call(PyObject *dict, PyObject *key, PyObject *cb, PyObject *arg1, PyObject *arg2) {
+/* value of dict[key], or cb(arg)'s result on a miss; a new reference (NULL on error) */
+static PyObject *lookup_or_call(PyObject *dict, PyObject *key, PyObject *cb, PyObject *arg) {
     PyObject *v = PyDict_GetItemWithError(dict, key);
     if (v != NULL) {
         Py_INCREF(v);
@@ -73,14 +73,14 @@ static PyObject *lookup_or_call(PyObject *dict, PyObject *key, PyObject *cb, PyO
     }
     if (PyErr_Occurred())
         return NULL;
-    return arg2 ? PyObject_CallFunctionObjArgs(cb, arg1, arg2, NULL) : PyObject_CallOneArg(cb, arg1);
+    return PyObject_CallOneArg(cb, arg);
 }
 
 static long id_of(PyObject *dict, PyObject *obj, PyObject *cb) {
     PyObject *key = PyLong_FromVoidPtr(obj);
     if (!key)
         return -1;
-    PyObject *v = lookup_or_call(dict, key, cb, obj, NULL);
+    PyObject *v = lookup_or_call(dict, key, cb, obj);
     Py_DECREF(key);
     if (!v)
         return -1;
@@ -107,7 +107,7 @@ static long thread_sid(Hot *self, unsigned long tid) {
     PyObject *key = PyLong_FromUnsignedLong(tid);
     if (!key)
         return -1;
-    PyObject *v = lookup_or_call(self->threads, key, self->on_thread, key, NULL);
+    PyObject *v = lookup_or_call(self->threads, key, self->on_thread, key);
     Py_DECREF(key);
     if (!v)
         return -1;
@@ -144,7 +144,7 @@ static long site_sid(Hot *self) {
         while (cur != NULL) {
             PyCodeObject *code = PyFrame_GetCode(cur);
             PyObject *key = PyLong_FromVoidPtr(code);
-            PyObject *v = key ? lookup_or_call(self->codes, key, self->on_code, (PyObject *)code, NULL) : NULL;
+            PyObject *v = key ? lookup_or_call(self->codes, key, self->on_code, (PyObject *)code) : NULL;
             Py_XDECREF(key);
             Py_DECREF(code);
             if (!v) {
@@ -465,13 +465,6 @@ static int Hot_init(Hot *self, PyObject *args, PyObject *kw) {
     return self->s_device ? 0 : -1;
 }
 
-static PyObject *Hot_get_seq(Hot *self, void *c) { return PyLong_FromLongLong(self->seq); }
-
-static PyGetSetDef Hot_getset[] = {
-    {"seq", (getter)Hot_get_seq, NULL, "the next seq", NULL},
-    {NULL}
-};
-
 static PyMethodDef Hot_methods[] = {
     {"begin", (PyCFunction)(void (*)(void))Hot_begin, METH_FASTCALL,
      "begin(func, args) -> seq << 8 | (device + 2): write and commit the op's slot"},
@@ -495,7 +488,6 @@ static PyTypeObject HotType = {
     .tp_traverse = (traverseproc)Hot_traverse,
     .tp_clear = (inquiry)Hot_clear,
     .tp_methods = Hot_methods,
-    .tp_getset = Hot_getset,
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gpulab_hotpath", NULL, -1, NULL};
