@@ -407,6 +407,21 @@ def test_the_fixes_interpreter_variable_is_the_workloads():
     assert compose.PYTHON_VAR == workloads.PYTHON_ENV
 
 
+@pytest.mark.parametrize("command,fix_python,interp", [
+    (("python", "train.py"), None, sys.executable),
+    (("python", "train.py"), "/opt/patched/bin/python", "/opt/patched/bin/python"),
+    (("/opt/user/bin/python3", "train.py"), None, "/opt/user/bin/python3"),
+    (("/opt/user/bin/python3", "train.py"), "/opt/patched/bin/python", "/opt/user/bin/python3"),
+])
+def test_timing_children_run_under_the_interpreter_the_ladder_uses(tmp_path, command, fix_python, interp):
+    """A fix's interpreter replaces gpulab's own, never one the command names (as in watch.launch_plan)."""
+    argv = Target(command=command).timing_argv({}, tmp_path, fix_python, 1.0)
+    assert argv[0] == interp and argv[1:3] == ["-m", "gpulab.fixes.child"] and argv[-1] == "train.py"
+    plan = watch.launch_plan(list(command), tmp_path, record=True, mode="ops", fault=None, coredump=False,
+                             env={workloads.PYTHON_ENV: fix_python} if fix_python else {})
+    assert plan.argv[0] == interp
+
+
 def test_another_interpreter_runs_the_workload_children(extra_patches, tmp_path):
     """The `python` route (a venv with a patched torch): the ladder's children run under the fix's interpreter."""
     wrapper = tmp_path / "patched-python"

@@ -9,7 +9,6 @@ The overhead is the ratio of median times minus one, with a bootstrap interval (
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -60,8 +59,7 @@ def overhead(candidate: Sequence[float], baseline: Sequence[float]) -> dict[str,
 def time_once(target: Target, arm: Arm, folder: Path, *, time_s: float, stall_s: float, timeout_s: float,
               round_: int) -> Timing:
     folder.mkdir(parents=True, exist_ok=True)
-    python = arm.env.get(workloads.PYTHON_ENV) or sys.executable
-    argv = target.timing_argv(arm.params, folder, python, time_s)
+    argv = target.timing_argv(arm.params, folder, arm.env.get(workloads.PYTHON_ENV), time_s)
     v = watch.run(argv, stall_s=stall_s, timeout_s=timeout_s, record=False, env=proc.python_env(arm.env),
                   out_dir=folder, progress=lambda m: None, stacks=False)
     samples = target.samples(folder, v.elapsed_s) if v.status == "ok" else ()

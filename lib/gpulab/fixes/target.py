@@ -5,6 +5,7 @@ curve for the first two (gpulab.workloads saves them), outcomes and time only fo
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -63,19 +64,21 @@ class Target:
             return [ladder.Rung("module", tuple(workloads.command(self.config(params))))]
         return [ladder.Rung("command", self.command)]
 
-    def timing_argv(self, params: Mapping[str, Any], folder: Path, python: str, time_s: float) -> list[str]:
+    def timing_argv(self, params: Mapping[str, Any], folder: Path, python: str | None, time_s: float) -> list[str]:
         """A child that runs the workload once more (without the recorder) and says how long it took; the
-        built-in workload also times repeats of its rung for `time_s` seconds and saves its outputs."""
+        built-in workload also times repeats of its rung for `time_s` seconds and saves its outputs. `python`
+        is a fix's interpreter ($GPULAB_PYTHON), or None; it replaces the command's interpreter when that is
+        gpulab's own, as in the ladder's children (gpulab.hang.watch.launch_plan)."""
         timer = ["-m", CHILD, "--time", str(folder / "time.json"), "--"]
         if self.cfg is not None:
-            return [python, *timer, "-m", "gpulab.workloads", *workloads.cli_args(self.config(params)),
-                    "--json", str(folder / "result.json"), "--outputs", str(folder / "outputs.pt"),
-                    "--time-for", str(time_s)]
+            return [python or sys.executable, *timer, "-m", "gpulab.workloads",
+                    *workloads.cli_args(self.config(params)), "--json", str(folder / "result.json"),
+                    "--outputs", str(folder / "outputs.pt"), "--time-for", str(time_s)]
         py = watch.python_command(self.command)
         if py is None:
             return list(self.command)
         interp, flags, rest = py
-        return [python or interp, *flags, *timer, *rest]
+        return [python if python and interp == sys.executable else interp, *flags, *timer, *rest]
 
     def samples(self, folder: Path, elapsed_s: float) -> tuple[float, ...]:
         """Seconds per timed repeat (built-in), else the program's own time, else the child's wall time."""

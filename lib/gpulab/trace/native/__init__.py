@@ -42,7 +42,12 @@ def _cache_root() -> Path:
             return root
     except OSError:
         pass
-    return Path(tempfile.gettempdir()) / f"gpulab-native-{os.getuid()}"
+    root = Path(tempfile.gettempdir()) / f"gpulab-native-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)  # else the compiler cannot write its output there
+    except OSError:
+        pass
+    return root
 
 
 def artifact() -> Path:
