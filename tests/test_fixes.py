@@ -134,7 +134,9 @@ def test_registry_refuses_a_bad_module(extra_patches, name, text, msg):
     ("alloc_async", CPU, False), ("alloc_async", CUDA, True), ("alloc_async", ROCM, False),
     ("alloc_expandable", ROCM, True), ("sdpa_backend_cudnn", CPU, False), ("sdpa_backend_cudnn", CUDA, True),
     ("sdpa_backend_cudnn", {**CUDA, "cudnn": False}, False), ("sdpa_backend_efficient", CPU, False),
-    ("sdpa_backend_math", CPU, True), ("sdpa_backend_flash", CPU, True), ("rocm_safe", CUDA, False),
+    ("sdpa_backend_math", CPU, True), ("sdpa_backend_flash", CPU, True), ("sdpa_backend_flash", CUDA, True),
+    ("sdpa_backend_flash", {**CUDA, "sdpa_mask": True}, False), ("sdpa_backend_flash", {**CPU, "sdpa_mask": True}, True),
+    ("sdpa_backend_flash", {**CUDA, "sdpa_mask": None}, True), ("rocm_safe", CUDA, False),
     ("rocm_safe", ROCM, True), ("cpu_fallback", CPU, False), ("cpu_fallback", CUDA, True),
     ("module_loading_eager", CPU, False), ("sync_gemm", CPU, False), ("contiguous_gemm_inputs", CPU, True),
     ("omp_single_thread", CPU, True),
@@ -142,6 +144,15 @@ def test_registry_refuses_a_bad_module(extra_patches, name, text, msg):
 def test_a_fix_that_means_nothing_here_is_not_applicable(name, facts, applies):
     assert registry.get(name).applies(facts) is applies
     assert (not_applicable([registry.get(name)], facts) is None) is applies
+
+
+@pytest.mark.parametrize("params,masked", [({}, True), ({"text_tokens": 3}, False), ({"workload": "script:x.py"}, None),
+                                           ({"workload": "m:f"}, None)])
+def test_the_mask_fact_is_known_for_the_built_in_workload_only(params, masked):
+    from gpulab.fixes.platform import workload_mask
+    from gpulab.workloads import WorkloadConfig
+    assert workload_mask(WorkloadConfig(**params)) is masked
+    assert workload_mask(None) is None
 
 
 def test_not_applicable_names_the_first_fix_that_does_not_apply_and_what_it_needs():

@@ -324,7 +324,12 @@ def _not_applicable(fixes: Sequence[str], values: Mapping[str, Any]) -> str | No
     from gpulab import device as gdevice
     from gpulab.fixes import platform, registry   # imports torch: only for scenarios with fixes
     from gpulab.fixes.fix import not_applicable
-    facts = platform.facts(gdevice.resolve(str(values.get("device", "auto"))))
+    from gpulab.workloads import WorkloadConfig
+    try:
+        mask = platform.workload_mask(WorkloadConfig.from_params(values))
+    except ValueError:   # a bad workload value: the notebooks say so; here only the mask is unknown
+        mask = None
+    facts = platform.facts(gdevice.resolve(str(values.get("device", "auto"))), mask)
     why = not_applicable(registry.resolve(fixes), facts)
     return f"{why} (device {facts['device']})" if why else None
 

@@ -26,7 +26,7 @@ class FixError(ValueError):
     """A fix module that declares something that cannot work (bad class, nothing to change, ...)."""
 
 
-Facts = Mapping[str, Any]   # {"device": cpu|cuda, "gpu": cuda|rocm|None, "cudnn": bool, "torch": "2.x"}
+Facts = Mapping[str, Any]   # gpulab.fixes.platform.facts: device, gpu, cudnn, torch, sdpa_mask
 
 
 def always(facts: Facts) -> bool:
@@ -39,6 +39,11 @@ def on_gpu(facts: Facts) -> bool:
 
 def on_nvidia(facts: Facts) -> bool:
     return facts.get("gpu") == "cuda" and on_gpu(facts)
+
+
+def takes_the_call_unmasked(facts: Facts) -> bool:
+    """FlashAttention on CUDA takes no explicit attention mask: forcing it on a masked call only errors."""
+    return not (on_gpu(facts) and facts.get("sdpa_mask"))
 
 
 def on_rocm(facts: Facts) -> bool:

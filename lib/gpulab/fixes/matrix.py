@@ -324,7 +324,7 @@ def run(target: Target, cfg: MatrixConfig, out_dir: str | Path, *, pointers_dir:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     found = scenarios.pointers(pointers_dir)
-    mx = _Matrix(target, cfg, out, platform.facts(dev), say, found)
+    mx = _Matrix(target, cfg, out, platform.facts(dev, platform.workload_mask(target.cfg)), say, found)
     base_env = clean_env(os.environ if env is None else env)
     say(f"{target.describe()}: {len(chosen)} scenario(s){' (auto)' if is_auto else ''}, {cfg.repeats} run(s) per "
         f"rung, stall {cfg.stall_s:g} s" + (f", planted fault {cfg.fault} (a self-test)" if cfg.fault else ""))

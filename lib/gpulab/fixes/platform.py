@@ -9,11 +9,20 @@ import torch
 from torch.nn.attention import SDPBackend
 
 
-def facts(device: str) -> dict:
-    """{"device": cpu|cuda[:N], "gpu": cuda|rocm|None, "cudnn": bool, "torch": version}."""
+def facts(device: str, sdpa_mask: bool | None = None) -> dict:
+    """{"device": cpu|cuda[:N], "gpu": cuda|rocm|None, "cudnn": bool, "torch": version, "sdpa_mask": the
+    workload's attention call carries an explicit mask (True/False for the built-in workload, None when
+    unknown: a user's program)}."""
     gpu = "rocm" if getattr(torch.version, "hip", None) else ("cuda" if torch.version.cuda else None)
     on_gpu = str(device).startswith("cuda") and torch.cuda.is_available()
     return {"device": str(device), "gpu": gpu if on_gpu else None,
             "cudnn": bool(on_gpu and torch.backends.cudnn.is_available()
                           and hasattr(SDPBackend, "CUDNN_ATTENTION")),
-            "torch": torch.__version__}
+            "torch": torch.__version__, "sdpa_mask": sdpa_mask}
+
+
+def workload_mask(cfg) -> bool | None:
+    """Whether a workload configuration's attention call is masked: known for the built-in workload only."""
+    if cfg is None or cfg.kind != "builtin":
+        return None
+    return cfg.padded_text_tokens > 0
