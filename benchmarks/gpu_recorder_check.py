@@ -144,11 +144,13 @@ def part_mechanism(out: Path) -> dict:
     prog = out / "mechanism_program.py"
     prog.write_text(MECH_PROGRAM)
     problems = []
-    for mech in ("auto", *gpu.MECHANISMS):
-        log = out / f"{mech}.log"
+    for run_name in ("auto", *gpu.MECHANISMS, "events/python"):   # the last: markers from the pure-Python path
+        mech, _, path = run_name.partition("/")
+        log = out / f"{run_name.replace('/', '-')}.log"
         cmd = bootstrap_command([str(prog)], log, "auto", gpu_mechanism=None if mech == "auto" else mech)
+        env = _child_env() if not path else {**_child_env(), "GPULAB_TRACE_NATIVE": "0"}
         t0 = time.monotonic()
-        r = proc.run(cmd, timeout_s=120, env=_child_env(), capture=True, label=mech)
+        r = proc.run(cmd, timeout_s=120, env=env, capture=True, label=run_name)
         row: dict = {"exit": r.returncode, "seconds": round(time.monotonic() - t0, 2),
                      "stderr_tail": r.stderr[-600:]}
         if log.exists():
@@ -173,9 +175,9 @@ def part_mechanism(out: Path) -> dict:
                 if s.completed != s.started or r.returncode != 0:
                     bad.append("recording did not go on without GPU progress")
                 row["problems"] = bad
-                problems += [f"{mech}: {b}" for b in bad]
-                res["runs"][mech] = row
-                say(f"mechanism {mech}: not available on this driver ({s.gpu_notes}) problems={bad}")
+                problems += [f"{run_name}: {b}" for b in bad]
+                res["runs"][run_name] = row
+                say(f"mechanism {run_name}: not available on this driver ({s.gpu_notes}) problems={bad}")
                 continue
             if want and s.gpu_mechanism != want:
                 bad.append(f"mechanism {s.gpu_mechanism!r} != {want!r} ({s.gpu_notes})")
@@ -186,12 +188,12 @@ def part_mechanism(out: Path) -> dict:
             if len(s.streams) < 2:
                 bad.append(f"{len(s.streams)} stream(s) tracked, expected the default and the side stream")
             row["problems"] = bad
-            problems += [f"{mech}: {b}" for b in bad]
+            problems += [f"{run_name}: {b}" for b in bad]
         else:
             row["problems"] = ["no log"]
-            problems.append(f"{mech}: no log")
-        res["runs"][mech] = row
-        say(f"mechanism {mech}: {row.get('mechanism')} ops={row.get('ops')} tracked={row.get('tracked')} "
+            problems.append(f"{run_name}: no log")
+        res["runs"][run_name] = row
+        say(f"mechanism {run_name}: {row.get('mechanism')} ops={row.get('ops')} tracked={row.get('tracked')} "
             f"gpu_done={row.get('gpu_done')} problems={row['problems']}")
     res["auto_uses"] = res["runs"].get("auto", {}).get("mechanism")
     res["problems"] = problems

@@ -423,9 +423,21 @@ R cuStreamWriteValue64_v2(void *s, uint64_t a, uint64_t v, unsigned f) { *(volat
 R cuStreamCreate(void **s, unsigned f) { *s = (void *)(0x1000 + next++); return 0; }
 R cuStreamQuery(void *s) { return 0; }
 R cuStreamDestroy_v2(void *s) { return 0; }
+/* events: each record takes a ticket; the "GPU" completes the tickets below `limit` (fake_set_limit), so a
+   test can leave a kernel unfinished and everything queued behind it */
+#define FAKE_EVENTS (1 << 16)
+static long tickets[FAKE_EVENTS], issued = 0, limit = 1L << 62;
+void fake_set_limit(long n) { limit = n; }
+long fake_issued(void) { return issued; }
 R cuEventCreate(void **e, unsigned f) { *e = (void *)(0x2000 + next++); return 0; }
-R cuEventRecord(void *e, void *s) { return 0; }
-R cuEventQuery(void *e) { return 0; }
+static int refuse = 0;
+void fake_refuse(int code) { refuse = code; }
+R cuEventRecord(void *e, void *s) {
+    if (refuse) return refuse;
+    tickets[((intptr_t)e - 0x2000) % FAKE_EVENTS] = issued++;
+    return 0;
+}
+R cuEventQuery(void *e) { return tickets[((intptr_t)e - 0x2000) % FAKE_EVENTS] < limit ? 0 : 600; }
 R cuEventDestroy_v2(void *e) { return 0; }
 R cuGetErrorName(int c, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
 """
@@ -445,6 +457,7 @@ def fake_driver(tmp_path):
     assert r.returncode == 0, r.stderr
     drv = gpu.Driver(ctypes.CDLL(str(lib)))
     drv("cuInit", 0)
+    drv.lib.fake_set_limit.argtypes, drv.lib.fake_issued.restype = [ctypes.c_long], ctypes.c_long
     return drv
 
 
@@ -503,6 +516,7 @@ def test_auto_mode_gpu_path_with_a_stand_in_driver(tmp_path, fake_driver, monkey
                    ("aten.zeros.default", 0, True), ("aten.mul.Tensor", None, None),
                    ("aten.full.default", 0, True)]
     assert snap.gpu_mechanism == "memop-ring" and len(snap.streams) == 1
+    assert rec.gpu_path == ("native" if native_path else "python")
     assert (snap.streams[0].handle, snap.streams[0].done, snap.streams[0].enqueued) == (0x5000, 4, 4)
     assert snap.gpu_completed == snap.completed == 5
     assert os.path.getsize(log) == rec.layout.used_size(5)   # every marker landed: closed and trimmed
@@ -529,3 +543,122 @@ def test_a_failing_gpu_path_stops_tracking_and_never_breaks_the_program(tmp_path
     snap = trace.read(log)
     assert [r.name for r in snap.records] == ["aten.zeros.default", "aten.ones.default"]
     assert snap.gpu_mechanism.startswith("stopped: RuntimeError") and (a + b).sum() == 2
+
+
+def _stand_in_cuda(monkeypatch, fake_driver, streams=lambda dev: 0x5000 + dev):
+    import torch
+
+    monkeypatch.setattr(gpu, "load", lambda: fake_driver)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", streams, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+
+
+def _wait_for(cond, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return cond()
+
+
+@pytest.mark.parametrize("native_path", [True, False])
+@pytest.mark.parametrize("stuck_at", [0, 2, 5])
+def test_events_name_the_op_whose_gpu_work_never_completed(tmp_path, fake_driver, monkeypatch, native_path, stuck_at):
+    """Events mechanism (a driver without stream memory ops, as on the H100 host): the GPU stops after the
+    `stuck_at`-th marker; while the ops stay pending, the log names exactly that op as the first one whose
+    GPU work is not done, on both hot paths (the C one polls on its own thread, by binary search)."""
+    import torch
+
+    monkeypatch.setenv("FAKE_NO_MEMOPS", "1")
+    _stand_in_cuda(monkeypatch, fake_driver)
+    fake_driver.lib.fake_set_limit(fake_driver.lib.fake_issued() + stuck_at)
+    log = tmp_path / "ev.log"
+    rec = trace.Recorder(log, "auto", native=native_path).install()
+    try:
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        for _ in range(8):
+            torch.zeros(2)
+        assert rec.gpu_path == ("native" if native_path else "python") and rec.tracker.mechanism == "events"
+        first = ring._Q.unpack_from(rec._mm, ring._OFF_GPU_SINCE)[0]   # the first tracked op's seq
+
+        def caught_up():
+            s = trace.read(log)
+            return s.streams and s.streams[0].done == (first + stuck_at - 1 if stuck_at else -1)
+        assert _wait_for(caught_up)
+        snap = trace.read(log)
+        pending = [r.seq for r in snap.records if r.gpu_done is False]
+        assert pending == list(range(first + stuck_at, first + 8))
+        assert snap.gpu_completed == first + stuck_at
+        fake_driver.lib.fake_set_limit(1 << 62)                        # the GPU moves on
+        assert _wait_for(lambda: trace.read(log).streams[0].done == first + 7)
+    finally:
+        fake_driver.lib.fake_refuse(0)
+        rec.uninstall()
+        monkeypatch.setattr(torch.cuda, "_initialized", False)
+        rec.close()
+    assert trace.read(log).gpu_completed == trace.read(log).completed
+
+
+def test_a_full_event_ring_skips_markers_and_never_reuses_a_pending_event(tmp_path, fake_driver, monkeypatch):
+    """C hot path: a stream's events form a ring; when the GPU is a whole ring behind, later ops go without
+    a marker (untracked) instead of re-recording an event that is still pending, so a stuck op is still the
+    first pending one and no marker is ever reported complete too early."""
+    import torch
+
+    monkeypatch.setenv("FAKE_NO_MEMOPS", "1")
+    monkeypatch.setattr(gpu, "STREAM_EVENT_POOL", 4)
+    _stand_in_cuda(monkeypatch, fake_driver)
+    fake_driver.lib.fake_set_limit(fake_driver.lib.fake_issued() + 1)  # only the first marker completes
+    log = tmp_path / "full.log"
+    rec = trace.Recorder(log, "auto").install()
+    try:
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        for _ in range(10):
+            torch.zeros(2)
+        assert rec.gpu_path == "native"
+        first = ring._Q.unpack_from(rec._mm, ring._OFF_GPU_SINCE)[0]
+        assert _wait_for(lambda: trace.read(log).streams[0].done == first)
+        # the ring holds 4: the op that completed frees one place (op 5 may get it, depending on the poll)
+        snap = trace.read(log)
+        tracked = [r.seq - first for r in snap.records if r.stream is not None]
+        assert tracked[:4] == [0, 1, 2, 3] and len(tracked) <= 5
+        assert [r.seq - first for r in snap.records if r.gpu_done is False][0] == 1
+    finally:
+        rec.uninstall()
+        monkeypatch.setattr(torch.cuda, "_initialized", False)
+        fake_driver.lib.fake_set_limit(1 << 62)
+        rec.close()
+
+
+def test_native_markers_follow_each_stream_and_stop_after_refusals(tmp_path, fake_driver, monkeypatch):
+    """Two streams get two page entries, each op counted on its own; a driver that refuses every marker
+    stops GPU tracking after 100 refusals, says why in the log, and the program runs on."""
+    import torch
+
+    monkeypatch.setenv("FAKE_NO_MEMOPS", "1")
+    which = {"s": 0x7000}
+    _stand_in_cuda(monkeypatch, fake_driver, streams=lambda dev: which["s"])
+    log = tmp_path / "two.log"
+    rec = trace.Recorder(log, "auto").install()
+    try:
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        for i in range(6):
+            which["s"] = 0x7000 if i % 3 else 0x7100
+            torch.zeros(2)
+        assert _wait_for(lambda: len(trace.read(log).streams) == 2 and not any(s.pending for s in trace.read(log).streams))
+        snap = trace.read(log)
+        assert sorted(s.handle for s in snap.streams) == [0x7000, 0x7100]
+        by_stream = {s.handle: s for s in snap.streams}
+        assert by_stream[0x7100].enqueued < by_stream[0x7000].enqueued
+        fake_driver.lib.fake_refuse(999)
+        for _ in range(120):
+            torch.zeros(2)
+        assert rec.tracker.native.gpu_state()["disabled"] == 1
+        snap = trace.read(log)
+        assert snap.gpu_mechanism == "stopped: CUresult 999" and len(snap.records) == 126
+        assert all(r.stream is None for r in snap.records[6:])
+    finally:
+        fake_driver.lib.fake_refuse(0)
+        rec.uninstall()
+        monkeypatch.setattr(torch.cuda, "_initialized", False)
+        rec.close()

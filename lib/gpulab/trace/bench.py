@@ -274,7 +274,9 @@ def standard_variants(device: str) -> list[Variant]:
                    note="gpulab ops with the pure-Python hot path (no compiler)"),
            Variant("auto", mode="auto", note="default: ops until CUDA, then GPU progress (best mechanism)")]
     if cuda:
-        out += [Variant("gpu_events", mode="gpu", note="GPU progress by pooled CUDA events"),
+        out += [Variant("auto_python", mode="auto", env=(("GPULAB_TRACE_NATIVE", "0"),),
+                        note="auto with the pure-Python hot path (GPU markers emitted and polled in Python)"),
+                Variant("gpu_events", mode="gpu", note="GPU progress by pooled CUDA events"),
                 Variant("sync", mode="sync", note="synchronize after each op")]
     out += [Variant("stats", mode="stats", note="min/max/NaN of every output (syncs on CUDA)"),
             Variant("jsonl_flush", wrapper="jsonl_flush", note="naive crash-safe: one flushed JSON line per op")]

@@ -11,7 +11,13 @@ Mechanisms, best first (`choose` picks the first that works; the log's header na
   memop-pinned  the same write into pinned host memory, copied into the log every millisecond by the
                 recorder's background thread (when the driver or kernel refuses to pin file pages).
   events        a CUDA event per op from a pre-allocated pool, recorded through the driver API, queried
-                by the background thread (when stream memory ops are not supported).
+                by a poller thread (when stream memory ops are not supported, as on many hosts whose
+                nvidia module sets NVreg_EnableStreamMemOPs=0).
+
+Who emits: with the C hot path (gpulab.trace.native) `end()` emits the marker itself and, for events, a
+native thread polls each stream's own event ring without the GIL (newest first, else a binary search:
+a stream completes in order); the Python trackers below then only set up (`native_spec`, `stream_pool`)
+and clean up. Without it, the recorder's Python `after()` emits and its background thread polls.
 
 libcuda is reached through ctypes (torch has loaded it already): nothing here is imported before CUDA is
 in use, and without a driver `load()` returns None and the recorder stays in plain `ops` recording.
@@ -31,6 +37,8 @@ MECHANISMS = ("memop-ring", "memop-pinned", "events")
 PREFERENCES = ("auto", *MECHANISMS)
 PROBE_INDEX = MAX_STREAMS - 1          # the GPU page's last entry: scratch for the install-time check
 EVENT_POOL = 8192                      # > the deepest launch queue: an event is never re-recorded while pending
+STREAM_EVENT_POOL = 4096               # per stream, C hot path: a full ring skips markers, never reuses a pending one
+NATIVE_MEMOP, NATIVE_EVENTS = 0, 1     # the C hot path's mechanism kinds (hotpath.c G_MEMOP, G_EVENTS)
 
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY, CUDA_ERROR_INVALID_CONTEXT = 0, 600, 201
 ATTR_CAN_MAP_HOST_MEMORY = 19
@@ -192,9 +200,24 @@ class Tracker:
     def __init__(self, drv: Driver, buf):
         self.drv, self.buf = drv, buf
         self.contexts: dict[int, int] = {}   # device -> primary context
+        self.native = None                   # the C hot path once it emits the markers (attach)
 
     def target(self, index: int, device: int):
         raise NotImplementedError
+
+    def native_spec(self) -> tuple[int, tuple[int, int, int, int, int]]:
+        """(kind, addresses of (emit, query, cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent)) for
+        the C hot path's gpu_start."""
+        raise NotImplementedError
+
+    def _addresses(self, emit: str, query: str | None) -> tuple[int, int, int, int, int]:
+        fn = self.drv.fn
+        return tuple(ctypes.cast(fn[n], ctypes.c_void_p).value or 0 if n else 0
+                     for n in (emit, query, "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
+
+    def attach(self, hot) -> None:
+        """The C hot path emits the markers from now on (and polls events on its own thread)."""
+        self.native = hot
 
     def poll(self) -> None:
         pass
@@ -247,6 +270,9 @@ class MemopTracker(Tracker):
             raise
         self.dev_ptr = d.value
         self.seen = [-1] * MAX_STREAMS
+
+    def native_spec(self):
+        return NATIVE_MEMOP, self._addresses("cuStreamWriteValue64_v2", None)
 
     def target(self, index: int, device: int = 0) -> int:
         """Device address of stream `index`'s done word (the entry's first field)."""
@@ -301,24 +327,52 @@ class EventTracker(Tracker):
         self.lock = threading.Lock()
         self.record = drv.fn["cuEventRecord"]
         self.query = drv.fn["cuEventQuery"]
+        self.stream_pools: list[tuple[int, list[int]]] = []   # (device, events) made for the C hot path
+
+    def native_spec(self):
+        return NATIVE_EVENTS, self._addresses("cuEventRecord", "cuEventQuery")
+
+    def attach(self, hot) -> None:
+        super().attach(hot)
+        self.needs_poll = False   # the C poller thread keeps the page current
+
+    def _create(self, device: int, n: int) -> list[int]:
+        """n events of the device's context (events belong to a context)."""
+        ctx = self.contexts.get(device)
+        if ctx:
+            self.drv("cuCtxPushCurrent_v2", _P(ctx))
+        evs: list[int] = []
+        try:
+            for _ in range(n):
+                e = _P()
+                self.drv("cuEventCreate", ctypes.byref(e), EVENT_DISABLE_TIMING)
+                evs.append(e.value)
+        except CudaError:
+            self._destroy(evs)
+            raise
+        finally:
+            if ctx:
+                self.drv("cuCtxPopCurrent_v2", ctypes.byref(_P()))
+        return evs
+
+    def _destroy(self, evs: list[int]) -> None:
+        for e in evs:
+            try:
+                self.drv("cuEventDestroy_v2", _P(e))
+            except CudaError:
+                pass
+
+    def stream_pool(self, device: int, n: int | None = None) -> list[int]:
+        """A stream's own events for the C hot path (its ring never re-records a pending one)."""
+        evs = self._create(device, n or STREAM_EVENT_POOL)
+        self.stream_pools.append((device, evs))
+        return evs
 
     def _events(self, device: int) -> list[int]:
         """The device's pool, made on first use in the device's context (events belong to a context)."""
         evs = self.pools.get(device)
         if evs is None:
-            ctx = self.contexts.get(device)
-            if ctx:
-                self.drv("cuCtxPushCurrent_v2", _P(ctx))
-            try:
-                evs = []
-                for _ in range(self.pool):
-                    e = _P()
-                    self.drv("cuEventCreate", ctypes.byref(e), EVENT_DISABLE_TIMING)
-                    evs.append(e.value)
-            finally:
-                if ctx:
-                    self.drv("cuCtxPopCurrent_v2", ctypes.byref(_P()))
-            self.pools[device] = evs
+            evs = self.pools[device] = self._create(device, self.pool)
             self.next[device] = 0
         return evs
 
@@ -364,19 +418,19 @@ class EventTracker(Tracker):
 
     def drain(self, timeout_s: float = 1.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while any(self.queues.values()) and time.monotonic() < deadline:
+        while (any(self.queues.values()) or (self.native is not None and self.native.gpu_pending())) \
+                and time.monotonic() < deadline:
             self.poll()
             time.sleep(0.001)
 
     def close(self) -> None:
+        if self.native is not None:
+            self.native.gpu_stop()   # before its events are destroyed
         self.poll()
-        for evs in self.pools.values():
-            for e in evs:
-                try:
-                    self.drv("cuEventDestroy_v2", _P(e))
-                except CudaError:
-                    pass
+        for evs in [*self.pools.values(), *(evs for _, evs in self.stream_pools)]:
+            self._destroy(evs)
         self.pools.clear()
+        self.stream_pools.clear()
 
 
 # ---------------------------------------------------------------------------------------------- choosing
@@ -428,7 +482,7 @@ def choose(drv: Driver, buf, preference: str = "auto", device: int = 0) -> tuple
                 _verify_memop(drv, tracker)
             else:
                 tracker = EventTracker(drv, buf, contexts)
-                tracker._events(device)
+                tracker._destroy(tracker._create(device, 1))   # events can be made here (pools come on use)
             tracker.contexts = contexts
             return tracker, notes
         except (CudaError, OSError, ValueError) as exc:

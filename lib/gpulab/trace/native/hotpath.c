@@ -9,13 +9,23 @@
 
    Slot layout (gpulab.trace.ring._SLOT, little endian): seq q | t_start d | t_end d | name site args thread
    (u32 string ids) | stream h | depth b | kind b | flags B. The seq is written last with release order,
-   so a reader in another process never accepts a half-written slot (also on weakly ordered CPUs). */
+   so a reader in another process never accepts a half-written slot (also on weakly ordered CPUs).
+
+   GPU progress (modes auto and gpu, gpulab.trace.gpu): once the recorder chose a mechanism, `gpu_start`
+   hands over the driver's entry points and end() enqueues the op's completion marker on its stream before
+   it marks the op returned: a stream memory op writing the seq into the log's GPU page, or a CUDA event
+   from the stream's own pool. Events are polled by a native thread (no GIL, no Python): per stream the
+   newest event first, else a binary search for the last completed one (a stream completes in order), so
+   a poll costs O(log pending) queries and never competes with the program for the GIL. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if PY_VERSION_HEX < 0x030B0000
 #error "the native hot path needs Python >= 3.11 (PyFrame_GetLasti)"
@@ -45,7 +55,51 @@ typedef struct {
     PyObject *getframe, *skip_obj;                            /* sys._getframe, skip as an int */
     struct { void *func; long sid; } name_cache[NAME_CACHE];  /* direct-mapped: op -> name id */
     struct { void *code; int lasti; long sid; } site_cache[SITE_CACHE];
+    struct Gpu *gpu;                                          /* NULL until gpu_start */
 } Hot;
+
+/* ------------------------------------------------------------------------------------ GPU progress */
+
+#define MAX_GSTREAMS 128
+#define CU_SUCCESS 0
+#define CU_NOT_READY 600
+#define CU_INVALID_CONTEXT 201
+#define G_MEMOP 0
+#define G_EVENTS 1
+#define G_SKIPPED (-1)     /* no marker: the stream's event ring is full (the GPU is that far behind) */
+
+typedef int (*cu_record_t)(void *ev, void *stream);
+typedef int (*cu_query_t)(void *ev);
+typedef int (*cu_write64_t)(void *stream, uint64_t addr, uint64_t value, unsigned flags);
+typedef int (*cu_setctx_t)(void *ctx);
+typedef int (*cu_popctx_t)(void **ctx);
+
+typedef struct {
+    uintptr_t handle;
+    long dev;
+    long index;                 /* entry in the log's GPU page */
+    void *ctx;
+    uint64_t target;            /* memop: device address of the entry's done word */
+    void **events;              /* events: the stream's own pool, used round robin */
+    int64_t *seqs;
+    int64_t cap;
+    int64_t head, tail;         /* head: written under the GIL; tail: by the poller (atomics) */
+} GStream;
+
+typedef struct Gpu {
+    int kind, multi, stop, running, disabled;
+    pid_t owner;                /* a forked child never joins its parent's poller */
+    pthread_t poller;
+    long poll_us, errors, max_errors;
+    cu_record_t record; cu_query_t query; cu_write64_t write64;
+    cu_setctx_t set_ctx, push_ctx; cu_popctx_t pop_ctx;
+    void *first_ctx;
+    PyObject *raw_stream, *get_device, *capturing, *on_stream, *on_stop;
+    Py_ssize_t page_off, stream_size;
+    long n;                     /* entries published (release) */
+    long last;                  /* index of the entry hit last (most ops run on one stream) */
+    GStream s[MAX_GSTREAMS];
+} Gpu;
 
 static double now(void) {
     struct timespec ts;
@@ -290,6 +344,254 @@ static inline char *slot_of(Hot *self, long long seq) {
     return self->base + self->slots_off + (seq % self->cap) * self->slot_size;
 }
 
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* how many of the ring's pending events [tail, head) completed: a prefix (in stream order) */
+static int64_t ready_prefix(Gpu *g, GStream *e, int64_t tail, int64_t head) {
+    int code = g->query(e->events[(head - 1) % e->cap]);
+    if (code == CU_SUCCESS)
+        return head;
+    if (code != CU_NOT_READY)
+        return tail;   /* an error (a context gone): leave the entry as it is */
+    int64_t lo = tail, hi = head - 1;   /* hi is known not ready */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (g->query(e->events[mid % e->cap]) == CU_SUCCESS)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void poll_once(Hot *self, Gpu *g) {
+    long n = __atomic_load_n(&g->n, __ATOMIC_ACQUIRE);
+    void *cur = g->first_ctx;
+    for (long i = 0; i < n; i++) {
+        GStream *e = &g->s[i];
+        int64_t head = __atomic_load_n(&e->head, __ATOMIC_ACQUIRE), tail = e->tail;
+        if (head == tail)
+            continue;
+        if (g->multi && e->ctx != cur && e->ctx) {
+            g->set_ctx(e->ctx);
+            cur = e->ctx;
+        }
+        int64_t upto = ready_prefix(g, e, tail, head);
+        if (upto > tail) {
+            __atomic_store_n((int64_t *)(self->base + g->page_off + e->index * g->stream_size),
+                             e->seqs[(upto - 1) % e->cap], __ATOMIC_RELEASE);
+            __atomic_store_n(&e->tail, upto, __ATOMIC_RELEASE);
+        }
+    }
+}
+
+static void *poller_main(void *arg) {
+    Hot *self = (Hot *)arg;
+    Gpu *g = self->gpu;
+    if (g->first_ctx)
+        g->set_ctx(g->first_ctx);
+    while (!__atomic_load_n(&g->stop, __ATOMIC_ACQUIRE)) {
+        poll_once(self, g);
+        sleep_us(g->poll_us);
+    }
+    poll_once(self, g);
+    return NULL;
+}
+
+static void gpu_stop(Hot *self) {
+    Gpu *g = self->gpu;
+    if (g == NULL || !g->running)
+        return;
+    g->running = 0;
+    __atomic_store_n(&g->stop, 1, __ATOMIC_RELEASE);
+    if (g->owner == getpid()) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(g->poller, NULL);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void gpu_free(Hot *self) {
+    Gpu *g = self->gpu;
+    if (g == NULL)
+        return;
+    gpu_stop(self);
+    for (long i = 0; i < g->n; i++) {
+        free(g->s[i].events);
+        free(g->s[i].seqs);
+    }
+    Py_CLEAR(g->raw_stream); Py_CLEAR(g->get_device); Py_CLEAR(g->capturing);
+    Py_CLEAR(g->on_stream); Py_CLEAR(g->on_stop);
+    free(g);
+    self->gpu = NULL;
+}
+
+/* tracking stopped (a failing query, too many refused markers): the recorder says why in the log */
+static void gpu_disable(Gpu *g, PyObject *why) {
+    g->disabled = 1;
+    if (why == NULL) {   /* a Python error is pending: its text is the reason */
+        PyObject *t = NULL, *v = NULL, *tb = NULL;
+        PyErr_Fetch(&t, &v, &tb);
+        PyErr_NormalizeException(&t, &v, &tb);
+        why = t && v ? PyUnicode_FromFormat("%s: %S", ((PyTypeObject *)t)->tp_name, v)
+                     : PyUnicode_FromString("error");
+        Py_XDECREF(t); Py_XDECREF(v); Py_XDECREF(tb);
+    }
+    if (why == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *r = PyObject_CallOneArg(g->on_stop, why);
+    Py_DECREF(why);
+    Py_XDECREF(r);
+    PyErr_Clear();
+}
+
+static GStream *gpu_stream(Hot *self, Gpu *g, uintptr_t handle, long dev) {
+    GStream *e = &g->s[g->last];
+    if (g->n && e->handle == handle && e->dev == dev)
+        return e;
+    for (long i = 0; i < g->n; i++) {
+        if (g->s[i].handle == handle && g->s[i].dev == dev) {
+            g->last = i;
+            return &g->s[i];
+        }
+    }
+    if (g->n >= MAX_GSTREAMS)
+        return NULL;
+    /* a new stream: the recorder claims its page entry and (events) makes its pool */
+    PyObject *r = PyObject_CallFunction(g->on_stream, "lK", dev, (unsigned long long)handle);
+    if (r == NULL) {
+        gpu_disable(g, NULL);
+        return NULL;
+    }
+    if (r == Py_None) {  /* the page is full: this stream's ops are not tracked */
+        Py_DECREF(r);
+        return NULL;
+    }
+    e = &g->s[g->n];
+    memset(e, 0, sizeof(*e));
+    PyObject *events = NULL;
+    unsigned long long ctx = 0, target = 0;
+    if (!PyArg_ParseTuple(r, "lKKO", &e->index, &ctx, &target, &events)) {
+        Py_DECREF(r);
+        gpu_disable(g, NULL);
+        return NULL;
+    }
+    e->handle = handle;
+    e->dev = dev;
+    e->ctx = (void *)(uintptr_t)ctx;
+    e->target = target;
+    if (g->kind == G_EVENTS) {
+        PyObject *seq = PySequence_Fast(events, "on_stream: events must be a sequence");
+        Py_ssize_t k = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
+        if (seq == NULL || k < 2) {
+            Py_XDECREF(seq);
+            Py_DECREF(r);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "on_stream: an event pool needs at least 2 events");
+            gpu_disable(g, NULL);
+            return NULL;
+        }
+        e->events = calloc((size_t)k, sizeof(void *));
+        e->seqs = calloc((size_t)k, sizeof(int64_t));
+        if (!e->events || !e->seqs) {
+            free(e->events); free(e->seqs);
+            Py_DECREF(seq); Py_DECREF(r);
+            PyErr_NoMemory();
+            gpu_disable(g, NULL);
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < k; j++)
+            e->events[j] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(seq, j));
+        e->cap = k;
+        Py_DECREF(seq);
+    }
+    Py_DECREF(r);
+    if (PyErr_Occurred()) {
+        free(e->events); free(e->seqs);
+        gpu_disable(g, NULL);
+        return NULL;
+    }
+    if (e->ctx && g->first_ctx && e->ctx != g->first_ctx)
+        g->multi = 1;   /* from now on every marker is emitted with its device's context pushed */
+    g->last = g->n;
+    __atomic_store_n(&g->n, g->n + 1, __ATOMIC_RELEASE);
+    return e;
+}
+
+static int gpu_emit1(Gpu *g, GStream *e, uintptr_t handle, long long seq) {
+    if (g->kind == G_MEMOP)
+        return g->write64((void *)handle, e->target, (uint64_t)seq, 0);
+    int64_t head = e->head;
+    if (head - __atomic_load_n(&e->tail, __ATOMIC_ACQUIRE) >= e->cap)
+        return G_SKIPPED;
+    int code = g->record(e->events[head % e->cap], (void *)handle);
+    if (code == CU_SUCCESS) {
+        e->seqs[head % e->cap] = seq;
+        __atomic_store_n(&e->head, head + 1, __ATOMIC_RELEASE);
+    }
+    return code;
+}
+
+/* the op `seq` returned: its marker, after its work, on the current stream of its device (never a sync) */
+static void gpu_mark(Hot *self, long long seq, long dev, char *slot) {
+    Gpu *g = self->gpu;
+    if (dev == -1)
+        return;   /* CPU tensors only */
+    PyObject *c = PyObject_CallNoArgs(g->capturing);
+    if (c == NULL) {
+        gpu_disable(g, NULL);
+        return;
+    }
+    int capturing = PyObject_IsTrue(c);
+    Py_DECREF(c);
+    if (capturing)
+        return;   /* inside a CUDA graph capture: a marker would become part of the graph */
+    if (dev < 0) {   /* no tensor argument (a factory): the current device */
+        PyObject *d = PyObject_CallNoArgs(g->get_device);
+        dev = d ? PyLong_AsLong(d) : -1;
+        Py_XDECREF(d);
+        if (PyErr_Occurred()) {
+            gpu_disable(g, NULL);
+            return;
+        }
+    }
+    PyObject *dv = PyLong_FromLong(dev);
+    PyObject *h = dv ? PyObject_CallOneArg(g->raw_stream, dv) : NULL;
+    Py_XDECREF(dv);
+    uintptr_t handle = h ? (uintptr_t)PyLong_AsUnsignedLongLongMask(h) : 0;
+    Py_XDECREF(h);
+    if (h == NULL || PyErr_Occurred()) {
+        gpu_disable(g, NULL);
+        return;
+    }
+    GStream *e = gpu_stream(self, g, handle, dev);
+    if (e == NULL || g->disabled)
+        return;
+    void *popped;
+    if (g->multi && e->ctx)
+        g->push_ctx(e->ctx);
+    int code = gpu_emit1(g, e, handle, seq);
+    if (code == CU_INVALID_CONTEXT && e->ctx) {   /* a thread without a current context: once, the device's */
+        g->set_ctx(e->ctx);
+        code = gpu_emit1(g, e, handle, seq);
+    }
+    if (g->multi && e->ctx)
+        g->pop_ctx(&popped);
+    if (code == CU_SUCCESS) {
+        int16_t idx = (int16_t)e->index;
+        __atomic_store_n((int64_t *)(self->base + g->page_off + e->index * g->stream_size + 8), (int64_t)seq,
+                         __ATOMIC_RELEASE);
+        memcpy(slot + 40, &idx, 2);
+    } else if (code != G_SKIPPED && ++g->errors >= g->max_errors) {
+        gpu_disable(g, PyUnicode_FromFormat("CUresult %d", code));
+    }
+}
+
 static PyObject *Hot_begin(Hot *self, PyObject *const *argv, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_Check(argv[1])) {
         PyErr_SetString(PyExc_TypeError, "begin(func, args: tuple)");
@@ -350,6 +652,8 @@ static int finish(Hot *self, PyObject *arg, int raised) {
         return -1;
     }
     char *s = slot_of(self, r >> 8);
+    if (!raised && self->gpu && !self->gpu->disabled)
+        gpu_mark(self, r >> 8, (long)(r & 0xFF) - 2, s);
     double t1 = now();
     if (raised)
         s[44] = (char)(s[44] | F_RAISED);
@@ -376,6 +680,90 @@ static PyObject *Hot_next_done(Hot *self, PyObject *unused) {
     return PyLong_FromLongLong(++self->done);
 }
 
+static PyObject *Hot_gpu_start(Hot *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"kind", "functions", "raw_stream", "get_device", "capturing", "on_stream", "on_stop",
+                             "page_off", "stream_size", "first_ctx", "poll_us", "max_errors", NULL};
+    int kind;
+    unsigned long long f_emit, f_query, f_set, f_push, f_pop, first_ctx;
+    PyObject *raw_stream, *get_device, *capturing, *on_stream, *on_stop;
+    Py_ssize_t page_off, stream_size;
+    long poll_us = 2000, max_errors = 100;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i(KKKKK)OOOOOnnK|ll", kwlist, &kind, &f_emit, &f_query, &f_set,
+                                     &f_push, &f_pop, &raw_stream, &get_device, &capturing, &on_stream, &on_stop,
+                                     &page_off, &stream_size, &first_ctx, &poll_us, &max_errors))
+        return NULL;
+    if (self->gpu != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "GPU tracking already started");
+        return NULL;
+    }
+    if (!self->has_view) {
+        PyErr_SetString(PyExc_ValueError, "the hot path was released");
+        return NULL;
+    }
+    if ((kind != G_MEMOP && kind != G_EVENTS) || !f_emit || !f_set || !f_push || !f_pop ||
+        (kind == G_EVENTS && !f_query) || poll_us < 1 ||
+        page_off + MAX_GSTREAMS * stream_size > self->view.len) {
+        PyErr_SetString(PyExc_ValueError, "gpu_start: bad kind, missing driver entry point or page outside the log");
+        return NULL;
+    }
+    Gpu *g = calloc(1, sizeof(Gpu));
+    if (g == NULL)
+        return PyErr_NoMemory();
+    g->kind = kind;
+    if (kind == G_MEMOP)
+        g->write64 = (cu_write64_t)(uintptr_t)f_emit;
+    else
+        g->record = (cu_record_t)(uintptr_t)f_emit;
+    g->query = (cu_query_t)(uintptr_t)f_query;
+    g->set_ctx = (cu_setctx_t)(uintptr_t)f_set;
+    g->push_ctx = (cu_setctx_t)(uintptr_t)f_push;
+    g->pop_ctx = (cu_popctx_t)(uintptr_t)f_pop;
+    g->first_ctx = (void *)(uintptr_t)first_ctx;
+    g->page_off = page_off;
+    g->stream_size = stream_size;
+    g->poll_us = poll_us;
+    g->max_errors = max_errors;
+    Py_INCREF(raw_stream); g->raw_stream = raw_stream;
+    Py_INCREF(get_device); g->get_device = get_device;
+    Py_INCREF(capturing); g->capturing = capturing;
+    Py_INCREF(on_stream); g->on_stream = on_stream;
+    Py_INCREF(on_stop); g->on_stop = on_stop;
+    self->gpu = g;
+    if (kind == G_EVENTS) {
+        g->owner = getpid();
+        if (pthread_create(&g->poller, NULL, poller_main, self) != 0) {
+            gpu_free(self);
+            PyErr_SetString(PyExc_OSError, "gpu_start: could not start the event poller thread");
+            return NULL;
+        }
+        g->running = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Hot_gpu_stop(Hot *self, PyObject *unused) {
+    gpu_stop(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Hot_gpu_pending(Hot *self, PyObject *unused) {
+    /* events not yet seen complete, over all streams (the memop path keeps none: the page says it) */
+    long long pending = 0;
+    Gpu *g = self->gpu;
+    if (g != NULL)
+        for (long i = 0; i < __atomic_load_n(&g->n, __ATOMIC_ACQUIRE); i++)
+            pending += __atomic_load_n(&g->s[i].head, __ATOMIC_ACQUIRE) - __atomic_load_n(&g->s[i].tail, __ATOMIC_ACQUIRE);
+    return PyLong_FromLongLong(pending);
+}
+
+static PyObject *Hot_gpu_state(Hot *self, PyObject *unused) {
+    Gpu *g = self->gpu;
+    if (g == NULL)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:i,s:i,s:i,s:l,s:l,s:i}", "kind", g->kind, "running", g->running, "disabled",
+                         g->disabled, "errors", g->errors, "streams", g->n, "multi", g->multi);
+}
+
 static PyObject *Hot_forget(Hot *self, PyObject *unused) {
     forget_walk(self);
     Py_RETURN_NONE;
@@ -383,6 +771,7 @@ static PyObject *Hot_forget(Hot *self, PyObject *unused) {
 
 static PyObject *Hot_release(Hot *self, PyObject *unused) {
     forget_walk(self);
+    gpu_stop(self);   /* the poller writes into the buffer: stopped before it is released */
     if (self->has_view) {
         PyBuffer_Release(&self->view);
         self->has_view = 0;
@@ -397,11 +786,16 @@ static int Hot_traverse(Hot *self, visitproc visit, void *arg) {
     Py_VISIT(self->depths); Py_VISIT(self->on_name); Py_VISIT(self->on_thread); Py_VISIT(self->on_code);
     Py_VISIT(self->on_site); Py_VISIT(self->on_args); Py_VISIT(self->on_miss);
     Py_VISIT(self->walk_f); Py_VISIT(self->walk_u); Py_VISIT(self->walk_d);
+    if (self->gpu) {
+        Py_VISIT(self->gpu->raw_stream); Py_VISIT(self->gpu->get_device); Py_VISIT(self->gpu->capturing);
+        Py_VISIT(self->gpu->on_stream); Py_VISIT(self->gpu->on_stop);
+    }
     return 0;
 }
 
 static int Hot_clear(Hot *self) {
     forget_walk(self);
+    gpu_free(self);
     Py_CLEAR(self->tensor_t); Py_CLEAR(self->param_t); Py_CLEAR(self->scalar_cls);
     Py_CLEAR(self->names); Py_CLEAR(self->threads); Py_CLEAR(self->codes); Py_CLEAR(self->cache);
     Py_CLEAR(self->depths); Py_CLEAR(self->on_name); Py_CLEAR(self->on_thread); Py_CLEAR(self->on_code);
@@ -413,6 +807,7 @@ static int Hot_clear(Hot *self) {
 
 static void Hot_dealloc(Hot *self) {
     PyObject_GC_UnTrack(self);
+    gpu_free(self);
     Hot_clear(self);
     if (self->has_view)
         PyBuffer_Release(&self->view);
@@ -473,6 +868,12 @@ static PyMethodDef Hot_methods[] = {
     {"next_seq", (PyCFunction)Hot_next_seq, METH_NOARGS, "reserve a seq (composite records)"},
     {"next_done", (PyCFunction)Hot_next_done, METH_NOARGS, "count one completed record"},
     {"forget", (PyCFunction)Hot_forget, METH_NOARGS, "drop the cached frames and thread id"},
+    {"gpu_start", (PyCFunction)(void (*)(void))Hot_gpu_start, METH_VARARGS | METH_KEYWORDS,
+     "gpu_start(kind, (emit, query, set_ctx, push_ctx, pop_ctx), raw_stream, get_device, capturing, on_stream, "
+     "on_stop, page_off, stream_size, first_ctx, poll_us=2000, max_errors=100): end() marks GPU completion"},
+    {"gpu_stop", (PyCFunction)Hot_gpu_stop, METH_NOARGS, "stop the event poller (after a last poll)"},
+    {"gpu_pending", (PyCFunction)Hot_gpu_pending, METH_NOARGS, "events not yet seen complete"},
+    {"gpu_state", (PyCFunction)Hot_gpu_state, METH_NOARGS, "GPU tracking's state as a dict (None: not started)"},
     {"release", (PyCFunction)Hot_release, METH_NOARGS, "release the buffer (the mmap can then close)"},
     {NULL}
 };
