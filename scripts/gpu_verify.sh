@@ -22,15 +22,15 @@ step() {  # step NAME LIMIT_S COMMAND...
 }
 for s in "$@"; do case $s in
   env)      step env 150 python3 benchmarks/gpu_env.py --out $RES/env ;;
-  trace)    step trace 280 python3 benchmarks/bench_trace_overhead.py --out $RES/trace --repeats 3 --variants none,passthrough,ops,ops_python,auto,debugmode ;;
+  trace)    step trace 280 python3 benchmarks/bench_trace_overhead.py --out $RES/trace --repeats 3 --variants ${TRACE_VARIANTS:-none,passthrough,ops,ops_python,auto,auto_python} ;;
   steptime) step steptime 260 python3 benchmarks/bench_step_time.py --out $RES/steptime --repeats 3 --variants none,ops,auto ;;
-  recorder) step recorder 150 python3 benchmarks/gpu_recorder_check.py --out $RES/recorder --skip benchmarks ;;
+  recorder) step recorder 170 python3 benchmarks/gpu_recorder_check.py --out $RES/recorder --skip benchmarks ;;
   fixes)    step fixes ${FIXES_LIMIT:-360} python3 benchmarks/bench_fixes.py --out $RES/fixes ${FIXES_ARGS:-} ;;
-  watchcli) step watchcli 90 python3 -m gpulab watch --stall 5 --out $RES/watchcli/out --json $RES/watchcli/verdict.json \
+  watchcli) step watchcli 70 python3 -m gpulab watch --stall 5 --out $RES/watchcli/out --json $RES/watchcli/verdict.json \
               --fault spin:aten.mm@3 -- python3 tests/fixtures/spin_then_sync.py ;;
-  drill03)  step drill03 200 python3 -m gpulab run --only 03 --out $RES/drill03/outputs -p device=cuda \
+  drill03)  step drill03 170 python3 -m gpulab run --only 03 --out $RES/drill03/outputs -p device=cuda \
               -p fault=spin:aten.mm@3 -p stall_s=5 -p repeats=1 -p 'shrink=[]' ;;
-  heldback03) step heldback03 200 python3 -m gpulab run --only 03 --out $RES/heldback03/outputs -p device=cuda \
+  heldback03) step heldback03 170 python3 -m gpulab run --only 03 --out $RES/heldback03/outputs -p device=cuda \
               -p "workload=script:$PWD/tests/fixtures/gpu_threshold_spin.py --n 80" -p stall_s=5 -p repeats=1 ;;
   watch)    step watch 300 python3 benchmarks/gpu_watch.py --out $RES/watch ;;
   ttv)      step ttv 150 python3 benchmarks/bench_time_to_verdict.py --out $RES/ttv --stalls 2 --repeats 2 --tools py-spy ;;
