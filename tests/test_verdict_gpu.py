@@ -81,3 +81,16 @@ def test_gpu_pending_names_the_first_unfinished_op_and_the_window_before_it(nati
     assert v.localized == "gpu_event"
     window = [e for e in v.evidence if e.startswith("the GPU finished aten.mm.default")]
     assert window and "prog.py:8" in window[0] and "prog.py:11" in window[0] and "outside PyTorch" in window[0]
+
+
+@pytest.mark.parametrize("native,api,how", [(LAUNCH_STUCK, "cuLaunchKernel", "in the driver's cuLaunchKernel"),
+                                            (SYNC_WAIT, "cuStreamSynchronize", "in the driver's cuStreamSynchronize"),
+                                            ("", None, "a sync")])
+def test_the_waiting_op_says_which_driver_call_it_waits_in(native, api, how):
+    """Observed on the H100 (spin_then_sync drill): the host was in aten.sum's kernel launch, not a sync;
+    the evidence must not call a launch a sync."""
+    records = [rec(0, "aten.mm.default", gpu_done=False, stream=0), rec(1, "aten.sum.default", done=False)]
+    v = judge(obs(records, native))
+    assert v.in_flight_op["name"] == "aten.mm.default" and v.host_blocked_in["name"] == "aten.sum.default"
+    assert v.host_blocked_in.get("api") == api
+    assert any(e.startswith(f"host thread blocked in aten.sum.default ({how}, waiting behind") for e in v.evidence)

@@ -203,8 +203,10 @@ def classify(ev: Evidence) -> Classification:
     if ev.host_blocked_in and ev.host_blocked_in.get("driver"):
         facts.append(f"host thread is stuck in {ev.host_blocked_in.get('name')}")
     elif ev.host_blocked_in:
-        facts.append(f"host thread blocked in {ev.host_blocked_in.get('name')} (a sync waiting behind the "
-                     f"in-flight op's GPU work, which never completed)")
+        api = ev.host_blocked_in.get("api")
+        facts.append(f"host thread blocked in {ev.host_blocked_in.get('name')} ("
+                     + (f"in the driver's {api}" if api else "a sync") + ", waiting behind the in-flight op's GPU "
+                     "work, which never completed)")
 
     # 1. collectives: the op or NCCL/gloo frames
     coll = _hits(all_native, _COLLECTIVE_FRAMES)

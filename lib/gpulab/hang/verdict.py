@@ -253,6 +253,8 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
         earlier = [r for r in records if _get(r, "seq") < _get(inflight, "seq") and _get(r, "gpu_done") is not None]
         if earlier and all(_get(r, "gpu_done") for r in earlier):
             localized = "driver"
+    elif blocked_d and api and not blocked_d.get("driver"):
+        blocked_d = {**blocked_d, "api": api}   # which driver call the waiting op is in (a launch is no sync)
     sig = _signal_name(obs.exit_code) if status == "crash" else None
     evidence = classify.Evidence(
         status=status, phase=phase, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,

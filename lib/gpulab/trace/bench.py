@@ -337,6 +337,8 @@ def user_run(variants: Sequence[Variant], program_args: Sequence[str], out_dir: 
             data = json.loads(res.read_text())
             data["round"] = r
             raw[n].append(data)
+        # every round kept as it ends: a benchmark cut off by its time limit still has what it measured
+        write_json(out / "raw_so_far.json", {"rounds_done": r + 1, "raw": raw, "failures": failures})
         if say:
             say(f"round {r + 1}/{repeats} done")
     return {"raw": raw, "failures": failures}
