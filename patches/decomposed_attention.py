@@ -7,5 +7,5 @@ from gpulab.fixes.fix import Fix
 from gpulab.fixes.kit import replace_sdpa
 
 FIX = Fix("decomposed_attention", "F.scaled_dot_product_attention replaced by plain PyTorch attention "
-          "(matmul, mask, float32 softmax, matmul)", targets=("softmax",), apply=replace_sdpa,
+          "(matmul, mask, float32 softmax, matmul)", targets=("softmax",), apply=replace_sdpa, replaces_sdpa=True,
           source="https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html")

@@ -45,3 +45,15 @@ def test_slow_names_a_fix_scenario_only_where_one_exists(champion, scenario_name
     assert (f"scenario sdpa_backend_{name}" in v.next_step) is scenario_named
     if not scenario_named:
         assert "not a PyTorch SDPA backend" in v.next_step
+
+
+@pytest.mark.parametrize("fixes,names_backend", [((), True), (("decomposed_attention",), False),
+                                                  (("fp32_softmax",), True)])
+def test_slow_under_a_fix_that_replaces_sdpa_does_not_name_a_backend(fixes, names_backend):
+    """Seen in a CPU --scenario all run: with decomposed_attention 06's sdpa_* rows time the plain attention the
+    fix installed, so "runs on flash" would be a false finding; the verdict says what ran instead."""
+    v = judge(ok(), metrics(selected="flash", champion="tiled", mine=1.5, best=1.0), "s", fixes)
+    assert v.verdict == "slow"
+    assert ("runs on flash" in v.evidence) is names_backend
+    if not names_backend:
+        assert "decomposed_attention" in v.evidence and "04's cost column" in v.next_step

@@ -100,6 +100,13 @@ def test_cli_runs_all_scenarios_and_prints_index_last(tmp_path):
     assert [s["name"] for s in run["scenarios"]] == ["baseline", "fix_a"]
 
 
+@pytest.mark.parametrize("jobs,warned", [(1, False), (2, True), (None, False)])
+def test_index_warns_that_side_by_side_scenarios_timed_each_others_load(jobs, warned):
+    html = index.render({"run_id": "r1", "status": "ok", "shared_jobs": jobs, "scenarios": [
+        {"name": "baseline", "description": "d", "notebooks": [{"name": "06_benchmark", "status": "ok"}]}]})
+    assert ("ran side by side on one machine" in html) is warned
+
+
 def test_index_render_is_pure_and_escapes():
     html = index.render({"run_id": "r1", "status": "failed", "scenarios": [{"name": "baseline", "description": "d", "notebooks": [
         {"name": "01_x", "status": "failed", "duration_s": 1.5, "error": "<boom>", "report": "baseline/01_x.html"},

@@ -154,6 +154,16 @@ def _verdicts(scenarios: Sequence[Mapping[str, Any]]) -> str:
     return " ".join(f"{_badge(VERDICT_STYLE, sc.get('verdict') or 'running')} {esc(sc['name'])}" for sc in ranked)
 
 
+def _shared_note(run: Mapping[str, Any]) -> str:
+    jobs = run.get("shared_jobs") or 1
+    if jobs <= 1:
+        return ""
+    return (f'<p class="sub">Up to {int(jobs)} scenarios ran side by side on one machine (no GPU each): their '
+            f"workload times (06) include each other's load and compare only roughly across scenarios; "
+            f"within one scenario, 06's candidates were timed in the same process. Run with --jobs 1 (or one "
+            f"GPU per scenario) to compare speeds.</p>")
+
+
 def render(run: Mapping[str, Any]) -> str:
     """HTML for a run summary (see gpulab.chain.runner: run.json)."""
     scenarios: Sequence[Mapping[str, Any]] = run.get("scenarios", [])
@@ -193,7 +203,7 @@ def render(run: Mapping[str, Any]) -> str:
         "<h2>Scenarios side by side</h2>"
         "<table><thead><tr><th>scenario</th><th>verdict</th><th>hangs (03)</th><th>attention oracle (05)</th>"
         "<th>workload time (06)</th><th>cost of the fix (04)</th><th>what differs from the defaults</th></tr></thead>"
-        f"<tbody>{compare}</tbody></table>"
+        f"<tbody>{compare}</tbody></table>{_shared_note(run)}"
         f"<h2>Notebooks</h2><table><thead><tr><th>scenario</th>{head}</tr></thead><tbody>{''.join(grid)}</tbody></table>"
         f"<h2>Products</h2><table><tbody>{products}</tbody></table>"
         f"<dl>{glossary}</dl></body></html>\n"

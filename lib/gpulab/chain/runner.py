@@ -224,7 +224,7 @@ class _Run:
         sc_dir = self.run_dir / s.name
         metrics = report.load_metrics(sc_dir)
         nbs = [asdict(n) for n in s.notebooks]
-        v = verdict.judge(nbs, metrics, s.name) if nbs else None
+        v = verdict.judge(nbs, metrics, s.name, s.fixes) if nbs else None
         return {"name": s.name, "description": s.description, "params": s.params, "changed": s.changed,
                 "fixes": list(s.fixes), "notebooks": nbs, "verdict": v.verdict if v else "running",
                 "evidence": v.evidence if v else "", "next_step": v.next_step if v else "", "metrics": metrics,
@@ -245,6 +245,9 @@ class _Run:
                                                  "sdpa_selected")} | {"risks": env.get("risk_ids") or []}
             if env else {},
             "scenarios": scenarios,
+            # scenarios that shared a machine (no GPU of their own) timed each other's load in 06
+            "shared_jobs": self.cfg.jobs if self.cfg.jobs > 1 and len(self.results) > 1
+            and len(self.gpu_load) < self.cfg.jobs else 1,
         }
 
     def write_index(self, summary: dict[str, Any] | None = None) -> Path:

@@ -44,8 +44,8 @@ def _select(name: str) -> str:
             f"if 05 passed it, and time the change with 06")
 
 
-def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], scenario: str = "baseline"
-          ) -> ScenarioVerdict:
+def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], scenario: str = "baseline",
+          scenario_fixes: Sequence[str] = ()) -> ScenarioVerdict:
     status = {n["name"]: n.get("status") for n in notebooks}
     cut = [n for n in notebooks if n.get("status") == "interrupted"]
     if cut or any(s == "not_run" for s in status.values()) and any("interrupt" in str(n.get("error") or "")
@@ -97,6 +97,13 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
     if selected and champion and champion != f"sdpa_{selected}" and f"sdpa_{selected}" in cands:
         mine = (cands.get(f"sdpa_{selected}") or {}).get("median_ms")
         best = (cands.get(champion) or {}).get("median_ms")
+        replaced = [f for f in scenario_fixes if f in registry.names() and registry.get(f).replaces_sdpa]
+        if mine and best and mine / best >= SLOW_FACTOR and replaced:
+            # the fix swapped SDPA for its own attention: 01's backend and 06's sdpa_* rows time that instead
+            return ScenarioVerdict("slow", f"with {replaced[0]} the workload's attention is no SDPA backend; it "
+                                   f"is {mine / best:.1f}x slower than {champion} on the same call (06)",
+                                   "that is the fix's own cost: see 04's cost column, and prefer a fix that keeps "
+                                   "SDPA where one removes the failure")
         if mine and best and mine / best >= SLOW_FACTOR:
             return ScenarioVerdict("slow", f"the workload's attention runs on {selected}, {mine / best:.1f}x slower "
                                    f"than {champion} on the same call (06)",

@@ -62,6 +62,7 @@ class Fix:
     applies: Callable[[Facts], bool] = always
     needs: str = ""                               # what `applies` requires, in words (the not_applicable reason)
     source: str = ""                              # where the fix comes from (an issue, a doc page)
+    replaces_sdpa: bool = False                   # F.scaled_dot_product_attention is no SDPA backend any more
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name or ""):

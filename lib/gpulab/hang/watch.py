@@ -36,7 +36,7 @@ from gpulab.fixes.compose import scenario_env
 from gpulab.hang import capture, faults
 from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_line
 from gpulab.report import write_json, write_text
-from gpulab.trace import native
+from gpulab.trace.run import recorder_args
 
 MODES = trace.MODES
 _PY = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -139,13 +139,11 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
     if pyc is None:
         return Launch(tuple(command), child_env, False, out)
     interp, flags, rest = pyc
-    native.ensure()  # the recorder's C hot path, built here (never inside the watched program)
     if child_env.get(workloads.PYTHON_ENV) and interp == sys.executable:  # a fix's interpreter (patched torch)
         interp = child_env[workloads.PYTHON_ENV]
     child_env = proc.python_env(child_env)
-    argv = [interp, *flags, "-m", "gpulab.trace", "--log", str(out / "ops.log"), "--mode", mode,
-            "--faulthandler", str(out / "faulthandler.txt")]
-    argv += ["--fault", str(fault)] if fault else []
+    # the recorder's C hot path is built in here (never inside the watched program)
+    argv = [interp, *flags, *recorder_args(out / "ops.log", mode, out / "faulthandler.txt", fault and str(fault))]
     return Launch(tuple(argv + ["--", *rest]), child_env, True, out)
 
 

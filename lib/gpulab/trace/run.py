@@ -62,16 +62,24 @@ def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "auto"
                       gpu_mechanism: str | None = None) -> list[str]:
     """argv that runs the workload under the recorder (what `record` and the watchdog start). The native
     hot path is built here, on the launcher's side, when it is not built yet (gpulab.trace.native)."""
+    return [sys.executable, *recorder_args(log, mode, faulthandler, fault, gpu_mechanism), "--",
+            *_target(cfg_or_command)]
+
+
+def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str | os.PathLike | None = None,
+                  fault: str | None = None, gpu_mechanism: str | None = None) -> list[str]:
+    """`-m gpulab.trace` and its options, up to the `--` (the interpreter is the caller's: the watchdog keeps
+    a program's own interpreter and flags). Builds the native hot path on the launcher's side."""
     _check_mode(mode)
     native.ensure()
-    cmd = [sys.executable, "-m", "gpulab.trace", "--log", str(log), "--mode", mode]
+    args = ["-m", "gpulab.trace", "--log", str(log), "--mode", mode]
     if gpu_mechanism:
-        cmd += ["--gpu-mechanism", gpu_mechanism]
+        args += ["--gpu-mechanism", gpu_mechanism]
     if faulthandler:
-        cmd += ["--faulthandler", str(faulthandler)]
+        args += ["--faulthandler", str(faulthandler)]
     if fault:
-        cmd += ["--fault", fault]
-    return cmd + ["--", *_target(cfg_or_command)]
+        args += ["--fault", str(fault)]
+    return args
 
 
 def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str | None = None
