@@ -593,3 +593,24 @@ def test_the_matrix_plot_is_a_sentence_when_only_the_baseline_ran():
     assert "(no fix)" in view.details_md(m)
     m = dc.replace(m, scenarios=tuple(judged((base, fix), 0.2, 30.0)[0]))
     assert view.plot_matrix(m) is not None
+
+
+@pytest.mark.parametrize("fixes,values,applies", [
+    (["cpu_fallback"], {"device": "cpu"}, True),     # the fix's own device=cpu is not the platform it runs on
+    (["cpu_fallback"], {"device": "auto"}, True),
+    (["sdpa_backend_cudnn"], {"device": "cpu"}, False),   # a CPU the user asked for is the platform
+    (["alloc_async"], {}, True),
+])
+def test_the_chain_judges_a_fix_on_the_platform_before_the_fix(monkeypatch, fixes, values, applies):
+    """Found in review: on a GPU machine the chain reported cpu_fallback not_applicable ("needs a GPU")
+    because it read the device the fix itself sets. A CUDA machine is stood in (this one has none)."""
+    import torch
+
+    from gpulab import device as gdevice
+    from gpulab.chain import runner
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(gdevice, "resolve", lambda d="auto": "cuda" if str(d) in ("auto", "cuda") else str(d))
+    assert (runner._not_applicable(fixes, values) is None) is applies

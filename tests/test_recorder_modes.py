@@ -409,7 +409,9 @@ R cuDeviceGetCount(int *n) { *n = 1; return 0; }
 R cuDeviceGet(int *d, int o) { *d = o; return 0; }
 R cuDeviceGetAttribute(int *v, int a, int d) { *v = getenv("FAKE_NO_MEMOPS") && a == 93 ? 0 : 1; return 0; }
 R cuCtxGetCurrent(void **c) { *c = (void *)0x100; return 0; }
-R cuCtxSetCurrent(void *c) { return 0; }
+static int query_error = 0;   /* fake_query_error(201): queries fail until a context is set again */
+void fake_query_error(int code) { query_error = code; }
+R cuCtxSetCurrent(void *c) { if (query_error == 201) query_error = 0; return 0; }
 R cuCtxPushCurrent_v2(void *c) { return 0; }
 R cuCtxPopCurrent_v2(void **c) { return 0; }
 R cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)0x100; return 0; }
@@ -437,7 +439,7 @@ R cuEventRecord(void *e, void *s) {
     tickets[((intptr_t)e - 0x2000) % FAKE_EVENTS] = issued++;
     return 0;
 }
-R cuEventQuery(void *e) { return tickets[((intptr_t)e - 0x2000) % FAKE_EVENTS] < limit ? 0 : 600; }
+R cuEventQuery(void *e) { if (query_error) return query_error; return tickets[((intptr_t)e - 0x2000) % FAKE_EVENTS] < limit ? 0 : 600; }
 R cuEventDestroy_v2(void *e) { return 0; }
 R cuGetErrorName(int c, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
 """
@@ -662,3 +664,49 @@ def test_native_markers_follow_each_stream_and_stop_after_refusals(tmp_path, fak
         rec.uninstall()
         monkeypatch.setattr(torch.cuda, "_initialized", False)
         rec.close()
+
+
+@pytest.mark.parametrize("code,stops", [(201, False), (999, True)])
+def test_the_native_poller_recovers_a_lost_context_and_stops_on_other_query_errors(tmp_path, fake_driver, monkeypatch,
+                                                                                   code, stops):
+    """A poller that cannot query would leave every op pending, and the verdict would name a false culprit:
+    a lost context is set again and polling goes on; any other error stops tracking and says so."""
+    import torch
+
+    if native.load() is None:
+        pytest.skip("the native hot path is not built here")
+    monkeypatch.setenv("FAKE_NO_MEMOPS", "1")
+    _stand_in_cuda(monkeypatch, fake_driver)
+    log = tmp_path / "q.log"
+    rec = trace.Recorder(log, "auto").install()
+    try:
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        torch.zeros(2)
+        fake_driver.lib.fake_query_error(code)
+        for _ in range(3):
+            torch.zeros(2)
+        if stops:
+            assert _wait_for(lambda: trace.read(log).gpu_mechanism == f"stopped: query CUresult {code}")
+            assert rec.tracker.native.gpu_state()["disabled"] == 1
+        else:
+            first = ring._Q.unpack_from(rec._mm, ring._OFF_GPU_SINCE)[0]
+            assert _wait_for(lambda: trace.read(log).streams[0].done == first + 3)
+            assert trace.read(log).gpu_mechanism == "events"
+    finally:
+        fake_driver.lib.fake_query_error(0)
+        rec.uninstall()
+        monkeypatch.setattr(torch.cuda, "_initialized", False)
+        rec.close()
+
+
+def test_a_hot_path_whose_arguments_do_not_parse_owns_nothing():
+    """Found in review: a failed parse released references the object never took (a later crash)."""
+    mod = native.load()
+    if mod is None:
+        pytest.skip("the native hot path is not built here")
+    probe = object()
+    before = sys.getrefcount(probe)
+    for _ in range(20):
+        with pytest.raises(TypeError):
+            mod.Hot(bytearray(1 << 16), 4096, 4, 64, 8, 16, 1, probe)   # most arguments missing
+    assert sys.getrefcount(probe) == before

@@ -326,14 +326,20 @@ def _not_applicable(fixes: Sequence[str], values: Mapping[str, Any]) -> str | No
         return None
     from gpulab import device as gdevice
     from gpulab.fixes import platform, registry   # imports torch: only for scenarios with fixes
+    from gpulab.fixes.compose import compose
     from gpulab.fixes.fix import not_applicable
     from gpulab.workloads import WorkloadConfig
+    resolved = registry.resolve(fixes)
+    # judged on the platform before the fix: cpu_fallback's own device=cpu must not make it "not on a GPU"
+    own = compose(resolved).params
+    before = {k: v for k, v in values.items() if not (k in own and own[k] == v)}
     try:
-        mask = platform.workload_mask(WorkloadConfig.from_params(values))
-    except ValueError:   # a bad workload value: the notebooks say so; here only the mask is unknown
-        mask = None
-    facts = platform.facts(gdevice.resolve(str(values.get("device", "auto"))), mask)
-    why = not_applicable(registry.resolve(fixes), facts)
+        mask = platform.workload_mask(WorkloadConfig.from_params(before))
+        device = gdevice.resolve(str(before.get("device", "auto")))
+    except (ValueError, RuntimeError):   # a bad value, cuda without a GPU: the notebooks report it
+        return None
+    facts = platform.facts(device, mask)
+    why = not_applicable(resolved, facts)
     return f"{why} (device {facts['device']})" if why else None
 
 

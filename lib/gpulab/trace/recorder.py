@@ -103,7 +103,7 @@ class Recorder:
         self.mode = mode
         self.gpu_mechanism = gpu_mechanism or ("events" if mode == "gpu" else "auto")
         self.native = native      # use the C hot path when it is built (gpulab.trace.native.ensure)
-        _check_mechanism(self.gpu_mechanism)
+        gpu_mod.check_preference(self.gpu_mechanism)
         if create_log or not self.log.exists():
             create(self.log, mode, capacity, mem_capacity, string_capacity=string_capacity)
         self._fh = open(self.log, "r+b")
@@ -176,6 +176,8 @@ class Recorder:
         if not gpu_idle:
             return
         try:
+            # the GPU page is written by the device (memop-ring) or another thread through its own mapping:
+            # one store from here marks it dirty so that the kernel writes it back to the file before close
             self._mm[GPU_PAGE_OFF:GPU_PAGE_OFF + PAGE] = bytes(self._mm[GPU_PAGE_OFF:GPU_PAGE_OFF + PAGE])
             self._mm.close()
         except (BufferError, ValueError):
@@ -277,11 +279,6 @@ def _leave_forked_child() -> None:
 
 
 os.register_at_fork(after_in_child=_leave_forked_child)
-
-
-def _check_mechanism(name: str) -> None:
-    if name not in gpu_mod.PREFERENCES:
-        raise ValueError(f"gpu_mechanism={name!r} is not valid; choose one of {', '.join(gpu_mod.PREFERENCES)}")
 
 
 def _dispatch_depth(torch, TorchDispatchMode) -> int:
@@ -599,20 +596,19 @@ def _make_mode(rec: Recorder):
         kind, fns = tracker.native_spec()
 
         def on_stream(d: int, handle: int):
-            if len(entries) >= MAX_STREAMS - 1:
+            claimed = claim_stream(d, handle)
+            if claimed is None:
                 return None
-            n = len(entries)
-            ctx = context_of(d)
-            ring.add_stream(mm, n, handle, d)
-            entries.append([n, None, None, None, d])
+            n, _ = claimed
             target = tracker.target(n, d) if kind == gpu_mod.NATIVE_MEMOP else 0
-            return n, ctx, target, tracker.stream_pool(d) if kind == gpu_mod.NATIVE_EVENTS else ()
+            return n, context_of(d), target, tracker.stream_pool(d) if kind == gpu_mod.NATIVE_EVENTS else ()
 
         try:
             hot.gpu_start(kind, fns, raw_stream, current_device, capturing, on_stream, stop_gpu, GPU_PAGE_OFF,
-                          STREAM_SIZE, gstate["contexts"].get(dev) or 0)
+                          STREAM_SIZE, gstate["contexts"].get(dev) or 0, mechanism_off=_OFF_MECHANISM)
         except (TypeError, ValueError, OSError, RuntimeError) as exc:
             rec.gpu_notes += (f"native markers: {exc}",)
+            _Q.pack_into(mm, ring._OFF_GPU_NOTES, intern("; ".join(rec.gpu_notes).encode()))
             return False
         tracker.attach(hot)
         rec.gpu_path = "native"
@@ -640,22 +636,30 @@ def _make_mode(rec: Recorder):
                 pop(ref)
         return emit_on
 
-    def new_stream(dev: int, handle: int):
-        """Claim a GPU progress entry for (device, stream); None when the page is full (op not tracked)."""
-        key = handle << 6 | dev
+    def claim_stream(dev: int, handle: int) -> tuple[int, int] | None:
+        """The next GPU progress entry of the log for (device, stream): (index, its offset), or None when
+        the page is full (the stream's ops go untracked). Both hot paths claim through here."""
         if len(entries) >= MAX_STREAMS - 1:
-            streams[key] = None
             return None
-        tracker = gstate["tracker"]
         n = len(entries)
         if dev != gstate["first_device"]:
             context_of(dev)   # before the tracker makes anything of that device's
-        off = ring.add_stream(mm, n, handle, dev)
-        entry = [n, (off + 8) >> 3, tracker.target(n, dev), tracker.emit, dev]
-        entries.append(entry)
-        streams[key] = entry
-        if dev != gstate["first_device"] and not gstate["multi"]:
             gstate["multi"] = True
+        off = ring.add_stream(mm, n, handle, dev)
+        entries.append([n, (off + 8) >> 3, None, None, dev])
+        return n, off
+
+    def new_stream(dev: int, handle: int):
+        """Python hot path: claim an entry and give it the tracker's target and emit; None when full."""
+        key = handle << 6 | dev
+        claimed = claim_stream(dev, handle)
+        if claimed is None:
+            streams[key] = None
+            return None
+        tracker = gstate["tracker"]
+        entry = entries[claimed[0]]
+        entry[2:4] = [tracker.target(claimed[0], dev), tracker.emit]
+        streams[key] = entry
         if gstate["multi"]:
             try:
                 for e in entries:

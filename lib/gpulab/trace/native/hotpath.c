@@ -88,6 +88,8 @@ typedef struct {
 
 typedef struct Gpu {
     int kind, multi, stop, running, disabled;
+    int full;                   /* the log's GPU page is full: new streams go untracked without asking again */
+    Py_ssize_t mech_off;        /* the log header's mechanism text (-1: none), where the poller says it stopped */
     pid_t owner;                /* a forked child never joins its parent's poller */
     pthread_t poller;
     long poll_us, errors, max_errors;
@@ -350,12 +352,14 @@ static void sleep_us(long us) {
 }
 
 /* how many of the ring's pending events [tail, head) completed: a prefix (in stream order) */
-static int64_t ready_prefix(Gpu *g, GStream *e, int64_t tail, int64_t head) {
+static int64_t ready_prefix(Gpu *g, GStream *e, int64_t tail, int64_t head, int *err) {
     int code = g->query(e->events[(head - 1) % e->cap]);
     if (code == CU_SUCCESS)
         return head;
-    if (code != CU_NOT_READY)
-        return tail;   /* an error (a context gone): leave the entry as it is */
+    if (code != CU_NOT_READY) {
+        *err = code;
+        return tail;
+    }
     int64_t lo = tail, hi = head - 1;   /* hi is known not ready */
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
@@ -365,6 +369,18 @@ static int64_t ready_prefix(Gpu *g, GStream *e, int64_t tail, int64_t head) {
             hi = mid;
     }
     return lo;
+}
+
+/* the poller cannot query events (no context, a context gone): stale GPU progress would name a false culprit,
+   so tracking stops and the log's header says so (a plain memory write: the poller holds no GIL) */
+static void poll_failed(Hot *self, Gpu *g, int code) {
+    __atomic_store_n(&g->disabled, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g->stop, 1, __ATOMIC_RELEASE);
+    if (g->mech_off >= 0) {
+        char text[32] = {0};
+        snprintf(text, sizeof(text), "stopped: query CUresult %d", code);
+        memcpy(self->base + g->mech_off, text, sizeof(text));
+    }
 }
 
 static void poll_once(Hot *self, Gpu *g) {
@@ -379,7 +395,18 @@ static void poll_once(Hot *self, Gpu *g) {
             g->set_ctx(e->ctx);
             cur = e->ctx;
         }
-        int64_t upto = ready_prefix(g, e, tail, head);
+        int err = 0;
+        int64_t upto = ready_prefix(g, e, tail, head, &err);
+        if (err == CU_INVALID_CONTEXT) {   /* this thread lost its context: once more with the stream's */
+            cur = e->ctx ? e->ctx : g->first_ctx;
+            g->set_ctx(cur);
+            err = 0;
+            upto = ready_prefix(g, e, tail, head, &err);
+        }
+        if (err) {
+            poll_failed(self, g, err);
+            return;
+        }
         if (upto > tail) {
             __atomic_store_n((int64_t *)(self->base + g->page_off + e->index * g->stream_size),
                              e->seqs[(upto - 1) % e->cap], __ATOMIC_RELEASE);
@@ -403,7 +430,10 @@ static void *poller_main(void *arg) {
 
 static void gpu_stop(Hot *self) {
     Gpu *g = self->gpu;
-    if (g == NULL || !g->running)
+    if (g == NULL)
+        return;
+    g->disabled = 1;   /* no marker after this: the recorder destroys the events and unregisters the page next */
+    if (!g->running)
         return;
     g->running = 0;
     __atomic_store_n(&g->stop, 1, __ATOMIC_RELEASE);
@@ -429,7 +459,7 @@ static void gpu_free(Hot *self) {
     self->gpu = NULL;
 }
 
-/* tracking stopped (a failing query, too many refused markers): the recorder says why in the log */
+/* tracking stopped (a failing CUDA or torch call, too many refused markers): the recorder says why in the log */
 static void gpu_disable(Gpu *g, PyObject *why) {
     g->disabled = 1;
     if (why == NULL) {   /* a Python error is pending: its text is the reason */
@@ -460,7 +490,7 @@ static GStream *gpu_stream(Hot *self, Gpu *g, uintptr_t handle, long dev) {
             return &g->s[i];
         }
     }
-    if (g->n >= MAX_GSTREAMS)
+    if (g->full || g->n >= MAX_GSTREAMS)
         return NULL;
     /* a new stream: the recorder claims its page entry and (events) makes its pool */
     PyObject *r = PyObject_CallFunction(g->on_stream, "lK", dev, (unsigned long long)handle);
@@ -470,6 +500,7 @@ static GStream *gpu_stream(Hot *self, Gpu *g, uintptr_t handle, long dev) {
     }
     if (r == Py_None) {  /* the page is full: this stream's ops are not tracked */
         Py_DECREF(r);
+        g->full = 1;
         return NULL;
     }
     e = &g->s[g->n];
@@ -549,6 +580,10 @@ static void gpu_mark(Hot *self, long long seq, long dev, char *slot) {
     }
     int capturing = PyObject_IsTrue(c);
     Py_DECREF(c);
+    if (capturing < 0) {
+        gpu_disable(g, NULL);
+        return;
+    }
     if (capturing)
         return;   /* inside a CUDA graph capture: a marker would become part of the graph */
     if (dev < 0) {   /* no tensor argument (a factory): the current device */
@@ -570,7 +605,7 @@ static void gpu_mark(Hot *self, long long seq, long dev, char *slot) {
         return;
     }
     GStream *e = gpu_stream(self, g, handle, dev);
-    if (e == NULL || g->disabled)
+    if (e == NULL || __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
         return;
     void *popped;
     if (g->multi && e->ctx)
@@ -621,7 +656,7 @@ static PyObject *Hot_begin(Hot *self, PyObject *const *argv, Py_ssize_t nargs) {
         Py_XDECREF(key);
         if (v)
             depth = PyLong_AsLong(v);
-        else if (PyErr_Occurred())
+        if (PyErr_Occurred())
             return NULL;
     }
     char *s = slot_of(self, seq);
@@ -652,7 +687,7 @@ static int finish(Hot *self, PyObject *arg, int raised) {
         return -1;
     }
     char *s = slot_of(self, r >> 8);
-    if (!raised && self->gpu && !self->gpu->disabled)
+    if (!raised && self->gpu && !__atomic_load_n(&self->gpu->disabled, __ATOMIC_RELAXED))
         gpu_mark(self, r >> 8, (long)(r & 0xFF) - 2, s);
     double t1 = now();
     if (raised)
@@ -682,15 +717,17 @@ static PyObject *Hot_next_done(Hot *self, PyObject *unused) {
 
 static PyObject *Hot_gpu_start(Hot *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"kind", "functions", "raw_stream", "get_device", "capturing", "on_stream", "on_stop",
-                             "page_off", "stream_size", "first_ctx", "poll_us", "max_errors", NULL};
+                             "page_off", "stream_size", "first_ctx", "poll_us", "max_errors", "mechanism_off",
+                             NULL};
     int kind;
     unsigned long long f_emit, f_query, f_set, f_push, f_pop, first_ctx;
     PyObject *raw_stream, *get_device, *capturing, *on_stream, *on_stop;
     Py_ssize_t page_off, stream_size;
     long poll_us = 2000, max_errors = 100;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i(KKKKK)OOOOOnnK|ll", kwlist, &kind, &f_emit, &f_query, &f_set,
+    Py_ssize_t mech_off = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i(KKKKK)OOOOOnnK|lln", kwlist, &kind, &f_emit, &f_query, &f_set,
                                      &f_push, &f_pop, &raw_stream, &get_device, &capturing, &on_stream, &on_stop,
-                                     &page_off, &stream_size, &first_ctx, &poll_us, &max_errors))
+                                     &page_off, &stream_size, &first_ctx, &poll_us, &max_errors, &mech_off))
         return NULL;
     if (self->gpu != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "GPU tracking already started");
@@ -702,7 +739,7 @@ static PyObject *Hot_gpu_start(Hot *self, PyObject *args, PyObject *kw) {
     }
     if ((kind != G_MEMOP && kind != G_EVENTS) || !f_emit || !f_set || !f_push || !f_pop ||
         (kind == G_EVENTS && !f_query) || poll_us < 1 ||
-        page_off + MAX_GSTREAMS * stream_size > self->view.len) {
+        page_off + MAX_GSTREAMS * stream_size > self->view.len || mech_off + 32 > self->view.len) {
         PyErr_SetString(PyExc_ValueError, "gpu_start: bad kind, missing driver entry point or page outside the log");
         return NULL;
     }
@@ -723,6 +760,7 @@ static PyObject *Hot_gpu_start(Hot *self, PyObject *args, PyObject *kw) {
     g->stream_size = stream_size;
     g->poll_us = poll_us;
     g->max_errors = max_errors;
+    g->mech_off = mech_off;
     Py_INCREF(raw_stream); g->raw_stream = raw_stream;
     Py_INCREF(get_device); g->get_device = get_device;
     Py_INCREF(capturing); g->capturing = capturing;
@@ -819,19 +857,19 @@ static int Hot_init(Hot *self, PyObject *args, PyObject *kw) {
                              "skip", "tensor_type", "parameter_type", "scalar_types", "names", "threads",
                              "codes", "cache", "depths", "on_name", "on_thread", "on_code", "on_site",
                              "on_args", "on_miss", NULL};
-    PyObject *buf;
+    PyObject *buf, *o[14];   /* borrowed until all parsed: a failed parse must leave no field half-owned */
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OnnnnniOOOOOOOOOOOOOO", kwlist, &buf, &self->slots_off,
                                      &self->cap, &self->slot_size, &self->off_started, &self->off_completed,
-                                     &self->skip, &self->tensor_t, &self->param_t, &self->scalar_cls,
-                                     &self->names, &self->threads, &self->codes, &self->cache, &self->depths,
-                                     &self->on_name, &self->on_thread, &self->on_code, &self->on_site,
-                                     &self->on_args, &self->on_miss))
+                                     &self->skip, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                                     &o[9], &o[10], &o[11], &o[12], &o[13]))
         return -1;
     PyObject **owned[] = {&self->tensor_t, &self->param_t, &self->scalar_cls, &self->names, &self->threads,
                           &self->codes, &self->cache, &self->depths, &self->on_name, &self->on_thread,
                           &self->on_code, &self->on_site, &self->on_args, &self->on_miss};
-    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++)
-        Py_INCREF(*owned[i]);
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {
+        Py_INCREF(o[i]);
+        Py_XSETREF(*owned[i], o[i]);
+    }
     if (self->cap < 1 || self->slot_size < 48) {
         PyErr_SetString(PyExc_ValueError, "capacity must be >= 1 and slot_size >= 48");
         return -1;
@@ -870,7 +908,8 @@ static PyMethodDef Hot_methods[] = {
     {"forget", (PyCFunction)Hot_forget, METH_NOARGS, "drop the cached frames and thread id"},
     {"gpu_start", (PyCFunction)(void (*)(void))Hot_gpu_start, METH_VARARGS | METH_KEYWORDS,
      "gpu_start(kind, (emit, query, set_ctx, push_ctx, pop_ctx), raw_stream, get_device, capturing, on_stream, "
-     "on_stop, page_off, stream_size, first_ctx, poll_us=2000, max_errors=100): end() marks GPU completion"},
+     "on_stop, page_off, stream_size, first_ctx, poll_us=2000, max_errors=100, mechanism_off=-1): end() marks "
+     "GPU completion"},
     {"gpu_stop", (PyCFunction)Hot_gpu_stop, METH_NOARGS, "stop the event poller (after a last poll)"},
     {"gpu_pending", (PyCFunction)Hot_gpu_pending, METH_NOARGS, "events not yet seen complete"},
     {"gpu_state", (PyCFunction)Hot_gpu_state, METH_NOARGS, "GPU tracking's state as a dict (None: not started)"},
