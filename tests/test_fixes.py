@@ -88,7 +88,6 @@ def test_every_fix_declares_itself_and_has_its_scenario_file(name):
 def test_every_fix_named_by_the_risk_rules_is_in_the_registry():
     named = {fx for r in rules.load_rules() for fx in r.fixes}
     assert named and named <= set(registry.names()), named - set(registry.names())
-    assert set(rules.FIX_SCENARIOS) == set(registry.names())
 
 
 def test_a_risk_rule_naming_an_unknown_fix_is_refused():
@@ -165,8 +164,9 @@ def test_not_applicable_names_the_first_fix_that_does_not_apply_and_what_it_need
                                           ("library_load", {"module_loading_lazy", "module_loading_eager"}),
                                           ("host_lock", {"omp_single_thread"}), (None, set())])
 def test_fixes_targeting_a_class(cls, expected):
-    assert expected <= set(registry.targeting(cls))
-    assert all(cls in registry.get(n).targets for n in registry.targeting(cls))
+    got = set(registry.targeting(cls))
+    assert expected <= got if cls else got == set()   # no class (a healthy run): no fix is pointed at
+    assert got == {n for n in registry.names() if cls in registry.get(n).targets}
 
 
 # ------------------------------------------------------------------------------------ composition

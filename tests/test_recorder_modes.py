@@ -313,8 +313,6 @@ def test_culprit_and_host_blocked_from_recorded_counters(tmp_path, ops, streams,
     inflight, host, _open = verdict.localize(snap.records)
     assert inflight.seq == culprit
     assert (host.seq if host else None) == blocked
-    gpu_first = ring.gpu_culprit(snap.records)
-    assert (gpu_first.seq if gpu_first else None) == (culprit if blocked is not None else None)
     d = verdict.op_dict(inflight)
     assert d["stream"] == snap.records[culprit].stream and d["gpu_done"] == snap.records[culprit].gpu_done
 
@@ -365,11 +363,22 @@ def test_event_poller_marks_each_stream_in_order(tmp_path):
         mm.close()
 
 
-def test_gpu_mechanism_choice_is_validated_and_no_driver_means_none():
+def test_gpu_mechanism_choice_is_validated_and_no_driver_means_none(tmp_path, monkeypatch):
+    import torch
+
     with pytest.raises(ValueError, match="choose one of auto, memop-ring, memop-pinned, events"):
         gpu.choose(None, None, "fastest")
-    if gpu.load() is None:   # no NVIDIA driver here: nothing is attempted
-        assert gpu.support(None).devices == 0
+    monkeypatch.setattr(gpu, "load", lambda: None)   # no NVIDIA driver: nothing is attempted, recording goes on
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5000, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    log = tmp_path / "nodrv.log"
+    with trace.Recorder(log, "auto") as rec:
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        torch.zeros(2)
+    monkeypatch.setattr(torch.cuda, "_initialized", False)
+    rec.close()
+    snap = trace.read(log)
+    assert snap.gpu_mechanism == "none: libcuda not loadable" and snap.records[0].stream is None
 
 
 def test_a_forked_child_records_nothing_into_the_parents_log(tmp_path):
@@ -605,6 +614,8 @@ def test_a_full_event_ring_skips_markers_and_never_reuses_a_pending_event(tmp_pa
     """C hot path: a stream's events form a ring; when the GPU is a whole ring behind, later ops go without
     a marker (untracked) instead of re-recording an event that is still pending, so a stuck op is still the
     first pending one and no marker is ever reported complete too early."""
+    if native.load() is None:
+        pytest.skip("the native hot path is not built here")
     import torch
 
     monkeypatch.setenv("FAKE_NO_MEMOPS", "1")
@@ -635,6 +646,8 @@ def test_a_full_event_ring_skips_markers_and_never_reuses_a_pending_event(tmp_pa
 def test_native_markers_follow_each_stream_and_stop_after_refusals(tmp_path, fake_driver, monkeypatch):
     """Two streams get two page entries, each op counted on its own; a driver that refuses every marker
     stops GPU tracking after 100 refusals, says why in the log, and the program runs on."""
+    if native.load() is None:
+        pytest.skip("the native hot path is not built here")
     import torch
 
     monkeypatch.setenv("FAKE_NO_MEMOPS", "1")

@@ -7,6 +7,7 @@ import pytest
 
 from gpulab.env import rules as R
 from gpulab.env.facts import FACT_KEYS
+from gpulab.fixes import registry
 
 # A healthy x86 H100 node, shaped like gpulab.env.collect() output.
 H100 = {k: None for k in FACT_KEYS}
@@ -123,7 +124,7 @@ def test_gb10_suggestions_are_ordered_and_unique(rules):
                                                    key=R.SEVERITIES.index)
     sug = R.suggested_scenarios(matches)
     assert sug[0] == "sdpa_math_off" and len(sug) == len(set(sug))
-    assert set(sug) <= set(R.FIX_SCENARIOS)
+    assert set(sug) <= set(registry.names())
     prod = R.scenarios_product(matches)
     assert "blackwell_aarch64_unified_sdpa" in prod["because"]["sdpa_math_off"]
 

@@ -486,6 +486,12 @@ def interpreter() -> str:
     return os.environ.get(PYTHON_ENV) or sys.executable
 
 
+def fix_interpreter(interp: str, fix_python: str | None) -> str:
+    """A command's interpreter under a fix's (a patched PyTorch's): it replaces gpulab's own, never a Python
+    the user named (that one is what the user wants run)."""
+    return fix_python if fix_python and interp == sys.executable else interp
+
+
 def cli_args(cfg: WorkloadConfig) -> list[str]:
     """The `python -m gpulab.workloads` flags that reproduce cfg."""
     out = ["--workload", cfg.workload]

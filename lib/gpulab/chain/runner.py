@@ -198,6 +198,8 @@ class _Run:
         self.results = dict(resolved)   # in cfg.scenarios order
         parallel = cfg.jobs > 1 and len(cfg.scenarios) > 1
         self.gpu_load = {g: 0 for g in visible_gpus()} if parallel else {}   # GPU id -> scenarios on it
+        # scenarios that share a machine (no GPU of their own) time each other's load in 06
+        self.shared_jobs = cfg.jobs if parallel and len(self.gpu_load) < cfg.jobs else 1
         self.gpu_of: dict[str, str] = {}
 
     def take_gpu(self, scen: str) -> None:
@@ -245,9 +247,7 @@ class _Run:
                                                  "sdpa_selected")} | {"risks": env.get("risk_ids") or []}
             if env else {},
             "scenarios": scenarios,
-            # scenarios that shared a machine (no GPU of their own) timed each other's load in 06
-            "shared_jobs": self.cfg.jobs if self.cfg.jobs > 1 and len(self.results) > 1
-            and len(self.gpu_load) < self.cfg.jobs else 1,
+            "shared_jobs": self.shared_jobs,
         }
 
     def write_index(self, summary: dict[str, Any] | None = None) -> Path:

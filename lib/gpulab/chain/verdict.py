@@ -97,14 +97,13 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
     if selected and champion and champion != f"sdpa_{selected}" and f"sdpa_{selected}" in cands:
         mine = (cands.get(f"sdpa_{selected}") or {}).get("median_ms")
         best = (cands.get(champion) or {}).get("median_ms")
-        replaced = [f for f in scenario_fixes if f in registry.names() and registry.get(f).replaces_sdpa]
-        if mine and best and mine / best >= SLOW_FACTOR and replaced:
-            # the fix swapped SDPA for its own attention: 01's backend and 06's sdpa_* rows time that instead
-            return ScenarioVerdict("slow", f"with {replaced[0]} the workload's attention is no SDPA backend; it "
-                                   f"is {mine / best:.1f}x slower than {champion} on the same call (06)",
-                                   "that is the fix's own cost: see 04's cost column, and prefer a fix that keeps "
-                                   "SDPA where one removes the failure")
         if mine and best and mine / best >= SLOW_FACTOR:
+            replaced = [f for f in scenario_fixes if f in registry.names() and registry.get(f).replaces_sdpa]
+            if replaced:   # the fix swapped SDPA for its own attention: 06's sdpa_* rows time that instead
+                return ScenarioVerdict("slow", f"with {replaced[0]} the workload's attention is no SDPA backend; "
+                                       f"it is {mine / best:.1f}x slower than {champion} on the same call (06)",
+                                       "that is the fix's own cost: see 04's cost column, and prefer a fix that "
+                                       "keeps SDPA where one removes the failure")
             return ScenarioVerdict("slow", f"the workload's attention runs on {selected}, {mine / best:.1f}x slower "
                                    f"than {champion} on the same call (06)",
                                    _select(champion.removeprefix("sdpa_")))

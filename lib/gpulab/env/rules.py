@@ -27,8 +27,7 @@ OPERATORS = ("eq", "ne", "in", "not_in", "version_ge", "version_lt", "regex", "p
 COMBINATORS = ("all", "any", "not")
 SEVERITIES = ("high", "medium", "low")
 # Fixes a rule may suggest: the fix registry's names (patches/, the single source; notebook 04 runs them and
-# params/scenarios/<name>.yaml runs the chain with one), with what each changes.
-FIX_SCENARIOS: dict[str, str] = registry.catalog()
+# params/scenarios/<name>.yaml runs the chain with one), read when a rule is checked, not at import.
 RULE_FIELDS = ("id", "title", "severity", "signature", "risk", "evidence", "fixes", "advice", "source",
                "see_also")
 
@@ -172,8 +171,8 @@ def parse_rule(raw: Any, index: int = 0) -> Rule:
         _check_fact_key(key, f"{where}.evidence")
     fixes = _str_tuple(raw.get("fixes"), f"{where}.fixes")
     for fx in fixes:
-        if fx not in FIX_SCENARIOS:
-            raise RuleError(f"{where}.fixes: unknown fix scenario {fx!r}; valid: {', '.join(FIX_SCENARIOS)}")
+        if fx not in registry.names():
+            raise RuleError(f"{where}.fixes: unknown fix scenario {fx!r}; valid: {', '.join(registry.names())}")
     return Rule(id=rid, title=str(raw["title"]), severity=sev,
                 signature=parse_condition(raw["signature"], f"{where}.signature"), risk=str(raw["risk"]).strip(),
                 evidence=evidence, fixes=fixes, source=str(raw["source"]),
@@ -347,4 +346,4 @@ def scenarios_product(matches: list[RiskMatch]) -> dict:
     names = suggested_scenarios(matches)
     return {"scenarios": names,
             "because": {n: [m.rule_id for m in matches if n in m.fixes] for n in names},
-            "descriptions": {n: FIX_SCENARIOS[n] for n in names}}
+            "descriptions": {n: registry.catalog()[n] for n in names}}

@@ -78,7 +78,7 @@ class Target:
         if py is None:
             return list(self.command)
         interp, flags, rest = py
-        return [python if python and interp == sys.executable else interp, *flags, *timer, *rest]
+        return [workloads.fix_interpreter(interp, python), *flags, *timer, *rest]
 
     def samples(self, folder: Path, elapsed_s: float) -> tuple[float, ...]:
         """Seconds per timed repeat (built-in), else the program's own time, else the child's wall time."""

@@ -39,7 +39,7 @@ def matrix_table(m: MatrixResult):
                              subset=["verdict"])
 
 
-def plot_matrix(m: MatrixResult, ax: Any = None):
+def plot_matrix(m: MatrixResult):
     """Left: the failure rate per scenario with its 95% interval; right: the cost with its interval and the
     budget line. Scenarios that did not run (not applicable) are left out."""
     import matplotlib.pyplot as plt

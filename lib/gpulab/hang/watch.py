@@ -139,8 +139,7 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
     if pyc is None:
         return Launch(tuple(command), child_env, False, out)
     interp, flags, rest = pyc
-    if child_env.get(workloads.PYTHON_ENV) and interp == sys.executable:  # a fix's interpreter (patched torch)
-        interp = child_env[workloads.PYTHON_ENV]
+    interp = workloads.fix_interpreter(interp, child_env.get(workloads.PYTHON_ENV))
     child_env = proc.python_env(child_env)
     # the recorder's C hot path is built in here (never inside the watched program)
     argv = [interp, *flags, *recorder_args(out / "ops.log", mode, out / "faulthandler.txt", fault and str(fault))]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from gpulab.trace.analysis import first_nonfinite, memory_frame, summary, to_chrome_trace, to_frame
 from gpulab.trace.recorder import Recorder
 from gpulab.trace.ring import (MODES, MemSample, OpRecord, Progress, Snapshot, StreamProgress, create, gpu_completed,
-                               gpu_culprit, gpu_done, parse_args, progress, read, read_device, trim)
+                               gpu_done, parse_args, progress, read, read_device, trim)
 from gpulab.trace.view import plot_memory, plot_summary, plot_timeline
 
 # gpulab.trace.run imports gpulab.workloads: loaded on first use, so that `python -m gpulab.trace -- -m
@@ -29,7 +29,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "MODES", "Progress", "OpRecord", "MemSample", "Snapshot", "StreamProgress", "Recording", "Recorder", "create",
-    "progress", "read", "read_device", "trim", "parse_args", "gpu_completed", "gpu_done", "gpu_culprit",
+    "progress", "read", "read_device", "trim", "parse_args", "gpu_completed", "gpu_done",
     "first_nonfinite", "to_frame", "summary", "memory_frame", "to_chrome_trace", "record", "bootstrap_command",
     "overhead", "modes_for", "plot_timeline", "plot_summary", "plot_memory",
 ]

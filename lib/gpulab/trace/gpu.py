@@ -457,12 +457,16 @@ def _verify_memop(drv: Driver, tracker: MemopTracker, timeout_s: float = 1.0) ->
         drv.fn["cuStreamDestroy_v2"](s)
 
 
+def check_preference(name: str) -> None:
+    if name not in PREFERENCES:
+        raise ValueError(f"gpu_mechanism={name!r} is not valid; choose one of {', '.join(PREFERENCES)}")
+
+
 def choose(drv: Driver, buf, preference: str = "auto", device: int = 0) -> tuple[Tracker | None, list[str]]:
     """The first mechanism (in MECHANISMS order, or only `preference`) that installs and verifies on
     `device`; -> (tracker or None, why each earlier one was passed over). Needs a current context (called
     from the thread that just ran a CUDA op)."""
-    if preference not in PREFERENCES:
-        raise ValueError(f"gpu mechanism {preference!r} is not valid; choose one of {', '.join(PREFERENCES)}")
+    check_preference(preference)
     order = MECHANISMS if preference == "auto" else (preference,)
     notes: list[str] = []
     contexts = {}

@@ -311,13 +311,6 @@ def gpu_done(seq: int, stream: int | None, host_returned: bool, streams: Sequenc
     return seq <= streams[stream].done
 
 
-def gpu_culprit(records: Sequence[OpRecord]) -> OpRecord | None:
-    """Pure: the earliest op whose host call returned but whose GPU work never completed (every stream:
-    an op on one stream can only wait behind earlier work, so the smallest seq is where it started)."""
-    pending = [r for r in records if r.t_end is not None and r.gpu_done is False]
-    return min(pending, key=lambda r: r.seq) if pending else None
-
-
 def _streams(data: bytes, n: int) -> tuple[StreamProgress, ...]:
     out = []
     for i in range(min(n, MAX_STREAMS)):
