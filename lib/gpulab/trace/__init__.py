@@ -4,7 +4,8 @@ produces NaN/Inf, and what does recording cost?
 `ring` is the crash-safe op log's format (slots of string ids, a string table, per-stream GPU progress),
 `recorder` writes it from inside the workload (installed by `python -m gpulab.trace`, with no change to the
 program; `native` its optional C hot path, `gpu` the GPU-progress mechanisms of the `auto` and `gpu`
-modes), `run` records a workload in a gpulab.proc child, `bench` measures what recording costs, `analysis`
+modes), `run` records a workload in a gpulab.proc child, `liveness` decides whether a child still makes
+progress (the watchdog's rule, also 02's stall detection), `bench` measures what recording costs, `analysis`
 turns a snapshot into tables and a Chrome trace, `view` draws them. Importing gpulab.trace never imports
 torch (the watchdog reads logs without it).
 """
@@ -18,7 +19,7 @@ from gpulab.trace.view import plot_memory, plot_summary, plot_timeline
 
 # gpulab.trace.run imports gpulab.workloads: loaded on first use, so that `python -m gpulab.trace -- -m
 # gpulab.workloads` runs that module fresh as __main__ (runpy warns when it was imported before)
-_RUN = ("Recording", "bootstrap_command", "modes_for", "overhead", "record")
+_RUN = ("Recording", "bootstrap_command", "measure_overhead", "modes_for", "overhead", "record", "stats_recording")
 
 
 def __getattr__(name: str):
@@ -31,5 +32,5 @@ __all__ = [
     "MODES", "Progress", "OpRecord", "MemSample", "Snapshot", "StreamProgress", "Recording", "Recorder", "create",
     "progress", "read", "read_device", "trim", "parse_args", "gpu_completed", "gpu_done",
     "first_nonfinite", "to_frame", "summary", "memory_frame", "to_chrome_trace", "record", "bootstrap_command",
-    "overhead", "modes_for", "plot_timeline", "plot_summary", "plot_memory",
+    "overhead", "measure_overhead", "stats_recording", "modes_for", "plot_timeline", "plot_summary", "plot_memory",
 ]

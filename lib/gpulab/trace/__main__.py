@@ -3,9 +3,11 @@
   python -m gpulab.trace --log LOG [--mode ops|sync|gpu|stats|auto] [--gpu-mechanism M] [--faulthandler FILE]
                          [--fault SPEC] [--capacity N] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
 
-Order matters (the watchdog relies on it): the log exists (header written) before torch is imported, so a
-hang while loading libraries is seen as phase `startup`; a planted fault's dispatch mode is pushed before
-the recorder, so the recorder (outermost) writes the op's record before the fault blocks inside it.
+Order matters (the watchdog relies on it): the heartbeat starts first ($GPULAB_BEAT, gpulab.beat), so
+Python that computes before the first op is told from a host spinning in a driver call; the log exists
+(header written) before torch is imported, so a hang while loading libraries is seen as phase `startup`;
+a planted fault's dispatch mode is pushed before the recorder, so the recorder (outermost) writes the op's
+record before the fault blocks inside it.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import runpy
 import sys
 import traceback
 
+from gpulab import beat
 from gpulab.fixes import install_from_env
 from gpulab.hang import faults
 from gpulab.trace import gpu, recorder, ring  # no torch yet
@@ -42,6 +45,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    beat.start_from_env()
     ns, target = _parse(sys.argv[1:] if argv is None else argv)
 
     kw = {"capacity": ns.capacity} if ns.capacity else {}

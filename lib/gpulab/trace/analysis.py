@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 from gpulab import report
 from gpulab.hang import classify
+from gpulab.hang.verdict import localize
 from gpulab.trace.ring import OpRecord, Snapshot
 
 
@@ -33,13 +35,13 @@ def _args_brief(args: list) -> str:
     return ", ".join(parts)
 
 
-def to_frame(snapshot: Snapshot):
-    """One row per record (pandas), times relative to the log's creation."""
+def to_frame(snapshot: Snapshot | None):
+    """One row per record (pandas), times relative to the log's creation (no rows without a log)."""
     import pandas as pd
 
     rows = []
-    t0 = snapshot.t0
-    for r in snapshot.records:
+    t0 = snapshot.t0 if snapshot is not None else 0.0
+    for r in snapshot.records if snapshot is not None else ():
         tensors = [a for a in r.args if "shape" in a]
         rows.append({
             "seq": r.seq, "name": r.name, "kind": r.kind, "depth": r.depth, "thread": r.thread,
@@ -73,13 +75,13 @@ def summary(frame):
     return g.sort_values("total_ms", ascending=False).reset_index(drop=True)
 
 
-def memory_frame(snapshot: Snapshot):
+def memory_frame(snapshot: Snapshot | None):
     """Memory samples as separate series: host RSS, and GPU allocated/reserved once CUDA is in use (a sample
     without a reserved figure was taken before CUDA started and holds RSS; never mix the two in one line)."""
     import pandas as pd
 
     rows = []
-    for m in snapshot.memory:
+    for m in snapshot.memory if snapshot is not None else ():
         gpu = m.reserved is not None
         rows.append({"t_s": m.t - snapshot.t0, "seq": m.seq, "rss_mb": None if gpu else m.allocated / 2**20,
                      "allocated_mb": m.allocated / 2**20 if gpu else None,
@@ -144,55 +146,148 @@ def warmup_split(frame):
     return pd.DataFrame(rows, columns=cols).sort_values("first_calls_ms", ascending=False).reset_index(drop=True)
 
 
-def finding(snap: Snapshot, returncode: int | None, ov, bad: OpRecord | None, rung: str, device: str,
-            log: str) -> tuple[str, dict[str, Any]]:
-    """Notebook 02's headline and metrics. The recording cost is stated only when this run could measure
-    it: a cost below the run's noise (a negative or near-zero difference) is said to be too small to see."""
+def _cost(ov) -> tuple[str, dict[str, float] | None, float | None]:
+    """(the recording cost in words, us per op by mode, ops vs pass-through) from the overhead table."""
+    if ov is None:
+        return "recording cost not measured", None, None
     per_op = {r.variant: round(float(r.us_per_op), 2) for r in ov.itertuples() if r.variant != "none"}
     ops_cost, bare = per_op.get("ops"), per_op.get("passthrough")
     if ops_cost is None:
-        cost = "recording cost not measured"
-        ratio = None
-    elif ops_cost <= 0.5 or (bare is not None and bare <= 0.5):
-        cost = ("the recorder's cost is below this run's timing noise (a shared or busy machine); "
-                "benchmarks/bench_trace_overhead.py measures it properly")
-        ratio = None
+        return "recording cost not measured", per_op, None
+    if ops_cost <= 0.5 or (bare is not None and bare <= 0.5):
+        return ("the recorder's cost is below this run's timing noise (a shared or busy machine); "
+                "benchmarks/bench_trace_overhead.py measures it properly"), per_op, None
+    ratio = ops_cost / bare if bare else None
+    return (f"crash-safe recording costs {ops_cost:.1f} us per op" + (f" ({ratio:.2f}x a bare dispatch mode)"
+                                                                      if ratio else "")), per_op, ratio
+
+
+def _where(rec: Any) -> tuple[OpRecord | None, OpRecord | None]:
+    """(the op that did not finish when the run ended, the last op recorded). The op that did not finish is
+    the watchdog's (hang.verdict.localize): the earliest op whose GPU work never completed, else the innermost
+    op open on the host; never a sync that only waits behind it."""
+    snap = rec.snapshot
+    if snap is None or not snap.records:
+        return None, None
+    return localize(snap.records)[0], snap.records[-1]
+
+
+def _unfinished(r: OpRecord) -> str:
+    return "never finished" if r.t_end is None else "its GPU work never completed"
+
+
+def _ended(rec: Any) -> str:
+    """How the run ended, in a few words: 'hang', 'error (exit 1)', 'crash (SIGSEGV)', 'timeout'."""
+    if rec.status == "error":
+        return f"error (exit {rec.returncode})"
+    if rec.status == "crash" and rec.signal:
+        try:
+            return f"crash ({signal.Signals(rec.signal).name})"
+        except ValueError:
+            return f"crash (signal {rec.signal})"
+    return rec.status
+
+
+def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str) -> tuple[str, dict[str, Any]]:
+    """Notebook 02's headline and metrics, from the first Recording, the overhead table (None: not measured)
+    and the stats-mode Recording (None: not run). The recording cost is stated only when this run could
+    measure it: a cost below the run's noise (a negative or near-zero difference) is said to be too small to
+    see. A run that did not finish says so first, with where it ended."""
+    snap = rec.snapshot
+    started = snap.started if snap is not None else 0
+    cost, per_op, ratio = _cost(ov)
+    checked = stats_rec is not None and stats_rec.snapshot is not None
+    bad = first_nonfinite(stats_rec.snapshot) if checked else None
+    if not checked:
+        nan = "NaN/Inf not checked"
     else:
-        ratio = ops_cost / bare if bare else None
-        cost = f"crash-safe recording costs {ops_cost:.1f} us per op" + (f" ({ratio:.2f}x a bare dispatch mode)"
-                                                                         if ratio else "")
-    headline = (f"{snap.started} ops recorded ({rung} rung on {device}); {cost}"
-                + (f"; first op to produce NaN/Inf: {bad.name}" if bad else "; no op produced NaN/Inf"))
-    metrics = dict(ops_recorded=snap.started, exit_code=returncode, overhead_us_per_op=per_op,
+        nan = f"first op to produce NaN/Inf: {bad.name}" if bad else "no op produced NaN/Inf"
+    open_op, last = _where(rec)
+    if rec.ok:
+        headline = f"{started} ops recorded ({rung} rung on {device}); {cost}; {nan}"
+    else:
+        where = (f", in op {open_op.name} ({_unfinished(open_op)})" if open_op else
+                 f", last op {last.name}" + (" (raised)" if last.raised else "") if last else ", before any op")
+        skipped = "recording cost and GPU times not measured"
+        headline = f"the workload did not finish: {_ended(rec)} after {started} ops{where}; {skipped}; {nan}"
+    metrics = dict(status=rec.status, ops_recorded=started, exit_code=rec.returncode, overhead_us_per_op=per_op,
                    ops_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
-                   first_nonfinite_seq=bad.seq if bad else None, log=log)
+                   first_nonfinite_seq=bad.seq if bad else None, nonfinite_checked=checked,
+                   in_flight_op=open_op.name if open_op else None, last_op=last.name if last else None, log=log)
     return headline, metrics
 
 
-def save(snapshot: Snapshot, frame, out_dir: str | os.PathLike) -> None:
-    """02's products: every record as ops.csv, and a Chrome trace (Perfetto) as trace.json."""
+def save(snapshot: Snapshot | None, frame, out_dir: str | os.PathLike) -> None:
+    """02's products: every record as ops.csv, and a Chrome trace (Perfetto) as trace.json (with a log)."""
     report.write_text(report.product(out_dir, "ops.csv"), frame.to_csv(index=False))
-    to_chrome_trace(snapshot, report.product(out_dir, "trace.json"))
+    if snapshot is not None:
+        to_chrome_trace(snapshot, report.product(out_dir, "trace.json"))
+
+
+def _how(rec: Any) -> str:
+    if rec.ok:
+        return "finished"
+    if rec.status == "hang":
+        return f"made no progress for {rec.stall_s:g} s and was stopped (a hang)"
+    if rec.status == "timeout":
+        return "was stopped at its deadline, still making progress"
+    return f"ended with {_ended(rec)}"
+
+
+def unfinished_note(rec: Any) -> str:
+    """The one sentence that says which measurements a run that did not finish leaves out, and why."""
+    if rec.status in ("hang", "timeout"):
+        again = "only hang again" if rec.status == "hang" else "only run out of time again"
+        return (f"**Not measured:** GPU time per op, the recording cost and the NaN/Inf check need a run that "
+                f"finishes, and re-running this one would {again}.")
+    return ("**Not measured:** GPU time per op and the recording cost need a run that finishes well; the NaN/Inf "
+            "check still runs (stopped when it stalls), since the first NaN/Inf often comes before the "
+            f"{rec.status}.")
 
 
 def recording_note(rec: Any, out_dir: str | os.PathLike) -> str:
-    """One sentence (Markdown, outside text escaped) about the recorded run."""
+    """A few sentences (Markdown, outside text escaped) about the recorded run: how it ended, what it left,
+    and, when it did not finish, what is not measured and why."""
     snap = rec.snapshot
     log = os.path.relpath(rec.log, out_dir)
     if snap is None:
-        return f"**The recorded run left no op log** (exit {report.esc(rec.returncode)}; see {report.code(log)})."
-    how = "finished" if rec.ok else ("was stopped at its deadline" if rec.timed_out else f"ended with exit code {rec.returncode}")
-    return (f"The workload {how} after {rec.elapsed_s:.1f} s: {snap.started} ops recorded"
-            + (f", the oldest {snap.dropped} overwritten (ring of {snap.capacity})" if snap.dropped else "")
-            + f". Products: {report.code('ops.csv')} (every op), {report.code('trace.json')} (open it in "
-            f"Perfetto), the op log {report.code(log)}.")
+        text = (f"**The recorded run left no op log** ({report.esc(_ended(rec))}; see "
+                f"{report.code(os.path.relpath(Path(rec.log).with_suffix('.stderr.txt'), out_dir))}).")
+    else:
+        open_op, _ = _where(rec)
+        text = (f"The workload {_how(rec)} after {rec.elapsed_s:.1f} s: {snap.started} ops recorded"
+                + (f", the oldest {snap.dropped} overwritten (ring of {snap.capacity})" if snap.dropped else "")
+                + (f"; {report.code(open_op.name)} at {report.code(open_op.call_site)} {_unfinished(open_op)}"
+                   if open_op and not rec.ok else "")
+                + f". Products: {report.code('ops.csv')} (every op), {report.code('trace.json')} (open it in "
+                f"Perfetto), the op log {report.code(log)}.")
+    return text if rec.ok else f"{text}\n\n{unfinished_note(rec)}"
 
 
-def nonfinite_note(bad: OpRecord | None, snapshot: Snapshot) -> str:
+def last_ops_table(rec: Any, n: int = 15):
+    """The last n ops of a run that did not finish (None for one that did): where it was when it ended."""
+    snap = rec.snapshot
+    if rec.ok or snap is None or not snap.records:
+        return None
+    rows = [{"seq": r.seq, "op": r.name, "shapes": _args_brief(r.args), "call site": r.call_site,
+             "state": "open" if r.t_end is None else "raised" if r.raised else
+             "GPU pending" if r.gpu_done is False else "done"}
+            for r in snap.records[-n:]]
+    return report.table(rows, "seq")
+
+
+def nonfinite_note(stats_rec: Any, note: str = "") -> str:
+    """What the stats-mode rerun found (or why it was not run), in Markdown."""
+    if stats_rec is None or stats_rec.snapshot is None:
+        return note or "**NaN/Inf not checked:** the stats-mode rerun left no op log."
+    snapshot = stats_rec.snapshot
+    bad = first_nonfinite(snapshot)
     if bad is None:
-        return f"**No op produced NaN/Inf** in {snapshot.started} recorded ops (stats mode checks every output)."
-    return (f"**First op to produce NaN/Inf:** {report.code(bad.name)} (op {bad.seq}) at "
-            f"{report.code(bad.call_site)}, inputs {report.code(_args_brief(bad.args))}.")
+        text = f"**No op produced NaN/Inf** in {snapshot.started} recorded ops (stats mode checks every output)."
+    else:
+        text = (f"**First op to produce NaN/Inf:** {report.code(bad.name)} (op {bad.seq}) at "
+                f"{report.code(bad.call_site)}, inputs {report.code(_args_brief(bad.args))}.")
+    return f"{text} {note}".strip()
 
 
 def _reader_table(frame, columns: dict[str, str], index: str, percent: str | None = None):
@@ -223,11 +318,15 @@ def _overhead_rows(ov):
 
 
 def save_overhead(ov, out_dir: str | os.PathLike) -> None:
-    """02's overhead.csv (and .json): what each recording mode cost in this run."""
+    """02's overhead.csv (and .json): what each recording mode cost in this run (nothing when not measured)."""
+    if ov is None:
+        return
     report.write_rows(out_dir, "overhead", _overhead_rows(ov).to_dict("records"))
 
 
 def overhead_table(ov):
+    if ov is None:
+        return None
     cols = {"variant": "recording mode", "ops": "ops", "median_s": "run s (median)", "baseline_s": "no recorder s",
             "us_per_op": "us per op over no recorder", "ratio": "x pass-through"}
     return _reader_table(_overhead_rows(ov), cols, "recording mode")

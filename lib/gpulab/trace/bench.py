@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Sequence
 
-from gpulab import device, proc, workloads
+from gpulab import beat, device, proc, workloads
 from gpulab.report import write_json
 from gpulab.trace import native
 from gpulab.trace.recorder import Recorder
@@ -486,6 +486,7 @@ def wrap_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    beat.start_from_env()   # its parent (trace.run.overhead) stops a child that stalls
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["wrap"]:
         return wrap_main(argv[1:])

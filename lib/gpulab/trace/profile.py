@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpulab import proc, report, workloads
+from gpulab import beat, proc, report, workloads
+from gpulab.trace import liveness
 
 
 def _packet(name: str) -> str:
@@ -23,8 +24,11 @@ def _packet(name: str) -> str:
     return ".".join(parts[:2]) if len(parts) >= 2 else name
 
 
-def gpu_times(cfg: workloads.WorkloadConfig, out_dir: str | Path, timeout_s: float = 600.0):
-    """-> (DataFrame of op type, calls, GPU ms; or None, and a sentence saying what was measured or why not)."""
+def gpu_times(cfg: workloads.WorkloadConfig, out_dir: str | Path, timeout_s: float = 600.0,
+              stall_s: float | None = None, first: Any = None):
+    """-> (DataFrame of op type, calls, GPU ms; or None, and a sentence saying what was measured or why not).
+    first: 02's first Recording; when it did not finish well the profiler run is skipped (it would fail
+    again). The profiler child is stopped after stall_s seconds without progress."""
     import pandas as pd
 
     dev = str(cfg.device)
@@ -32,10 +36,17 @@ def gpu_times(cfg: workloads.WorkloadConfig, out_dir: str | Path, timeout_s: flo
         return None, "GPU time per op: not measured (the workload runs on the CPU, where host time is the op's time)"
     if cfg.kind != "builtin":
         return None, "GPU time per op: measured for the built-in workload only (a user program is not re-run)"
+    if first is not None and not first.ok:
+        return None, f"GPU time per op: not measured (the workload did not finish: {first.status})"
     out = Path(out_dir)
     js = out / "gpu_times.json"
-    r = proc.run([sys.executable, "-m", "gpulab.trace.profile", "--json", str(js), "--", *workloads.cli_args(cfg)],
-                 timeout_s=timeout_s, stdout=out / "gpu_times.log", stderr=subprocess.STDOUT)
+    beat_path = out / "gpu_times.beat"
+    try:
+        r = liveness.run([sys.executable, "-m", "gpulab.trace.profile", "--json", str(js), "--",
+                          *workloads.cli_args(cfg)], timeout_s=timeout_s, stall_s=stall_s, beat_path=beat_path,
+                         env=proc.python_env(), stdout=out / "gpu_times.log", stderr=subprocess.STDOUT)
+    finally:
+        beat_path.unlink(missing_ok=True)
     data = report.read_json(js, default=None)
     if r.status != "ok" or not data:
         return None, f"GPU time per op: the profiler run ended as {r.status} (see gpu_times.log)"
@@ -57,6 +68,7 @@ def merge(summ, gpu):
 def main(argv: Sequence[str] | None = None) -> int:
     import time
 
+    beat.start_from_env()   # before torch: its parent stops a child that stalls
     import torch
     from torch.profiler import ProfilerActivity, profile
 

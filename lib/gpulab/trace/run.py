@@ -1,7 +1,10 @@
 """Record a workload in a gpulab.proc child (own process group, deadline) and measure what recording costs.
 
 Why a child: the workload may hang or crash the interpreter; the notebook kernel must survive, and the
-log (a mmap'ed ring) keeps everything that was recorded up to the kill.
+log (a mmap'ed ring) keeps everything that was recorded up to the kill. Why stall detection (stall_s, the
+watchdog's rule in gpulab.trace.liveness): a workload that deadlocks would otherwise hold the notebook for
+its whole deadline, and every later measurement would wait again. The measurements that need a finished
+run (recording cost, the stats-mode rerun) take the first Recording and are skipped when it did not finish.
 """
 from __future__ import annotations
 
@@ -14,27 +17,41 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpulab import proc
-from gpulab.trace import native
+from gpulab import proc, report
+from gpulab.trace import liveness, native
 from gpulab.trace.ring import _check_mode, read
 from gpulab.workloads import WorkloadConfig, cli_args, command
-
 
 
 @dataclass(frozen=True)
 class Recording:
     snapshot: Any            # gpulab.trace.Snapshot (None if the child never created the log)
-    returncode: int | None   # None when killed on timeout
+    returncode: int | None   # None when it was stopped (hang or timeout)
     signal: int | None       # the signal that ended the child, if any
-    timed_out: bool
+    timed_out: bool          # stopped at its deadline while still making progress
     elapsed_s: float
     log: str
     command: tuple[str, ...]
     stderr_tail: str
+    status: str = "ok"       # ok | hang (no progress for stall_s) | crash (a signal) | error (exit != 0) | timeout
+    stall_s: float | None = None
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.status == "ok"
+
+    @property
+    def finished(self) -> bool:
+        """It ended by itself (ok, error or crash), rather than being stopped (hang, timeout)."""
+        return self.status in ("ok", "error", "crash")
+
+
+class OverheadFailed(RuntimeError):
+    """A timing child of `overhead` did not end well: how it ended, and its output file (in out_dir)."""
+
+    def __init__(self, message: str, status: str, output: str):
+        super().__init__(message)
+        self.status, self.output = status, output
 
 
 def _child_env() -> dict[str, str]:
@@ -82,17 +99,22 @@ def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str 
     return args
 
 
-def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str | None = None
-              ) -> tuple[int | None, bool, float]:
-    """Run cmd as a gpulab.proc child, output to stderr_path; stopped at the deadline.
-    -> (exit code or None, timed_out, seconds)."""
-    r = proc.run(cmd, timeout_s=timeout_s, env=_child_env(), cwd=cwd, stdout=stderr_path, stderr=subprocess.STDOUT)
-    return r.returncode, r.timed_out, r.elapsed_s
+def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str | None = None, *,
+              stall_s: float | None = None, log: str | os.PathLike | None = None) -> liveness.End:
+    """Run cmd as a gpulab.proc child, output to stderr_path, with a heartbeat file beside it; stopped at the
+    deadline, or after stall_s seconds without progress (liveness's rule, over `log` when it is recorded)."""
+    beat = Path(stderr_path).with_suffix(".beat")
+    try:
+        return liveness.run(cmd, timeout_s=timeout_s, stall_s=stall_s, log=log, beat_path=beat, env=_child_env(),
+                            cwd=cwd, stdout=stderr_path, stderr=subprocess.STDOUT)
+    finally:
+        beat.unlink(missing_ok=True)
 
 
 def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outputs/trace",
-           timeout_s: float = 300.0, name: str | None = None) -> Recording:
-    """Run the workload under the recorder in a child; whatever was recorded is kept, even on timeout."""
+           timeout_s: float = 300.0, name: str | None = None, stall_s: float | None = None) -> Recording:
+    """Run the workload under the recorder in a child; whatever was recorded is kept, even when it was
+    stopped (at its deadline, or after stall_s seconds without progress)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = name or f"trace_{mode}"
@@ -100,16 +122,50 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     cmd = bootstrap_command(cfg_or_command, log, mode)
     if log.exists():
         log.unlink()
-    rc, timed_out, secs = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt")
+    end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log)
     snap = read(log) if log.exists() else None
     tail = (out / f"{stem}.stderr.txt").read_text(errors="replace")[-4000:]
-    sig = -rc if rc is not None and rc < 0 else (signal.SIGKILL if timed_out else None)
-    return Recording(snap, None if timed_out else rc, sig, timed_out, secs, str(log), tuple(cmd), tail)
+    stopped = end.status in ("hang", "timeout")
+    sig = end.signal or (signal.SIGKILL if stopped else None)
+    return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(log), tuple(cmd), tail,
+                     end.status, stall_s)
+
+
+def stats_recording(first: Recording, cfg_or_command, *, out_dir: str | os.PathLike, timeout_s: float = 300.0,
+                    stall_s: float | None = None) -> tuple[Recording | None, str]:
+    """02's NaN/Inf check, a rerun in stats mode -> (the Recording or None, a sentence). Skipped when the first
+    run was stopped (hang, timeout): it would only wait again. After a crash or an error it runs, bounded by
+    stall_s: the first NaN/Inf often comes before the error."""
+    if not first.finished:
+        return None, (f"**NaN/Inf not checked:** the workload did not finish ({first.status}), and a stats-mode "
+                      f"rerun would only {'hang' if first.status == 'hang' else 'run out of time'} again.")
+    rec = record(cfg_or_command, mode="stats", out_dir=out_dir, timeout_s=timeout_s, name="stats", stall_s=stall_s)
+    if rec.ok:
+        return rec, ""
+    return rec, (f"The stats-mode rerun ended as {rec.status} (the first run: {first.status}); the ops up to its "
+                 f"end were checked.")
+
+
+def measure_overhead(first: Recording, cfg, *, repeats: int = 5, out_dir: str | os.PathLike = "outputs/trace",
+                     timeout_s: float = 600.0, stall_s: float | None = None):
+    """02's recording-cost table -> (DataFrame, "") or (None, a sentence saying why not). Measured only when the
+    first run finished well: a failing program's wall time is no cost figure, and re-running it would only
+    fail again. The timing children are stopped after stall_s seconds without progress."""
+    if not first.ok:
+        return None, (f"**Recording cost not measured:** the workload did not finish ({first.status}), so its wall "
+                      f"time measures nothing.")
+    try:
+        ov = overhead(cfg, repeats=repeats, out_dir=out_dir, timeout_s=timeout_s, stall_s=stall_s)
+    except OverheadFailed as exc:
+        return None, (f"**Recording cost not measured:** a timing run ended as {exc.status} (see "
+                      f"{report.code(exc.output)}).")
+    return ov, ""
 
 
 def overhead(cfg, modes: Sequence[str] | None = None, repeats: int = 5, out_dir: str | os.PathLike =
-             "outputs/trace", timeout_s: float = 600.0):
-    """Wall time of one rung with no recorder vs each mode, interleaved, in ONE child (a DataFrame).
+             "outputs/trace", timeout_s: float = 600.0, stall_s: float | None = None):
+    """Wall time of one rung with no recorder vs each mode, interleaved, in ONE child (a DataFrame). Raises
+    OverheadFailed when a child fails, hangs (no progress for stall_s) or runs out of time.
 
     The built-in workload is timed in-process in the child (model built once); us/op = (t_mode - t_none)/ops.
     modes: default `modes_for(cfg)`.
@@ -122,20 +178,22 @@ def overhead(cfg, modes: Sequence[str] | None = None, repeats: int = 5, out_dir:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
-        return _overhead_whole_process(cfg, modes, repeats, out, timeout_s)
+        return _overhead_whole_process(cfg, modes, repeats, out, timeout_s, stall_s)
     js = out / "overhead_raw.json"
     native.ensure()
     cmd = [sys.executable, "-m", "gpulab.trace.bench", "--json", str(js), "--modes", ",".join(modes),
            "--repeats", str(repeats), "--", *cli_args(cfg)]
-    rc, timed_out, _ = run_child(cmd, timeout_s, out / "overhead.stderr.txt")
-    if rc != 0 or not js.exists():
+    end = run_child(cmd, timeout_s, out / "overhead.stderr.txt", stall_s=stall_s)
+    if end.status != "ok" or not js.exists():
         tail = (out / "overhead.stderr.txt").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"overhead child failed (rc={rc}, timed_out={timed_out}):\n{tail}")
+        raise OverheadFailed(f"the overhead child ended as {end.status} (exit {end.returncode}):\n{tail}", end.status,
+                             "overhead.stderr.txt")
     data = json.loads(js.read_text())
     return pd.DataFrame(data["rows"])
 
 
-def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s: float):
+def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s: float,
+                            stall_s: float | None = None):
     """User workloads: whole-process wall time bare vs under each mode (startup included: noisier)."""
     import statistics
 
@@ -147,11 +205,12 @@ def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s
     names = list(variants)
     for r in range(repeats):
         for n in names[r % len(names):] + names[:r % len(names)]:
-            rc, timed_out, secs = run_child(variants[n], timeout_s, out / f"overhead_{n}.stderr.txt")
-            if rc != 0:
-                raise RuntimeError(f"overhead run {n!r} failed (rc={rc}, timed_out={timed_out}); see "
-                                   f"{out / f'overhead_{n}.stderr.txt'}")
-            samples[n].append(secs)
+            end = run_child(variants[n], timeout_s, out / f"overhead_{n}.stderr.txt", stall_s=stall_s,
+                            log=None if n == "none" else out / f"overhead_{n}.log")
+            if end.status != "ok":
+                raise OverheadFailed(f"overhead run {n!r} ended as {end.status} (exit {end.returncode}); see "
+                                     f"{out / f'overhead_{n}.stderr.txt'}", end.status, f"overhead_{n}.stderr.txt")
+            samples[n].append(end.elapsed_s)
     ops = read(out / f"overhead_{modes[0]}.log").started if modes else 0
     base = statistics.median(samples["none"])
     return pd.DataFrame([{"variant": n, "ops": ops, "median_s": statistics.median(s), "baseline_s": base,

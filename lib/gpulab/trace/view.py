@@ -97,9 +97,12 @@ def plot_warmup(ws, ax: Any = None, top: int = 12):
 
 
 def plot_overhead(ov, device: str, rung: str, ax: Any = None):
-    """What each recording mode costs per op in this run, on a log axis (modes differ by decades)."""
+    """What each recording mode costs per op in this run, on a log axis (modes differ by decades); nothing
+    when it was not measured (ov None)."""
     import matplotlib.pyplot as plt
 
+    if ov is None:
+        return None
     ax = ax or plt.subplots(figsize=(7, 3))[1]
     rows = ov[(ov["variant"] != "none") & (ov["us_per_op"] > 0)]
     if rows.empty:

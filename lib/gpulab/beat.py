@@ -1,0 +1,132 @@
+"""The heartbeat of a watched Python program: a file whose record changes only while the main thread makes
+Python progress, so a watcher outside can tell a program that works from one that only burns CPU.
+
+Why both tests, in each ~0.1 s window:
+- the main thread ran Python bytecode: a pending call (`Py_AddPendingCall`) runs only in the main thread and
+  only between two bytecodes, so it runs iff the main thread executes Python. CPU alone is not enough: a
+  host thread spinning inside a driver call (a kernel launch under CUDA_LAUNCH_BLOCKING=1, cuInit) burns
+  CPU without running any bytecode;
+- the main thread's CPU time grew by at least 5% of the window. Bytecode alone is not enough: a polling
+  loop (DataLoader's main loop waking on a queue while a worker is stuck) runs bytecode with ~no CPU.
+
+The child side is `start(path)` (or `start_from_env()`, when $GPULAB_BEAT names the file): a daemon thread
+`gpulab-beat` that, in each window where both hold, writes (pid, beats, monotonic time) at offset 0 of the
+file. The parent side is `read(path)`: the raw record; a watcher compares two of them. Standard library
+only, cheap to import: it starts before the program imports anything heavy.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+import time
+from typing import Callable
+
+ENV = "GPULAB_BEAT"
+THREAD_NAME = "gpulab-beat"
+INTERVAL_S = 0.1
+CPU_SHARE = 0.05          # of the window's wall time, in main-thread CPU time
+RECORD = struct.Struct("<qqd")   # pid, beats, time.monotonic() of the last beat
+
+_PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+class _BytecodeProbe:
+    """Whether the main thread ran Python since the last check: one pending call outstanding at a time."""
+
+    def __init__(self) -> None:
+        ran = [0]
+
+        def _ran(_arg, _ran=ran):   # no module globals: it may run while the interpreter tears them down
+            _ran[0] += 1
+            return 0
+
+        self._ran, self._seen, self._outstanding = ran, 0, False
+        self._fn = _PENDING(_ran)
+        # never freed: a call still queued at exit may run during teardown, after this object is gone
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._fn))
+        self._add = ctypes.PYFUNCTYPE(ctypes.c_int, _PENDING, ctypes.c_void_p)(("Py_AddPendingCall",
+                                                                                   ctypes.pythonapi))
+
+    def check(self) -> bool:
+        ran = self._ran[0] != self._seen
+        self._seen = self._ran[0]
+        if ran or not self._outstanding:
+            self._outstanding = self._add(self._fn, None) == 0   # -1: the queue is full; ask next window
+        return ran
+
+
+def _main_cpu_clock(main: threading.Thread) -> Callable[[], float]:
+    """CPU seconds of the main thread: its pthread CPU clock, else /proc/self/task/<tid>/stat."""
+    try:
+        clock = time.pthread_getcpuclockid(main.ident)
+        time.clock_gettime(clock)
+        return lambda: time.clock_gettime(clock)
+    except (AttributeError, OSError, TypeError):
+        path, tick = f"/proc/self/task/{main.native_id}/stat", os.sysconf("SC_CLK_TCK")
+
+        def from_proc() -> float:
+            try:
+                with open(path, "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, ValueError, IndexError):
+                return 0.0
+        return from_proc
+
+
+def _loop(fd: int, pid: int, probe: _BytecodeProbe, cpu: Callable[[], float]) -> None:
+    beats = 0
+    probe.check()
+    t_prev, c_prev = time.monotonic(), cpu()
+    while True:
+        time.sleep(INTERVAL_S)
+        now, c = time.monotonic(), cpu()
+        if probe.check() and c - c_prev >= CPU_SHARE * (now - t_prev):
+            beats += 1
+            try:
+                os.pwrite(fd, RECORD.pack(pid, beats, now), 0)
+            except OSError:
+                return   # the file is gone or the disk is full: no more beats (the watcher sees a stall)
+        t_prev, c_prev = now, c
+
+
+def start(path: str | os.PathLike) -> threading.Thread:
+    """Create the beat file (0 beats) and start the beat thread; a second call returns the running thread."""
+    global _thread
+    with _lock:
+        if _thread is not None:
+            return _thread
+        pid = os.getpid()
+        fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        os.pwrite(fd, RECORD.pack(pid, 0, time.monotonic()), 0)
+        main = threading.main_thread()
+        _thread = threading.Thread(target=_loop, args=(fd, pid, _BytecodeProbe(), _main_cpu_clock(main)),
+                                   name=THREAD_NAME, daemon=True)
+        _thread.start()
+        return _thread
+
+
+def start_from_env() -> threading.Thread | None:
+    """Start the beat when $GPULAB_BEAT names a file (taken out of the environment, so that the program's
+    own Python children do not write the same file); otherwise do nothing."""
+    path = os.environ.pop(ENV, "")
+    return start(path) if path else None
+
+
+def read(path: str | os.PathLike) -> bytes | None:
+    """The raw record (compare two: a change is a beat), or None when there is no beat file (yet)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(RECORD.size)
+    except OSError:
+        return None
+    return data if len(data) == RECORD.size else None
+
+
+def beats(record: bytes | None) -> int | None:
+    """How many beats a record counts (for people and tests; a watcher compares raw records)."""
+    return None if record is None else RECORD.unpack(record)[1]

@@ -1,0 +1,162 @@
+"""Whether a watched child is still making progress: the one rule the watchdog (gpulab.hang.watch) and 02's
+recordings (gpulab.trace.run) share, so that both call the same run a hang.
+
+Progress, poll by poll:
+- once the op log has a started op: newly completed records (host or GPU). An open op, or GPU work the
+  host has run ahead of, advances only by completing;
+- between ops (every started op completed, the GPU caught up), and before the first op or without an op
+  log: the heartbeat (gpulab.beat: the main thread ran Python bytecode AND burnt CPU) when the child keeps
+  one, plus the main-thread CPU of its child processes (a compiler or a worker the program waits for);
+  without a heartbeat (not a Python program, or run as is), the main-thread CPU of the whole process tree.
+  Main-thread CPU alone would call a host spinning in a driver call progress; bytecode alone a polling loop.
+- before the first op or without an op log, new output (stdout/stderr growing) too.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import psutil
+
+from gpulab import beat, proc
+from gpulab.trace.ring import progress as log_progress
+
+POLL_S = 0.1
+STATUSES = ("ok", "hang", "crash", "error", "timeout")
+
+
+def main_thread_cpu(pid: int) -> float:
+    """CPU seconds of a process's main thread: the thread that imports, loads libraries and inits CUDA.
+    Helper threads (the recorder's sampler, BLAS pools) are left out: they tick on while the main one is stuck."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        try:
+            t = psutil.Process(pid).cpu_times()
+            return t.user + t.system
+        except psutil.Error:
+            return 0.0
+
+
+class Progress:
+    """Decides, poll by poll, whether the child advanced (the rules are in the module docstring).
+
+    log: the op log when the child is recorded; beat: the heartbeat file the child may keep; outputs: its
+    stdout/stderr files."""
+
+    def __init__(self, pid: int, log: str | os.PathLike | None = None, beat_path: str | os.PathLike | None = None,
+                 outputs: Sequence[str | os.PathLike] = ()):
+        self.ps = psutil.Process(pid)
+        self.log = Path(log) if log else None
+        self.beat = Path(beat_path) if beat_path else None
+        self.outputs = tuple(Path(p) for p in outputs)
+        self.last_ops: Any = None
+        self.last_size = -1
+        self.last_beat: bytes | None = None
+        self.cpu_prev = {"tree": 0.0, "children": 0.0}
+
+    def _cpu_grew(self, which: str) -> bool:
+        """Did the main threads of the tree (or of the child's children only) burn CPU since the last poll?"""
+        try:
+            procs = self.ps.children(recursive=True) + ([self.ps] if which == "tree" else [])
+        except psutil.Error:
+            procs = []
+        cpu = sum(main_thread_cpu(p.pid) for p in procs)
+        grew, self.cpu_prev[which] = cpu > self.cpu_prev[which], cpu
+        return grew
+
+    def _counters(self) -> tuple[int, int, int] | None:
+        """(started, completed, gpu_completed or -1 outside gpu mode) from the log header, or None."""
+        if self.log is None or not self.log.exists():
+            return None
+        try:
+            p = log_progress(self.log)
+        except Exception:  # a header being created; try again next poll
+            return None
+        return p.started, p.completed, -1 if p.gpu_completed is None else p.gpu_completed
+
+    def _python_progress(self) -> bool:
+        """Outside any op: the heartbeat (or, without one, main-thread CPU)."""
+        record = beat.read(self.beat) if self.beat is not None else None
+        if record is None:
+            return self._cpu_grew("tree")
+        beat_moved, self.last_beat = record != self.last_beat, record
+        return self._cpu_grew("children") or beat_moved
+
+    def advanced(self) -> bool:
+        idle = self._python_progress()
+        counters = self._counters()
+        if counters is not None and counters[0] > 0:
+            started, completed, gpu_done = counters
+            advanced = (completed, gpu_done) != self.last_ops   # newly completed records (host or GPU)
+            self.last_ops = (completed, gpu_done)
+            between_ops = started == completed and (gpu_done < 0 or gpu_done >= completed)
+            return advanced or (between_ops and idle)
+        size = sum(p.stat().st_size for p in self.outputs if p.exists())
+        grew, self.last_size = size != self.last_size, size
+        return idle or grew
+
+
+def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeout_s: float, t0: float,
+         poll_s: float = POLL_S) -> tuple[str | None, float | None]:
+    """Poll until the child ends (None, None), makes no progress for stall_s ('hang', seconds from t0 to
+    the last progress seen) or runs past timeout_s ('timeout', None). stall_s None: no stall detection."""
+    last = t0
+    while child.poll() is None:
+        now = time.monotonic()
+        if progress.advanced():
+            last = now
+        if stall_s is not None and now - last > stall_s:
+            return "hang", last - t0
+        if now - t0 > timeout_s:
+            return "timeout", None
+        time.sleep(poll_s)
+    return None, None
+
+
+@dataclass(frozen=True)
+class End:
+    """How a child run under `run` ended."""
+    status: str                  # ok | hang | crash | error | timeout
+    returncode: int | None       # None when it was stopped (hang or timeout)
+    elapsed_s: float
+    last_progress_s: float | None = None   # for a hang: when progress was last seen, from the start
+
+    @property
+    def timed_out(self) -> bool:
+        return self.status == "timeout"
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+def status_of(returncode: int | None) -> str:
+    return "ok" if returncode == 0 else ("crash" if returncode is not None and returncode < 0 else "error")
+
+
+def run(argv: Sequence[str], *, timeout_s: float, stall_s: float | None = None, log: str | os.PathLike | None = None,
+        beat_path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None, stdout: Any = None, stderr: Any = None,
+        label: str | None = None) -> End:
+    """Run a gpulab.proc child to its end, its deadline, or (stall_s) its first stall; then end everything
+    it started. With beat_path the child is asked (through $GPULAB_BEAT) to keep a heartbeat there."""
+    if not timeout_s > 0 or (stall_s is not None and not stall_s > 0):
+        raise ValueError(f"timeout_s={timeout_s!r} and stall_s={stall_s!r} must be > 0")
+    env = dict(os.environ if env is None else env)
+    if beat_path is not None:
+        Path(beat_path).unlink(missing_ok=True)   # a beat file from an earlier run is no heartbeat of this one
+        env[beat.ENV] = str(beat_path)
+    outputs = [p for p in (stdout, stderr) if isinstance(p, (str, os.PathLike))]
+    t0 = time.monotonic()
+    with proc.Child(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, label=label) as child:
+        tracker = Progress(child.pid, log, beat_path, outputs)
+        stopped, last = wait(child, tracker, stall_s=stall_s, timeout_s=timeout_s, t0=t0)
+        child.stop()
+    rc = None if stopped else child.returncode
+    return End(stopped or status_of(rc), rc, time.monotonic() - t0, last)

@@ -1,0 +1,115 @@
+"""Notebook 02 end to end through papermill, on a program that deadlocks, one that exits with an error, and
+the built-in workload: it stays bounded on a failing program (one recording, stopped at the stall), says what
+it left out and why, and reports a healthy run as it always did."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import papermill
+import yaml
+
+from conftest import ROOT
+from gpulab import trace
+
+NB = ROOT / "notebooks" / "02_instrument.ipynb"
+FIX = ROOT / "tests" / "fixtures"
+
+
+def _run_02(tmp_path: Path, **params) -> tuple[dict, list[str], float]:
+    """(02's metrics.json entry, every Markdown and HTML output as text, seconds) of one papermill run."""
+    declared = papermill.inspect_notebook(str(NB))
+    smoke = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
+    values = {k: v for k, v in smoke.items() if k in declared} | {"out_dir": str(tmp_path / "out")} | params
+    t0 = time.monotonic()
+    papermill.execute_notebook(str(NB), str(tmp_path / "02.ipynb"), parameters=values, kernel_name="python3",
+                               cwd=str(ROOT), progress_bar=False, execution_timeout=300)
+    seconds = time.monotonic() - t0
+    nb = json.loads((tmp_path / "02.ipynb").read_text())
+    texts = ["".join(o["data"].get("text/markdown") or o["data"].get("text/html") or "")
+             for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", []) if "data" in o]
+    entry = json.loads((tmp_path / "out" / "metrics.json").read_text())["02_instrument"]
+    return entry, texts, seconds
+
+
+def test_02_on_a_deadlock_stops_at_the_stall_and_says_why(tmp_path):
+    entry, texts, seconds = _run_02(tmp_path, workload=f"script:{FIX / 'custom_op_deadlock.py'} --gil released",
+                                    stall_s=3.0)
+    m = entry["metrics"]
+    assert seconds < 50, seconds      # one recording, stopped 3 s after the deadlock; nothing re-run
+    assert (m["status"], m["exit_code"], m["in_flight_op"]) == ("hang", None, "gpulab_fixtures.locked_scale.default")
+    assert m["ops_recorded"] >= 5 and m["overhead_us_per_op"] is None and m["nonfinite_checked"] is False
+    assert entry["headline"].startswith("the workload did not finish: hang after ")
+    assert "locked_scale" in entry["headline"] and "not measured" in entry["headline"]
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.log")) == ["ops.log"]   # no stats or overhead run
+    note = next(t for t in texts if "made no progress for 3 s" in t)
+    assert "**Not measured:**" in note and "hang again" in note
+    last = next(t for t in texts if "call site" in t and "<td>open</td>" in t)   # the last-ops table
+    assert "custom_op_deadlock.py:" in last and "locked_scale" in last
+
+
+def test_02_on_an_error_exit_finishes_and_checks_nans_once_more(tmp_path):
+    entry, texts, seconds = _run_02(tmp_path, workload=f"script:{FIX / 'error_exit.py'}", stall_s=3.0)
+    m = entry["metrics"]
+    assert (m["status"], m["exit_code"], m["last_op"]) == ("error", 1, "aten.mm.default")
+    assert m["overhead_us_per_op"] is None and m["nonfinite_checked"] is True and m["first_nonfinite_op"] is None
+    assert entry["headline"].startswith("the workload did not finish: error (exit 1) after ")
+    assert "aten.mm.default (raised)" in entry["headline"]
+    assert (tmp_path / "out" / "stats.log").exists() and not (tmp_path / "out" / "overhead.csv").exists()
+    assert any("**Recording cost not measured:**" in t for t in texts)
+    assert any("<td>raised</td>" in t for t in texts)
+
+
+def test_02_on_the_builtin_workload_reports_as_before(tmp_path):
+    entry, texts, _ = _run_02(tmp_path, stall_s=30.0)
+    m = entry["metrics"]
+    assert (m["status"], m["exit_code"], m["in_flight_op"]) == ("ok", 0, None) and m["ops_recorded"] > 50
+    assert set(m["overhead_us_per_op"]) >= {"ops", "passthrough", "stats"} and m["nonfinite_checked"]
+    assert re.match(r"\d+ ops recorded \(forward rung on cpu\); .*; no op produced NaN/Inf$", entry["headline"])
+    assert not any("not measured:" in t.lower() and "recording cost" in t.lower() for t in texts)
+    assert not any("call site" in t and "<th>state</th>" in t for t in texts)   # no last-ops table
+    assert any("The workload finished after" in t for t in texts)
+    assert (tmp_path / "out" / "overhead.csv").exists() and (tmp_path / "out" / "stats.log").exists()
+    assert not list((tmp_path / "out").glob("*.beat"))
+
+
+def test_a_timing_run_that_fails_leaves_the_cost_unmeasured_with_the_reason(tmp_path):
+    """The first run finished, a later timing run of the same program did not: no exception, a sentence."""
+    script = tmp_path / "second_time_fails.py"
+    script.write_text("import pathlib, sys, torch\nmark = pathlib.Path(__file__).with_suffix('.ran')\n"
+                      "torch.ones(2).sum()\nsys.exit(3 if mark.exists() else mark.touch())\n")
+    first = trace.record([sys.executable, str(script)], out_dir=tmp_path, timeout_s=120, stall_s=10.0, name="ops")
+    assert first.ok, first.stderr_tail
+    ov, note = trace.measure_overhead(first, [sys.executable, str(script)], repeats=1, out_dir=tmp_path,
+                                      timeout_s=120, stall_s=10.0)
+    assert ov is None and note.startswith("**Recording cost not measured:** a timing run ended as error")
+    assert "stderr.txt</code>" in note and str(tmp_path) not in note
+
+
+def test_a_gpu_hang_names_the_gpu_work_that_never_completed_not_the_sync():
+    """The sync line lies: the host waits in .item() behind a matmul whose GPU work never completed. 02's
+    headline, metrics and last-ops table name the matmul; the sync shows as the open op it is."""
+    from gpulab.trace import analysis
+    from gpulab.trace.ring import OpRecord, Snapshot
+    from gpulab.trace.run import Recording
+
+    recs = (OpRecord(0, "aten.mm.default", [], "t.py:3", "main", 1.0, 1.1, False, None),
+            OpRecord(1, "aten.add.Tensor", [], "t.py:4", "main", 1.2, 1.3, False, None),
+            OpRecord(2, "aten._local_scalar_dense.default", [], "t.py:5", "main", 1.4, None, None, None))
+    snap = Snapshot(recs, 3, 2, 0, "auto", 1, "cuda", 64, 0)
+    rec = Recording(snap, None, 9, False, 40.0, "/o/ops.log", ("python", "t.py"), "", "hang", 30.0)
+    head, m = analysis.finding(rec, None, None, "forward", "cuda", "ops.log")
+    assert head == ("the workload did not finish: hang after 3 ops, in op aten.mm.default (its GPU work never "
+                    "completed); recording cost and GPU times not measured; NaN/Inf not checked")
+    assert (m["status"], m["in_flight_op"], m["last_op"]) == ("hang", "aten.mm.default",
+                                                              "aten._local_scalar_dense.default")
+    assert m["overhead_us_per_op"] is None and m["nonfinite_checked"] is False
+    states = analysis.last_ops_table(rec)["state"].tolist()
+    assert states == ["GPU pending", "GPU pending", "open"]
+    note = analysis.recording_note(rec, "/o")
+    assert "made no progress for 30 s" in note and "<code>aten.mm.default</code>" in note
+    assert note.count("**Not measured:**") == 1 and "hang again" in note
+    assert analysis.last_ops_table(Recording(snap, 0, None, False, 1.0, "/o/ops.log", (), "")) is None   # ok: none
