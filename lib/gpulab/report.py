@@ -125,8 +125,9 @@ _MD_ACTIVE = re.compile(r"([\\`*_{}\[\]#|~!])")
 
 
 def esc(value: Any) -> str:
-    """Outside text for Markdown prose: HTML-escaped, and Markdown's active characters neutralized."""
-    return _MD_ACTIVE.sub(r"\\\1", html.escape(str(value), quote=True))
+    """Outside text for Markdown prose: HTML-escaped, and Markdown's active characters neutralized. The
+    apostrophe stays as it is (inert in prose): its entity, &#x27;, would have its '#' escaped and show."""
+    return _MD_ACTIVE.sub(r"\\\1", html.escape(str(value), quote=False).replace('"', "&quot;"))
 
 
 def code(value: Any) -> str:

@@ -78,39 +78,72 @@ def torch_dtype(dtype: Any):
     return getattr(torch, dtype_name(dtype))
 
 
+MASK_KINDS = ("padding", "none", "bool", "additive")   # AttentionCall.mask
+
+
 @dataclass(frozen=True)
 class AttentionCall:
     """The scaled_dot_product_attention call the built-in workload makes in every layer (same shapes each
-    time): what notebook 01 probes, 05 judges and 06 times, so all three describe the same call."""
+    time): what notebook 01 probes, 05 judges and 06 times, so all three describe the same call. A user
+    program's call, as notebook 02 recorded it (gpulab.recorded), is one too: keys may then be longer or
+    shorter than queries (kv_len), and its mask is any boolean or additive mask of the recorded shape."""
     batch: int
     heads: int
     seq_len: int
     head_dim: int
     dtype: str                  # resolved: float32 | bfloat16 | float16
-    mask: str = "padding"       # padding (boolean key-padding mask, as the workload) | none
+    mask: str = "padding"       # padding (boolean key-padding mask, as the workload) | none | bool | additive
     padded_keys: int = 0        # keys masked out in every row (the padding text tokens)
     pad_end: int | None = None  # the masked keys end here (default: at the end of the sequence)
     causal: bool = False
+    kv_len: int | None = None   # keys (and values) per sequence when they differ from seq_len (queries)
+    mask_shape: tuple[int, ...] | None = None   # the bool/additive mask's shape (broadcast against B,H,Sq,Sk)
+
+    def __post_init__(self) -> None:
+        if self.mask not in MASK_KINDS:
+            raise ValueError(f"mask={self.mask!r} is not valid; choose one of {', '.join(MASK_KINDS)}")
+        if self.mask_shape is not None:   # a JSON round trip gives a list
+            object.__setattr__(self, "mask_shape", tuple(int(n) for n in self.mask_shape))
+        if self.mask in ("bool", "additive") and not self.mask_shape:
+            raise ValueError(f"mask={self.mask!r} needs mask_shape (the recorded mask's shape)")
+
+    @property
+    def keys(self) -> int:
+        """Keys per sequence (Sk): kv_len, or seq_len for self-attention."""
+        return self.seq_len if self.kv_len is None else self.kv_len
 
     def describe(self) -> str:
-        m = (f"boolean key-padding mask ({self.padded_keys} of {self.seq_len} keys masked)"
-             if self.mask == "padding" else "no mask")
-        return (f"B={self.batch} H={self.heads} S={self.seq_len} D={self.head_dim} {self.dtype}, {m}"
+        shape = "x".join(map(str, self.mask_shape or ()))
+        m = {"padding": f"boolean key-padding mask ({self.padded_keys} of {self.seq_len} keys masked)",
+             "none": "no mask", "bool": f"boolean mask of shape {shape}",
+             "additive": f"additive float mask of shape {shape}"}[self.mask]
+        sk = f" Sk={self.kv_len}" if self.kv_len is not None and self.kv_len != self.seq_len else ""
+        return (f"B={self.batch} H={self.heads} S={self.seq_len}{sk} D={self.head_dim} {self.dtype}, {m}"
                 + (", causal" if self.causal else ""))
 
     def unmasked(self) -> "AttentionCall":
-        return dataclasses.replace(self, mask="none", padded_keys=0, pad_end=None)
+        return dataclasses.replace(self, mask="none", padded_keys=0, pad_end=None, mask_shape=None)
 
     def inputs(self, device: str, seed: int = 0, requires_grad: bool = False) -> tuple:
         """(q, k, v, attn_mask) on `device`; the mask is None for mask='none'."""
         import torch
 
         g = torch.Generator(device="cpu").manual_seed(seed)
-        shape = (self.batch, self.heads, self.seq_len, self.head_dim)
-        q, k, v = (torch.randn(shape, generator=g).to(device, torch_dtype(self.dtype)).requires_grad_(requires_grad)
-                   for _ in range(3))
-        return q, k, v, (key_padding_mask(self.batch, self.seq_len, self.padded_keys, device, self.pad_end)
-                         if self.mask == "padding" else None)
+        dt = torch_dtype(self.dtype)
+        shapes = ((self.batch, self.heads, self.seq_len, self.head_dim),
+                  *[(self.batch, self.heads, self.keys, self.head_dim)] * 2)
+        q, k, v = (torch.randn(s, generator=g).to(device, dt).requires_grad_(requires_grad) for s in shapes)
+        if self.mask == "padding":
+            mask = key_padding_mask(self.batch, self.seq_len, self.padded_keys, device, self.pad_end)
+        elif self.mask == "bool":   # ~80% of keys attended, key 0 always (no row left without a key)
+            keep = torch.rand(self.mask_shape, generator=g) < 0.8
+            keep[..., 0] = True
+            mask = keep.to(device)
+        elif self.mask == "additive":
+            mask = torch.randn(self.mask_shape, generator=g).to(device, dt)
+        else:
+            mask = None
+        return q, k, v, mask
 
 
 def key_padding_mask(batch: int, seq_len: int, padded: int, device: str, pad_end: int | None = None):

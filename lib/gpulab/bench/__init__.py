@@ -5,7 +5,8 @@ implementation to ship.
     measure   BenchConfig, Measurement, Comparison; `measure(fn)` and `compare(a, b)` (the sampler)
     flops     FLOP and byte counts, datasheet peaks, % of peak
     decision  the champion decision matrix (pure): Gate, Row, Decision, `choose`
-    child     the benchmark Spec and `run`, which times it in a child process (`gpulab.bench.worker`)
+    child     the benchmark Spec (the built-in workload's attention call, or a user program's most frequent one
+              as notebook 02 recorded it: gpulab.recorded) and `run`, which times it in a child process
     overhead  what each fix scenario costs against the baseline scenario
     view      notebook 06's tables, plots and words; `finding(run) -> (headline, metrics)`
 """
@@ -18,15 +19,15 @@ from gpulab.bench.measure import (BenchConfig, Comparison, Measurement, compare,
 from gpulab.bench.overhead import scenario_overhead
 from gpulab.bench.stats import decide, flag_throttled, hedges_g, is_stable, mann_whitney_p, median_ci, ratio_ci
 from gpulab.bench.view import (Chart, Note, candidates_table, comparisons, decision_table, finding, finding_text,
-                               histogram_widget, latency_figure, overhead_note, overhead_table, run_note,
-                               spec_note, sweep_figure, sweep_note, sweep_table, workload_note)
+                               histogram_widget, latency_figure, overhead_note, overhead_table, recorded_table,
+                               run_note, spec_note, sweep_figure, sweep_note, sweep_table, workload_note)
 
 __all__ = [
     "BenchConfig", "Chart", "Comparison", "Decision", "Gate", "Measurement", "Note", "Row", "RunResult", "Spec",
     "candidates_table", "choose", "compare", "comparison_from", "comparison_from_dict", "comparisons", "decide",
     "decision_from_dict", "decision_table", "finding", "finding_text", "flag_throttled", "hedges_g",
     "histogram_widget", "is_stable", "latency_figure", "load_gate", "make_spec", "mann_whitney_p", "measure",
-    "measurement_from_dict", "median_ci", "overhead_note", "overhead_table", "parse_gate", "ratio_ci", "run",
-    "run_note", "scenario_overhead", "spec_note", "summarize", "sweep_figure", "sweep_note", "sweep_table",
-    "workload_note",
+    "measurement_from_dict", "median_ci", "overhead_note", "overhead_table", "parse_gate", "ratio_ci",
+    "recorded_table", "run", "run_note", "scenario_overhead", "spec_note", "summarize", "sweep_figure",
+    "sweep_note", "sweep_table", "workload_note",
 ]

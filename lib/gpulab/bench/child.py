@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpulab import proc, report
+from gpulab import proc, recorded, report
 from gpulab import device as _device
 from gpulab.bench.decision import Gate, parse_gate
 from gpulab.bench.stats import check_delta
@@ -26,7 +26,7 @@ RESULT_FILE = "benchmark.json"
 SPEC_FILE = "benchmark_spec.json"
 LOG_FILE = "benchmark.log"
 WORKER = "gpulab.bench.worker"
-STATUSES = ("ok", "hang", "crash", "error")
+STATUSES = ("ok", "hang", "crash", "error", "not_applicable")   # not_applicable: nothing to time, no child
 
 
 def canonical(names: Sequence[str]) -> list[str]:
@@ -36,7 +36,16 @@ def canonical(names: Sequence[str]) -> list[str]:
 
 def at_length(call: AttentionCall, seq_len: int) -> AttentionCall:
     """The same call at another sequence length, with the same kind of mask: the masked (text padding) keys
-    stay where they are when they fit, else they shrink in proportion, as a shorter prompt's would."""
+    stay where they are when they fit, else they shrink in proportion, as a shorter prompt's would. A
+    recorded call's mask keeps its broadcast dimensions; keys of another length than the queries (cross
+    attention) keep theirs, and only the queries change."""
+    if call.mask in ("bool", "additive"):
+        shape = list(call.mask_shape or ())
+        if len(shape) >= 2 and shape[-2] == call.seq_len:
+            shape[-2] = seq_len
+        if call.kv_len is None and shape and shape[-1] == call.seq_len:
+            shape[-1] = seq_len
+        return dataclasses.replace(call, seq_len=seq_len, mask_shape=tuple(shape))
     if call.mask == "none" or not call.padded_keys:
         return dataclasses.replace(call, seq_len=seq_len)
     end = call.seq_len if call.pad_end is None else call.pad_end
@@ -51,7 +60,7 @@ class Spec:
     """Everything the benchmark child needs; JSON-able so it crosses the process boundary."""
 
     device: str
-    call: AttentionCall             # the workload's attention call: what every candidate is timed on
+    call: AttentionCall | None      # the workload's attention call: what every candidate is timed on
     candidates: tuple[str, ...]     # registry names (gpulab.oracle.candidates)
     baseline: str = "sdpa_math"
     seq_lens: tuple[int, ...] = ()
@@ -59,9 +68,16 @@ class Spec:
     max_time_s: float = 1.0
     workload: dict | None = None    # gpulab.workloads.WorkloadConfig fields: the scenario's workload to time
     gate: dict | None = None        # 05's gate JSON as read, None when absent
+    source: str = ""                # whose call `call` is, in words ("" for the built-in workload's)
+    reason: str = ""                # why nothing is timed (call is None): the workload makes no call 06 can time
+    recorded: tuple[dict, ...] = () # a user program's attention calls as 02 recorded them (RecordedCall.row)
+
+    @property
+    def applies(self) -> bool:
+        return self.call is not None
 
     def sweep_calls(self) -> tuple[AttentionCall, ...]:
-        return tuple(at_length(self.call, s) for s in self.seq_lens)
+        return tuple(at_length(self.call, s) for s in self.seq_lens) if self.call is not None else ()
 
     def deadline_s(self) -> float:
         """Caps of every measurement the child may take, plus start-up and bootstrap time."""
@@ -71,8 +87,24 @@ class Spec:
 
 
 def spec_from_dict(d: Mapping[str, Any]) -> Spec:
-    return Spec(**{**d, "call": AttentionCall(**d["call"]), "candidates": tuple(d["candidates"]),
-                   "seq_lens": tuple(d["seq_lens"])})
+    return Spec(**{**d, "call": AttentionCall(**d["call"]) if d.get("call") else None,
+                   "candidates": tuple(d["candidates"]), "seq_lens": tuple(d["seq_lens"]),
+                   "recorded": tuple(d.get("recorded") or ())})
+
+
+def workload_call(cfg: WorkloadConfig, device: str, out_dir: str | os.PathLike | None
+                  ) -> tuple[AttentionCall | None, str, tuple[dict, ...]]:
+    """(the call 06 times, whose it is in words, the recorded calls' rows): the built-in workload's own
+    call; a user program's most frequent SDPA call as notebook 02 recorded it in out_dir, or None and the
+    reason when it made none 06 can time (or it is unknown whether it makes any)."""
+    if cfg.kind == "builtin":
+        return cfg.attention(device), "", ()
+    use = recorded.attention_use(cfg, out_dir)
+    pick, text = use.benchmark()
+    rows = tuple(c.row() for c in use.calls)
+    if pick is None:
+        return None, text, rows
+    return pick.attention(), text, rows
 
 
 def load_gate(out_dir: str | os.PathLike) -> dict[str, Gate] | None:
@@ -98,8 +130,10 @@ def make_spec(cfg: WorkloadConfig, *, candidates: Sequence[str], baseline: str, 
     if out_dir is not None:
         gate = report.read_json(Path(out_dir) / GATE_FILE)
         parse_gate(gate, GATE_FILE)  # fail early on a malformed gate
-    return Spec(dev, cfg.attention(dev), tuple(canonical(candidates)), canonical([baseline])[0],
-                tuple(seq_lens), float(delta), float(max_time_s), asdict(cfg), gate)
+    call, whose, rows = workload_call(cfg, dev, out_dir)
+    return Spec(dev, call, tuple(canonical(candidates)), canonical([baseline])[0], tuple(seq_lens), float(delta),
+                float(max_time_s), asdict(cfg), gate, source=whose if call is not None else "",
+                reason=whose if call is None else "", recorded=rows)
 
 
 @dataclass(frozen=True)
@@ -112,10 +146,15 @@ class RunResult:
 
 
 def run(spec: Spec, out_dir: str | os.PathLike, timeout_s: float | None = None) -> RunResult:
-    """Run the worker in a child process group with a deadline; whatever it saved survives a hang or crash."""
+    """Run the worker in a child process group with a deadline; whatever it saved survives a hang or crash.
+    A spec with no call to time starts no child: the result says why (status not_applicable)."""
     spec_path, result_path, log_path = (report.product(out_dir, n) for n in (SPEC_FILE, RESULT_FILE, LOG_FILE))
     report.write_json(spec_path, asdict(spec))
     result_path.unlink(missing_ok=True)
+    if not spec.applies:
+        result = {"spec": asdict(spec), "done": True, "stage": "not_applicable", "reason": spec.reason}
+        report.write_json(result_path, result)
+        return RunResult("not_applicable", result, 0.0, "", spec.reason)
     deadline = timeout_s or spec.deadline_s()
     r = proc.run([sys.executable, "-m", WORKER, str(spec_path), str(result_path)], timeout_s=deadline,
                  env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log_path, stderr=subprocess.STDOUT,

@@ -40,13 +40,20 @@ def flag_throttled(clocks_mhz: Sequence[float | None], frac: float = 0.75) -> tu
     return tuple(c is not None and c > 0 and c < floor for c in clocks_mhz)
 
 
+BCA_MAX_N = 2000   # BCa's jackknife costs n^2 (time and memory): 20k per-call samples took minutes and GBs
+
+
 def _bootstrap(data: tuple, statistic, confidence: float, n_resamples: int, seed: int, paired: bool = False):
-    """scipy's BCa bootstrap; falls back to percentile when BCa degenerates (ties, tiny samples)."""
-    for method in ("BCa", "percentile"):
+    """scipy's BCa bootstrap; falls back to percentile when BCa degenerates (ties, tiny samples). Above
+    BCA_MAX_N samples a side, percentile only (its skew correction is negligible there), in batches that
+    bound memory."""
+    big = max(len(d) for d in data) > BCA_MAX_N
+    for method in (("percentile",) if big else ("BCa", "percentile")):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = _scipy.bootstrap(data, statistic, n_resamples=n_resamples, confidence_level=confidence,
                                    method=method, paired=paired, vectorized=True,
+                                   batch=max(1, 2_000_000 // max(len(d) for d in data)) if big else None,
                                    random_state=np.random.default_rng(seed))
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(lo) and math.isfinite(hi):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 import os
+from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -22,7 +23,7 @@ from gpulab.bench.decision import decision_from_dict
 from gpulab.bench.measure import Comparison, Measurement, comparison_from_dict
 from gpulab.bench.overhead import OVERHEAD_BUDGET, scenario_overhead
 from gpulab.oracle import GATE_FILE
-from gpulab.report import product, table
+from gpulab.report import esc, product, table
 from gpulab.workloads import AttentionCall
 
 KIND_LABELS = {"vendor": "PyTorch SDPA", "reference": "reference (gpulab)", "fix": "fix (gpulab)",
@@ -140,12 +141,28 @@ def state(result: Mapping[str, Any], name: str) -> str:
     return "not timed"
 
 
-def _whose(workload: Mapping[str, Any] | None) -> str:
-    """Whose call was timed: a user workload's own calls are what notebook 02 records, not known here."""
-    kind = str((workload or {}).get("workload", "builtin")).strip()
+def _whose(spec: Mapping[str, Any] | None) -> str:
+    """Whose call was timed: the built-in workload's own, or the user program's as notebook 02 recorded it."""
+    spec = spec or {}
+    kind = str((spec.get("workload") or {}).get("workload", "builtin")).strip()
+    if spec.get("source"):
+        return str(spec["source"])
     return ("the workload's own attention call" if kind == "builtin" else
-            f"the built-in workload's attention call at these sizes (not the calls of workload={kind!r}, "
-            f"which notebook 02 records)")
+            f"the built-in workload's attention call at these sizes (not the calls of workload={kind!r})")
+
+
+def applies(result: Mapping[str, Any]) -> bool:
+    """False when 06 timed nothing because the workload makes no attention call it can time (or it is
+    unknown whether it makes one): every table and plot is then left empty, and the finding says why."""
+    return result.get("stage") != "not_applicable"
+
+
+def _reason(result: Mapping[str, Any]) -> str:
+    return str(result.get("reason") or (result.get("spec") or {}).get("reason") or "")
+
+
+def _user(spec: Mapping[str, Any]) -> str:
+    return str((spec.get("workload") or {}).get("workload", "builtin"))
 
 
 def _peak(result: Mapping[str, Any]) -> float | None:
@@ -163,15 +180,27 @@ def flop_unit(result: Mapping[str, Any]) -> tuple[str, float]:
 
 
 def spec_note(spec: Spec) -> Note:
-    """What will be timed, before it is."""
+    """What will be timed, before it is (or why nothing will be)."""
+    if not spec.applies:
+        return Note(f"**Nothing is benchmarked for workload={esc(_user(asdict(spec)))}:** {esc(spec.reason)}.")
     gate = "found: only candidates that passed it may win" if spec.gate is not None else \
         "none in this out_dir, so every candidate is **unverified** (the champion will be provisional)"
-    return Note(f"Device `{spec.device}`. Every candidate is timed on **{_whose(spec.workload)}**: "
+    return Note(f"Device `{spec.device}`. Every candidate is timed on **{esc(_whose(asdict(spec)))}**: "
                 f"{spec.call.describe()}. Candidates: {', '.join(f'`{n}`' for n in spec.candidates)}; "
                 f"baseline `{spec.baseline}`. Oracle gate from notebook 05 ({GATE_FILE}): {gate}.")
 
 
+def recorded_table(spec: Spec) -> pd.DataFrame | Note:
+    """A user program's attention calls as notebook 02 recorded them, the most frequent first (nothing for
+    the built-in workload, whose call is known)."""
+    if not spec.recorded:
+        return Note("")
+    return table(pd.DataFrame(list(spec.recorded)), "call")
+
+
 def run_note(run: RunResult) -> Note:
+    if run.status == "not_applicable":
+        return Note("")
     if run.status == "ok":
         return Note(f"The benchmark child finished in {run.elapsed_s:.1f} s.")
     return Note(f"**The benchmark child ended with status `{run.status}`** after {run.elapsed_s:.1f} s "
@@ -181,9 +210,11 @@ def run_note(run: RunResult) -> Note:
 def candidates_table(result: Mapping[str, Any]) -> pd.DataFrame:
     """One row per candidate: what happened on the workload's call, its time with a 95% confidence interval,
     its ratio to the baseline, and its throughput."""
+    if not applies(result):
+        return Note("")
     ms, comps, call, peak = measurements(result), comparisons(result), call_of(result), _peak(result)
     unit, scale = flop_unit(result)
-    work = flops.attention_flops(call.batch, call.heads, call.seq_len, call.seq_len, call.head_dim,
+    work = flops.attention_flops(call.batch, call.heads, call.seq_len, call.keys, call.head_dim,
                                  causal=call.causal) if call else float("nan")
     kinds = result.get("candidates") or {}
     rows = []
@@ -211,6 +242,8 @@ def _versus(c: Comparison) -> str:
 
 def decision_table(result: Mapping[str, Any]) -> pd.DataFrame | Note:
     d = result.get("decision")
+    if not applies(result):
+        return Note("")
     if not d:
         return Note("No decision was reached (the benchmark child stopped before it could decide).")
     kinds = result.get("candidates") or {}
@@ -224,6 +257,8 @@ def decision_table(result: Mapping[str, Any]) -> pd.DataFrame | Note:
 
 def sweep_table(result: Mapping[str, Any]) -> pd.DataFrame | Note:
     rows = result.get("sweep") or []
+    if not applies(result):
+        return Note("")
     if not rows:
         return Note("No sequence-length sweep was run (`seq_lens` is empty, or the child stopped before it).")
     unit, scale = flop_unit(result)
@@ -257,6 +292,8 @@ def overhead_table(out_dir: str | os.PathLike) -> pd.DataFrame | None:
 def workload_note(result: Mapping[str, Any]) -> Note:
     wl = result.get("workload") or {}
     err = (result.get("stage_errors") or {}).get("workload")
+    if not applies(result):
+        return Note("")
     if err:
         return Note(f"The workload could not be timed: {err}.")
     if wl.get("median_ms") is None:
@@ -275,6 +312,8 @@ def latency_figure(result: Mapping[str, Any], out_dir: str | os.PathLike | None 
     """Left: every sample per candidate (the spread a median hides). Right: each ratio to the baseline with
     its 95% bootstrap confidence interval, against the tie zone."""
     ms, comps = measurements(result), comparisons(result)
+    if not applies(result):
+        return Note("")
     if not ms:
         return Note("Nothing was timed on the workload's call, so there is no latency plot.")
     fig = Chart(figsize=(12, 3.8), layout="constrained")
@@ -320,6 +359,8 @@ def _forest(ax, comps: Mapping[str, Comparison], result: Mapping[str, Any]) -> N
 def sweep_figure(result: Mapping[str, Any], out_dir: str | os.PathLike | None = None) -> Chart | Note:
     """TFLOP/s of the same call at other sequence lengths, on a log axis (the candidates span decades)."""
     rows = [r for r in result.get("sweep") or [] if r.get("tflops") and r["tflops"] > 0]
+    if not applies(result):
+        return Note("")
     if not rows:
         return Note("No throughput to plot: the sweep did not run or measured nothing.")
     unit, scale = flop_unit(result)
@@ -342,7 +383,8 @@ def sweep_figure(result: Mapping[str, Any], out_dir: str | os.PathLike | None = 
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel(f"{unit} (log scale)")
     call = call_of(result)
-    mask = "same boolean padding mask" if call and call.mask == "padding" else "no mask, as the workload"
+    mask = {"padding": "same boolean padding mask", "bool": "same boolean mask",
+            "additive": "same additive mask"}.get(call.mask if call else "", "no mask, as the workload")
     ax.set_title(f"the workload's attention call at other sequence lengths ({mask})", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig.save(out_dir, "benchmark_sweep.png")
@@ -353,12 +395,16 @@ def sweep_note(result: Mapping[str, Any]) -> Note:
     call = call_of(result)
     if call is None or not result.get("sweep"):
         return Note("")
-    mask = (f"the same boolean key-padding mask ({call.padded_keys} text-padding keys masked; they shrink "
-            f"in proportion at lengths shorter than the text)" if call.mask == "padding" else
-            "no mask, as the workload")
+    mask = {"padding": f"the same boolean key-padding mask ({call.padded_keys} text-padding keys masked; they "
+                       f"shrink in proportion at lengths shorter than the text)",
+            "bool": "the same kind of boolean mask, stretched to each length",
+            "additive": "the same kind of additive mask, stretched to each length"}.get(call.mask,
+                                                                                     "no mask, as the workload")
+    keys = (f"; the keys stay at {call.kv_len} (only the queries change length)"
+            if call.kv_len is not None and call.kv_len != call.seq_len else "")
     text = (f"Each point times the workload's attention call (B={call.batch} H={call.heads} D={call.head_dim} "
-            f"{call.dtype}{', causal' if call.causal else ''}) at another sequence length, with {mask}. FLOPs are "
-            f"counted as for dense attention (the masked keys are still computed).")
+            f"{call.dtype}{', causal' if call.causal else ''}) at another sequence length, with {mask}{keys}. "
+            f"FLOPs are counted as for dense attention (the masked keys are still computed).")
     peak, top = _peak(result), max((r.get("tflops") or 0 for r in result["sweep"]), default=0)
     unit, scale = flop_unit(result)
     if peak and top and peak > PEAK_LINE_MAX * top:
@@ -399,11 +445,13 @@ def histogram_widget(result: Mapping[str, Any]):
 def finding_text(run: RunResult) -> Note:
     """The paragraph under the decision table."""
     res, parts = run.result, []
+    if not applies(res):
+        return Note(f"**Nothing was benchmarked:** {esc(_reason(res))}.")
     if run.status != "ok":
         parts.append(f"**The benchmark child ended with status `{run.status}`** ({run.detail}); what it "
                      f"measured before that is shown.")
     if res.get("call"):
-        parts.append(f"Every time here is of {_whose((res.get('spec') or {}).get('workload'))} ({res['call']}).")
+        parts.append(f"Every time here is of {esc(_whose(res.get('spec')))} ({res['call']}).")
     d = res.get("decision")
     if d is None:
         return Note(" ".join(parts + ["No decision was reached."]))
@@ -426,8 +474,16 @@ def finding_text(run: RunResult) -> Note:
 
 
 def finding(run: RunResult) -> tuple[str, dict[str, Any]]:
-    """Headline and metrics for gpulab.report.record."""
+    """Headline and metrics for gpulab.report.record: `applies` is false when nothing was timed because the
+    workload makes no attention call 06 can time, or it is unknown whether it makes one (`reason` says)."""
     res = run.result
+    if not applies(res):
+        spec, reason = res.get("spec") or {}, _reason(res)
+        metrics = {"status": run.status, "applies": False, "reason": reason, "champion": None, "provisional": None,
+                   "baseline": spec.get("baseline"), "call": None, "candidates": {}, "unsupported": {}, "tflops": {},
+                   "workload_ms": None, "workload_ci_ms": None, "errors": {},
+                   "recorded_calls": list(spec.get("recorded") or [])}
+        return f"nothing benchmarked for workload={_user(spec)}: {reason}", metrics
     d, comps = res.get("decision"), comparisons(res)
     sweep = {f"{r['candidate']}@{r['seq_len']}": r.get("tflops") for r in res.get("sweep") or []}
     wl = res.get("workload") or {}
@@ -438,7 +494,9 @@ def finding(run: RunResult) -> tuple[str, dict[str, Any]]:
                                   "verdict": c.verdict} for n, c in comps.items()},
                "unsupported": res.get("unsupported") or {}, "tflops": sweep, "workload_ms": wl.get("median_ms"),
                "workload_ci_ms": wl.get("ci_ms"), "errors": res.get("errors") or {},
-               "device_name": res.get("device_name")}
+               "device_name": res.get("device_name"), "applies": True,
+               "call_source": _whose(res.get("spec")),
+               "call_recorded": bool((res.get("spec") or {}).get("source"))}
     if comps:
         metrics["baseline_median_ms"] = next(iter(comps.values())).baseline.median_ms
     if not d:
@@ -450,7 +508,9 @@ def finding(run: RunResult) -> tuple[str, dict[str, Any]]:
         c = comps.get(champ)
         speed = (f", {sig(1 / c.ratio)}x vs {c.baseline.name} (95% CI {span([1 / v for v in c.ratio_ci[::-1]])}x)"
                  if c else "")
-        head = f"champion on the workload's attention call: {champ}{speed}"
+        whose = "the workload's attention call" if not (res.get("spec") or {}).get("source") else \
+            "the program's most frequent timed attention call"
+        head = f"champion on {whose}: {champ}{speed}"
     if res.get("unsupported"):
         head += f"; not supported for that call: {', '.join(res['unsupported'])}"
     if d["provisional"]:

@@ -187,8 +187,8 @@ def worker(spec: Spec, result_path: Path) -> dict[str, Any]:
         res["stage_errors"]["peak"] = _first_line(exc)
     for sc in spec.sweep_calls():
         sq, sk, sv, smask = sc.inputs(dev)
-        f = flops.attention_flops(sc.batch, sc.heads, sc.seq_len, sc.seq_len, sc.head_dim, causal=sc.causal)
-        nbytes = flops.attention_bytes(sc.batch, sc.heads, sc.seq_len, sc.seq_len, sc.head_dim, dtype=sc.dtype)
+        f = flops.attention_flops(sc.batch, sc.heads, sc.seq_len, sc.keys, sc.head_dim, causal=sc.causal)
+        nbytes = flops.attention_bytes(sc.batch, sc.heads, sc.seq_len, sc.keys, sc.head_dim, dtype=sc.dtype)
         for n in timed:
             row: dict[str, Any] = {"candidate": n, "seq_len": sc.seq_len, "masked_keys": sc.padded_keys}
             try:

@@ -38,7 +38,8 @@ Each is judged with the same ratio rule against fp64 gold and the working-dtype 
 Modules, by job: `cases` (Case, the case sets, seeded inputs), `rule` (fp64 gold, baselines, the ratio
 rule; pure), `diagnose` (error maps, tile heatmaps, worst elements, the bug named; pure), `check` (running
 candidates in process or in a child with a deadline, OracleReport, notebook 05's Gate), `candidates`
-(the registry of implementations), `view` (tables and figures). `python -m gpulab.oracle` is the child.
+(the registry of implementations), `scope` (what 05 judges for a workload: a user program only when 02 saw it
+call attention, or could not tell), `view` (tables and figures). `python -m gpulab.oracle` is the child.
 """
 from __future__ import annotations
 
@@ -50,11 +51,12 @@ from gpulab.oracle.diagnose import (PRIORITY, Finding, across_cases, error_map, 
                                     tile_heatmap, tile_heatmap_2d, worst_elements)
 from gpulab.oracle.errors import CandidateError, OracleError
 from gpulab.oracle.rule import ORDERS, RuleResult, gold_and_baselines, reference, rule
+from gpulab.oracle.scope import Scope, scope_for
 
 __all__ = [
     "CASE_SETS", "DISTS", "GATE_FILE", "MASKS", "ORDERS", "PRIORITY",
-    "Case", "CaseResult", "CandidateError", "Finding", "Gate", "OracleError", "OracleReport", "RuleResult",
+    "Case", "CaseResult", "CandidateError", "Finding", "Gate", "OracleError", "OracleReport", "RuleResult", "Scope",
     "across_cases", "candidates", "case_set", "check", "check_isolated", "check_many", "error_map", "explain",
-    "finding", "gate", "gold_and_baselines", "make_inputs", "reference", "resolve_dtypes", "rule",
+    "finding", "gate", "gold_and_baselines", "make_inputs", "reference", "resolve_dtypes", "rule", "scope_for",
     "spatial_findings", "tile_heatmap", "tile_heatmap_2d", "view", "worst_elements",
 ]

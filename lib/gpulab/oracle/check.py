@@ -29,6 +29,7 @@ from gpulab.oracle.cases import CASE_SETS, Case, case_set, make_inputs, resolve_
 from gpulab.oracle.diagnose import Finding, across_cases, diagnose, explanation
 from gpulab.oracle.errors import CandidateError, OracleError
 from gpulab.oracle.rule import RuleResult, gold_and_baselines, rule
+from gpulab.oracle.scope import Scope
 from gpulab.workloads import dtype_name
 
 GATE_FILE = "oracle_gate.json"
@@ -464,6 +465,9 @@ class Gate:
     kinds: dict
     wall_s: float
     unavailable: dict
+    applies: bool = True     # False: the workload makes no attention call (a user program 02 saw run without one)
+    note: str = ""           # the scope in a sentence (gpulab.oracle.scope_for): why it does not apply, whose dtypes
+    caveat: str = ""         # said in the headline: it is unknown whether the program calls attention
 
     @property
     def verdicts(self):
@@ -486,22 +490,26 @@ class Gate:
         return {n: r.summary() for n, r in self.reports.items()}
 
     def headline(self) -> str:
+        if not self.applies:
+            return self.note
         n, ok = len(self.reports), sum(r.passed for r in self.reports.values())
         where = f"{self.device}, {'/'.join(self.dtypes)}, {self.cases} cases"
+        tail = f"; {self.caveat}" if self.caveat else ""
         if ok == n:
             worst = max(self.reports.values(), key=lambda r: r.worst_ratio if math.isfinite(r.worst_ratio) else -1)
             return (f"all {n} attention candidates pass the oracle ({where}); worst error ratio "
-                    f"{worst.worst_ratio:.2f} ({worst.candidate})")
+                    f"{worst.worst_ratio:.2f} ({worst.candidate}){tail}")
         bad = self.failing[0]
         return f"{n - ok} of {n} attention candidates fail the oracle ({where}): {bad.candidate}: " \
-               f"{bad.summary()['reason'][:160]}"
+               f"{bad.summary()['reason'][:160]}{tail}"
 
     def metrics(self) -> dict:
         return {"candidates_checked": len(self.reports), "passed": sum(r.passed for r in self.reports.values()),
                 "failures": [r.candidate for r in self.failing],
                 "max_ratio": {n: r.worst_ratio for n, r in self.reports.items()},
                 "wall_s": round(self.wall_s, 2), "device": self.device, "dtypes": list(self.dtypes),
-                "cases": self.cases, "unavailable": self.unavailable}
+                "cases": self.cases, "unavailable": self.unavailable, "applies": self.applies,
+                **({"reason": self.note} if not self.applies else {"scope": self.note} if self.note else {})}
 
     def plot_ratio_distribution(self, ax=None):
         return view.plot_ratio_distribution(self, ax)
@@ -530,13 +538,19 @@ def _skipped(wanted: Sequence[Any], device: str) -> dict[str, str]:
 
 def gate(candidates: Sequence[str] | str = ("vendor", "reference", "fix"), cases: str = "default",
          device: str | None = None, dtypes: Any = None, *, out_dir: str | os.PathLike | None = None, tile: int = 64,
-         worst_k: int = 8, timeout_s: float = 900.0, isolate: bool = True) -> Gate:
+         worst_k: int = 8, timeout_s: float = 900.0, isolate: bool = True, scope: Scope | None = None) -> Gate:
     """Judge candidates by name/group/spec in a child process (deadline timeout_s per candidate); write
-    oracle_gate.json, oracle_table.csv and worst-case tensors under out_dir as results arrive."""
+    oracle_gate.json, oracle_table.csv and worst-case tensors under out_dir as results arrive. With a `scope`
+    (gpulab.oracle.scope_for: what 05 judges for the workload) its dtypes are used, and when it does not apply
+    nothing runs: the Gate says why, and no gate file is left for 06 (a stale one is removed)."""
     dev = resolve("auto" if device is None else device)
-    dts = tuple(dtype_name(d) for d in resolve_dtypes(dtypes, dev))
     if cases not in CASE_SETS:
         raise OracleError(f"oracle_cases={cases!r} is not valid; choose one of {', '.join(CASE_SETS)}")
+    if scope is not None and not scope.applies:
+        if out_dir is not None:
+            (Path(out_dir) / GATE_FILE).unlink(missing_ok=True)
+        return Gate({}, dev, (), cases, {}, 0.0, {}, False, scope.note)
+    dts = tuple(dtype_name(d) for d in resolve_dtypes(scope.dtypes if scope is not None else dtypes, dev))
     wanted = [candidates] if isinstance(candidates, str) else list(candidates)
     skipped = _skipped(wanted, dev)
     resolved = registry.resolve([n for n in wanted if n not in skipped], dev)
@@ -546,7 +560,8 @@ def gate(candidates: Sequence[str] | str = ("vendor", "reference", "fix"), cases
     t0 = time.monotonic()
 
     def result(reports: dict) -> Gate:
-        g = Gate(reports, dev, dts, cases, {c.name: c.kind for c in resolved}, time.monotonic() - t0, unavailable)
+        g = Gate(reports, dev, dts, cases, {c.name: c.kind for c in resolved}, time.monotonic() - t0, unavailable,
+                 True, scope.note if scope else "", scope.caveat if scope else "")
         if out_dir is not None:
             g.save(out_dir)
         return g

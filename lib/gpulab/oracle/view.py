@@ -30,9 +30,28 @@ def worst_table(rep, case: int | str | None = None):
     return pd.DataFrame(list(rep.pick(case, "heatmap").worst))
 
 
+def plan_note(scope, device: str, cases: str, candidates) -> None:
+    """What 05 is about to judge (device, dtypes, case set, candidates), or why it judges nothing."""
+    from IPython.display import Markdown, display
+
+    from gpulab.oracle.cases import case_set
+    if not scope.applies:
+        display(Markdown(f"**{report.esc(scope.note)}**"))
+        return
+    names = ", ".join(report.code(c) for c in candidates)
+    display(Markdown(f"Device {report.code(device)}; dtypes {', '.join(scope.dtypes)} (auto: float32 on the CPU, "
+                     f"bfloat16 and float16 on CUDA, or the dtypes the recorded program calls); case set "
+                     f"{report.code(cases)} ({len(case_set(cases))} cases per dtype); candidates {names}."
+                     + (f" {report.esc(scope.note)}" if scope.note else "")))
+
+
 def verdicts(gate):
-    """One line per candidate: passed, how many cases failed, worst ratio and the reason."""
+    """One line per candidate: passed, how many cases failed, worst ratio and the reason (nothing when 05
+    does not apply to the workload: the finding says why)."""
     import pandas as pd
+    if not gate.applies:
+        from IPython.display import Markdown
+        return Markdown("")
     rows = []
     for name, r in gate.reports.items():
         s = r.summary()
@@ -184,7 +203,7 @@ def show_finding(gate) -> None:
     """The gate's headline as the notebook's finding, with the backends this device lacks."""
     from IPython.display import Markdown, display
     missing = f" Not on this device: {', '.join(gate.unavailable)}." if gate.unavailable else ""
-    display(Markdown(f"**Finding:** {gate.headline()}.{missing}"))
+    display(Markdown(f"**Finding:** {report.esc(gate.headline())}.{missing}"))
 
 
 def show_failures(gate, max_cases: int = 12) -> None:
@@ -192,6 +211,8 @@ def show_failures(gate, max_cases: int = 12) -> None:
     then the ratio distribution of every candidate (for an all-pass gate, the only figure there is)."""
     import matplotlib.pyplot as plt
     from IPython.display import Markdown, display
+    if not gate.applies:
+        return
     for rep in gate.failing:
         display(Markdown(f"### {rep.candidate}\n{rep.summary()['reason']}"))
         if rep.error:  # the check itself did not finish (hang, crash): no cases to show

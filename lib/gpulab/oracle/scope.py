@@ -1,0 +1,37 @@
+"""What notebook 05 judges for a workload, and why. The oracle is a platform check of attention kernels:
+for the built-in workload (which calls attention) it always applies; for a user program only when notebook
+02's recording saw it call scaled_dot_product_attention (judged then in the dtypes the program calls), or
+could not tell (05 then runs, and says so). A program that ran to the end without one is not its business.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gpulab import recorded
+from gpulab.oracle.cases import resolve_dtypes
+from gpulab.workloads import WorkloadConfig, dtype_name
+
+
+@dataclass(frozen=True)
+class Scope:
+    applies: bool
+    dtypes: tuple[str, ...]   # what the candidates are judged in (empty when 05 does not apply)
+    note: str = ""            # a sentence for the reader: where the dtypes come from, or why 05 does not apply
+    caveat: str = ""          # said in the headline too: it is unknown whether the program calls attention
+
+
+def scope_for(workload: str, dtype: str, device: str, out_dir: str | os.PathLike | None) -> Scope:
+    """The oracle's scope for this workload: dtype 'auto' means the dtypes a user program's recorded
+    attention calls use (when 02 saw any), else resolve_dtypes' rule for the device."""
+    use = recorded.attention_use(WorkloadConfig(workload=workload), out_dir)
+    asked = tuple(dtype_name(d) for d in resolve_dtypes(dtype, device))
+    if use.seen == "builtin":
+        return Scope(True, asked)
+    if use.seen == "none":
+        return Scope(False, (), f"05 does not apply to workload={workload}: {use.note}")
+    if use.seen == "unknown":
+        return Scope(True, asked, f"{use.note}; 05 checks the attention kernels anyway.", use.note)
+    if dtype == "auto" and use.dtypes:
+        return Scope(True, use.dtypes, f"{use.note}; judged in the dtypes those calls use: {', '.join(use.dtypes)}.")
+    return Scope(True, asked, f"{use.note}.")
