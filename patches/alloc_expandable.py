@@ -2,9 +2,12 @@
 
 For fragmentation: an allocation that stalls or fails although enough memory is free in pieces.
 """
+from gpulab.fixes.answers import Answer
 from gpulab.fixes.fix import Fix, on_gpu
 
 FIX = Fix("alloc_expandable", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place)",
           targets=("sync", "host_lock", "unknown"), env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
           applies=on_gpu, needs="a GPU (the allocator setting means nothing on the CPU)",
+          answers=(Answer("allocator calls in flight on the GPU", op_kind="allocator", device="cuda"),
+                   Answer("the host is stuck in a driver memory call", driver_call=("cuMem*", "cudaMalloc*", "cudaFree*"))),
           source="https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf")

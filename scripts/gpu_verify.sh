@@ -39,6 +39,8 @@ for s in "$@"; do case $s in
   sdpa)     step sdpa 150 python3 benchmarks/bench_sdpa_table.py --out $RES/sdpa ;;
   chain)    step chain 540 python3 -m gpulab run --out $RES/chain/outputs --notebook-timeout 300 ;;
   smoke)    step smoke 300 python3 -m gpulab run --params params/smoke.yaml --out $RES/smoke/outputs ;;
+  ttr)      step ttr ${TTR_LIMIT:-560} python3 benchmarks/bench_time_to_recommendation.py --out $RES/ttr --programs gpu \
+              --stall ${TTR_STALL:-8} --limit 270 ${TTR_ARGS:-} ;;
   pytest)   step pytest 240 python3 -m pytest -q -m gpu -p no:cacheprovider ;;
   bisect)   step bisect 420 python3 benchmarks/bench_bisect.py --out $RES/bisect --parts gpu ;;
   *) echo "unknown step $s" ;;

@@ -247,16 +247,16 @@ def test_a_fix_that_fails_where_the_baseline_passed_says_so():
     assert "FAILS where the baseline passed" in verdict.judge(verdict.Observed("a", ("a",), True, 4, 1), BASE_OK)[1]
 
 
-def _recommend(*obs: verdict.Observed, cls=None, untried=()):
+def _recommend(*obs: verdict.Observed, untried=(), apply_lines=None):
     vs = [verdict.judge(o, obs[0], 0.2)[0] for o in obs]
-    return verdict.recommend(obs, vs, stall_s=5, cls=cls, untried=untried)
+    return verdict.recommend(obs, vs, stall_s=5, untried=untried, apply_lines=apply_lines)
 
 
 def test_recommendation_is_the_cheapest_fix_with_unknown_cost_last():
     rec, why = _recommend(BASE_FAILS, verdict.Observed("dear", ("dear",), True, 4, 0, True, 0.15),
                           verdict.Observed("cheap", ("cheap",), True, 4, 0, True, 0.02),
                           verdict.Observed("unknown", ("unknown",), True, 4, 0, None, None))
-    assert rec == "cheap" and "+2%" in why
+    assert rec == "cheap" and "+2%" in why and "(0/4 failed, baseline 4/4)" in why
     rec, _ = _recommend(BASE_FAILS, verdict.Observed("unknown", ("unknown",), True, 4, 0, None, None),
                         verdict.Observed("b+c", ("b", "c"), True, 4, 0, True, 0.01))
     assert rec == "b+c"
@@ -267,12 +267,19 @@ def test_recommendation_is_the_cheapest_fix_with_unknown_cost_last():
     ((verdict.Observed("p", ("p",), True, 4, 1, True, 0.0),), "lowers the failure rate"),
     ((verdict.Observed("s", ("s",), True, 4, 0, True, 0.9),), "costs too much"),
     ((verdict.Observed("n", ("n",), True, 4, 0, False, 0.0),), "changes the numbers"),
-    ((verdict.Observed("x", ("x",), True, 4, 4, True, 0.0),), "not tried yet for class softmax: fp32_softmax"),
+    ((verdict.Observed("x", ("x",), True, 4, 4, True, 0.0),), "nothing tried fixes it (1 fix scenario(s) ran); "
+                                                               "not tried (time budget): fp32_softmax"),
 ])
 def test_no_recommendation_says_what_to_try_next(others, words):
     base = BASE_OK if words == "nothing to fix" else BASE_FAILS
-    rec, why = _recommend(base, *others, cls="softmax", untried=("fp32_softmax",))
+    rec, why = _recommend(base, *others, untried=("fp32_softmax",))
     assert rec is None and words in why
+
+
+def test_the_recommendation_says_how_to_apply_it_yourself():
+    rec, why = _recommend(BASE_FAILS, verdict.Observed("eager", ("eager",), True, 4, 0, True, 0.05),
+                          apply_lines={"eager": "export CUDA_MODULE_LOADING=EAGER"})
+    assert rec == "eager" and "apply with: export CUDA_MODULE_LOADING=EAGER" in why and "+5% run time" in why
 
 
 # ------------------------------------------------------------------------------------ scenarios
@@ -300,24 +307,36 @@ def test_bad_scenario_lists_name_the_choices(text, msg):
         scenarios.parse(text)
 
 
-def test_auto_follows_01_and_03_and_the_baseline(tmp_path):
+CPU = {"device": "cpu", "gpu": None, "cudnn": False, "torch": "2.x", "sdpa_mask": None}
+CUDA = {"device": "cuda", "gpu": "cuda", "cudnn": True, "torch": "2.x", "sdpa_mask": None}
+
+
+def test_auto_runs_the_evidence_first_then_01_then_the_class_then_the_rest(tmp_path):
     (tmp_path / "suggested_scenarios.json").write_text(json.dumps(
         {"scenarios": ["sdpa_math_off", "cpu_fallback"], "because": {"sdpa_math_off": ["no_fused_sdpa"]}}))
     (tmp_path / "metrics.json").write_text(json.dumps({"03_bisect_hang": {"headline": "h", "metrics": {
         "status": "hang", "class": "host_lock", "in_flight_op": "aten.mm.default", "drill": False}}}))
     found = scenarios.pointers(tmp_path)
     assert found.suggested == ("sdpa_math_off", "cpu_fallback") and found.classes == ("host_lock", "gemm")
-    picked = scenarios.auto(found, ("layout",), have=["baseline", "cpu_fallback"])
-    names = [s.name for s in picked]
-    assert names[0] == "sdpa_math_off" and "cpu_fallback" not in names
-    assert {"omp_single_thread", "sync_gemm", "contiguous_gemm_inputs"} <= set(names) and len(names) == len(set(names))
-    assert "no_fused_sdpa" in picked[0].why
+    evidence = {"status": "hang", "phase": "ops", "class": "host_lock",
+                "in_flight_op": {"name": "aten.mm.default", "shapes": [[8, 16], [16, 32]],
+                                 "strides": [[16, 1], [1, 16]], "dtypes": ["torch.float32"], "device": "cpu"}}
+    plan = scenarios.stages(found, [evidence], CPU, found.classes, have=["baseline"])
+    stages = [st for st, _ in plan]
+    names = [s.name for _, scs in plan for s in scs]
+    assert stages == ["evidence", "01", "rest"] or stages == ["evidence", "01", "class", "rest"]
+    assert names[:2] == ["contiguous_gemm_inputs", "omp_single_thread"]   # the most specific evidence first
+    assert dict(plan)["01"][0].name == "sdpa_math_off" and "no_fused_sdpa" in dict(plan)["01"][0].why
+    assert "cpu_fallback" not in names                                    # cannot apply on a CPU
+    assert len(names) == len(set(names)) and set(names) <= {n for n, f in registry.load().items() if f.applies(CPU)}
 
 
 def test_a_drill_in_03_is_not_a_verdict_to_follow(tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps({"03_bisect_hang": {"headline": "h", "metrics": {
         "status": "hang", "class": "gemm", "in_flight_op": "aten.mm.default", "drill": True}}}))
-    assert scenarios.pointers(tmp_path).classes == () and scenarios.auto(scenarios.pointers(tmp_path)) == ()
+    found = scenarios.pointers(tmp_path)
+    assert found.classes == () and found.evidence is None
+    assert [st for st, _ in scenarios.stages(found, [], CPU, ())] == ["rest"]
 
 
 # ------------------------------------------------------------------------------------ numerics and cost
@@ -363,7 +382,7 @@ def test_each_round_starts_with_another_scenario(n, r, first):
 @pytest.mark.parametrize("argv,msg", [
     (["--scenario", "nope"], "unknown scenario 'nope'"), (["--scenario", ""], "empty scenario"),
     (["--scenario", "fp32_softmax+bogus"], "unknown fix 'bogus'"), (["--repeats", "0"], "repeats=0"),
-    (["--jobs", "0"], "jobs=0"), (["--max-overhead", "-1"], "max_overhead=-1"),
+    (["--jobs", "-1"], "--jobs -1"), (["--max-overhead", "-1"], "max_overhead=-1"),
     (["--cost-rounds", "-1"], "cost_rounds=-1"),
 ])
 def test_bad_input_is_one_line_and_nothing_is_run_or_written(tmp_path, capsys, argv, msg):

@@ -192,7 +192,8 @@ def test_replay_of_the_in_flight_custom_op_reproduces(torch_hang, tmp_path):
     folder, v, records, res = torch_hang
     assert v.status == "hang" and v.in_flight_op["name"] == "gpulab_test.gate.default"
     assert v.in_flight_op["strides"][0] == [16, 48, 1]  # the non-contiguous layout was recorded
-    assert res.verified == "repro.py" and res.candidates[0].ops == 1 and res.candidates[0].reproduces
+    assert res.candidates[0].reproduces and res.candidates[0].ops > 1   # the whole replay first, then smaller
+    assert res.verified == "repro.py" and res.candidates[-1].ops == 1 and res.candidates[-1].reproduces
     src = (folder / "r" / "repro.py").read_text()
     assert "torch.ops.gpulab_test.gate.default(t([3, 70, 16], [16, 48, 1], 'float32', 'cpu'), False)" in src
     again = watch.run([sys.executable, str(folder / "r" / "repro.py")], stall_s=1.5, timeout_s=120,
@@ -207,6 +208,7 @@ def test_replay_says_when_nothing_reproduces(torch_hang, tmp_path):
     res = repro.make(fake, before, tmp_path / "r", stall_s=1.5, timeout_s=60, max_candidates=1,
                      progress=lambda m: None)
     assert res.verified is None and "none of 1 candidate(s)" in res.explanation
+    assert res.candidates[0].ops == len([r for r in before if r.seq <= before[-1].seq][-repro.MAX_SUFFIX:])
     assert not (tmp_path / "r" / "repro.py").exists()
 
 
@@ -232,8 +234,8 @@ def test_replay_grows_a_suffix_when_the_op_alone_does_not_fail(tmp_path):
     v = _watch_torch(tmp_path, "--armed")
     snap = trace.read(Path(v.log["dir"]) / v.log["op_log"])
     res = repro.make(v, snap.records, tmp_path / "r", stall_s=1.5, timeout_s=120, progress=lambda m: None)
-    assert not res.candidates[0].reproduces and res.verified == "repro.py"
+    assert res.candidates[0].reproduces and res.verified == "repro.py"   # the whole replay, then the shortest
     kept = (tmp_path / "r" / "repro.py").read_text()
     assert "gpulab_test.arm" in kept and "gpulab_test.gate" in kept
-    assert [(c.ops, c.reproduces) for c in res.candidates] == [(1, False), (2, True)]  # arm, then gate
+    assert [(c.ops, c.reproduces) for c in res.candidates[1:]] == [(1, False), (2, True)]  # arm, then gate
 

@@ -26,3 +26,20 @@ def has_gpu() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+GPU_TRIAL_JOBS = 2      # trials side by side on one GPU: they share it (reports say so)
+CPU_TRIAL_JOBS_MAX = 4
+
+
+def trial_jobs(jobs: int, device: str = "auto") -> int:
+    """`jobs` as asked, or for 0 (auto) what the machine has room for: one trial per core for a CPU program
+    (a hung trial costs no CPU, a running one a core), capped at 4; two on a GPU, which they then share."""
+    if jobs and jobs > 0:
+        return int(jobs)
+    import os
+
+    dev = str(device)
+    on_gpu = dev.startswith("cuda") or (dev == "auto" and has_gpu())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return GPU_TRIAL_JOBS if on_gpu else max(1, min(cores, CPU_TRIAL_JOBS_MAX))

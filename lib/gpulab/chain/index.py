@@ -19,6 +19,7 @@ STATUS_STYLE = {
     "running": ("#0969da", "running"),
     "interrupted": ("#bc4c00", "interrupted"),
     "not_run": ("#59636e", "not run"), "not_applicable": ("#59636e", "not applicable"),
+    "does_not_apply": ("#59636e", "does not apply"),   # ran, and found its question is not the workload's
 }
 VERDICT_STYLE = {
     "healthy": ("#1a7f37", "healthy"), "hang": ("#cf222e", "HANG"), "crash": ("#cf222e", "CRASH"),
@@ -30,6 +31,8 @@ GLOSSARY = (
     ("rung", "a step of the validation ladder: one attention call (sdpa), one forward pass, one training step, "
              "many steps"),
     ("self-test", "a run with a fault planted on purpose, to check that gpulab finds it; never a finding"),
+    ("does not apply", "the notebook ran and found its question is not the workload's (an attention check or "
+                       "benchmark of a program that makes no attention call); its line says why"),
     ("oracle", "notebook 05's check of each attention kernel against fp64 attention, with FlashAttention's "
                "error rule"),
     ("95% interval", "the range the true rate or ratio lies in with 95% confidence, given the runs made"),
@@ -84,8 +87,15 @@ def _link(href: str, label: str) -> str:
     return f'<a href="{url(href)}">{esc(label)}</a>'
 
 
-def _cell(nb: Mapping[str, Any]) -> str:
-    parts = [_badge(STATUS_STYLE, nb.get("status", "?"))]
+def _applies(sc: Mapping[str, Any], name: str) -> bool:
+    """False when the notebook ran and found that its question does not apply to the workload (its metrics
+    say `applies: false`, e.g. 05/06 on a program that makes no attention call); its headline says why."""
+    return ((sc.get("metrics") or {}).get(name) or {}).get("metrics", {}).get("applies") is not False
+
+
+def _cell(nb: Mapping[str, Any], applies: bool = True) -> str:
+    status = nb.get("status", "?")
+    parts = [_badge(STATUS_STYLE, "does_not_apply" if status == "ok" and not applies else status)]
     if nb.get("duration_s") is not None:
         parts.append(f' <span class="dur">{nb["duration_s"]:.1f} s</span>')
     if nb.get("headline"):
@@ -134,7 +144,8 @@ def _compare(sc: Mapping[str, Any]) -> list[str]:
     runs = h.get("rungs") or {}
     failed = sum(r.get("failed", 0) for r in runs.values())
     hangs = (f"{failed} of {h.get('runs', 0)} runs failed" + (" (self-test)" if h.get("drill") else "")) if runs else "-"
-    oracle = f"{o.get('passed')} of {o.get('candidates_checked')} pass" if o.get("candidates_checked") else "-"
+    oracle = (f"{o.get('passed')} of {o.get('candidates_checked')} pass" if o.get("candidates_checked") else
+              "does not apply" if o.get("applies") is False else "-")
     speed = f"{b['workload_ms']:.3g} ms per {esc(sc.get('params', {}).get('rung', 'rung'))}" if b.get("workload_ms") else "-"
     cost = f.get("overhead")
     cost_txt = f"{cost:+.0%} vs baseline" if isinstance(cost, (int, float)) else "-"
@@ -183,7 +194,7 @@ def render(run: Mapping[str, Any]) -> str:
     grid = []
     for sc in scenarios:
         by_name = {nb["name"]: nb for nb in sc.get("notebooks", [])}
-        cells = "".join(f"<td>{_cell(by_name[n]) if n in by_name else ''}</td>" for n in names)
+        cells = "".join(f"<td>{_cell(by_name[n], _applies(sc, n)) if n in by_name else ''}</td>" for n in names)
         grid.append(f'<tr><th>{esc(sc["name"])}</th>{cells}</tr>')
     products = "".join(f"<tr><th>{esc(sc['name'])}</th><td class='links'>{_products(sc)}</td></tr>" for sc in scenarios)
     meta = " · ".join(esc(x) for x in (

@@ -71,11 +71,20 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
         rec = fixes.get("recommendation")
         if rec:
             cost = fixes.get("recommendation_overhead")
-            step = (f"scenario {rec} fixes it" + (f" at {cost:+.0%} cost" if isinstance(cost, (int, float)) else "")
+            runs = fixes.get("recommendation_runs")
+            base = (f", baseline {fixes['baseline_failed']}/{fixes['baseline_trials']}"
+                    if fixes.get("baseline_trials") else "")
+            line = fixes.get("recommendation_apply")
+            step = (f"{rec} fixes it" + (f" ({runs} failed{base})" if runs else "")
+                    + (f" at {cost:+.0%} run time" if isinstance(cost, (int, float)) else "")
+                    + (f"; apply with: {line}" if line else "")
                     + "; attach bundle.zip (03) to an upstream report with that workaround")
         elif fixes:
-            step = ("no fix scenario tried fixed it: attach bundle.zip (03) to an upstream report, and try "
-                    "the scenarios 01 suggests")
+            tried = fixes.get("tried") or []
+            left = fixes.get("not_tried") or []
+            step = ("nothing tried fixes it" + (f" ({', '.join(tried)})" if tried else " (no fix applied here)")
+                    + (f"; {len(left)} more not tried within the time budget (gpulab fixes --budget)" if left else "")
+                    + ": attach bundle.zip (03) to an upstream report")
         else:
             step = "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report"
         return ScenarioVerdict(kind, evidence, step)
@@ -94,7 +103,8 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
     env = _m(metrics, "01_environment")
     selected, champion = env.get("sdpa_selected"), str(bench.get("champion") or "")
     cands = bench.get("candidates") or {}
-    if selected and champion and champion != f"sdpa_{selected}" and f"sdpa_{selected}" in cands:
+    builtin_call = not bench.get("call_recorded")   # 01 probes the built-in call; a program's own is another
+    if builtin_call and selected and champion and champion != f"sdpa_{selected}" and f"sdpa_{selected}" in cands:
         mine = (cands.get(f"sdpa_{selected}") or {}).get("median_ms")
         best = (cands.get(champion) or {}).get("median_ms")
         if mine and best and mine / best >= SLOW_FACTOR:

@@ -15,10 +15,12 @@ import runpy
 import sys
 import time
 
+from gpulab import beat
 from gpulab.fixes.install import install_from_env
 
 
 def main(argv: list[str] | None = None) -> int:
+    beat.start_from_env()  # the watchdog's heartbeat, when it asked for one ($GPULAB_BEAT)
     raw = list(sys.argv[1:] if argv is None else argv)
     if "--" not in raw or raw.index("--") == len(raw) - 1:
         print("usage: python -m gpulab.fixes.child [--time FILE] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])",

@@ -32,7 +32,10 @@ def _parser():
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="products folder (default: a new temp dir)")
     p.add_argument("--scenario", default="auto", metavar="LIST|auto|all", help="the scenarios to run")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs per rung and scenario")
-    p.add_argument("--jobs", type=int, default=1, metavar="J", help="runs side by side")
+    p.add_argument("--jobs", type=int, default=0, metavar="J",
+                   help="runs side by side (default 0: the machine's cores for CPU programs, 2 on a GPU)")
+    p.add_argument("--budget", type=positive("--budget"), default=matrix.MatrixConfig.budget_s, metavar="S",
+                   help="auto: seconds of trying fixes beyond those the evidence points at")
     p.add_argument("--stall", type=positive("--stall"), default=60.0, metavar="S",
                    help="no progress for S seconds is a hang")
     p.add_argument("--timeout", type=positive("--timeout"), default=3600.0, metavar="S", help="bound on each run")
@@ -66,15 +69,18 @@ def main(argv: Sequence[str]) -> int:
     opts, command = (raw[:raw.index("--")], raw[raw.index("--") + 1:]) if "--" in raw else (raw, [])
     args = _parser().parse_args(opts)
     try:
-        cfg = matrix.MatrixConfig(args.scenario, args.repeats, args.jobs, args.stall, args.timeout, args.max_overhead,
-                                  args.cost_rounds, args.time_s, args.mode, args.fault)
+        if args.jobs < 0:
+            raise BadInput(f"--jobs {args.jobs} is not valid; it must be a whole number >= 0 (0: auto)")
         scenarios.parse(args.scenario)
         json_target(args.json)
         if args.out:
             writable_dir(args.out, "--out")
         target = _target(command, args.overrides)
+        jobs = device.trial_jobs(args.jobs, target.cfg.device if target.cfg is not None else "auto")
+        cfg = matrix.MatrixConfig(args.scenario, args.repeats, jobs, args.stall, args.timeout, args.max_overhead,
+                                  args.cost_rounds, args.time_s, args.mode, args.fault, args.budget)
         out = args.out or Path(tempfile.mkdtemp(prefix="gpulab-fixes-"))  # only once the input is known good
-        result = matrix.run(target, cfg, out, pointers_dir=args.pointers or args.out)
+        result = matrix.run(target, cfg, out, pointers_dir=args.pointers or args.out, json_copy=args.json)
     except (ValueError, FileNotFoundError, BadInput) as exc:   # FixError, ParamError, FaultSpecError: ValueErrors
         print(f"gpulab fixes: {exc}", file=sys.stderr)
         return proc.EXIT_NOT_FOUND if isinstance(exc, proc.CommandNotFound) else proc.EXIT_BAD_INPUT

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from gpulab.fixes.answers import Answer
 from gpulab.hang.classify import CLASSES
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -63,6 +64,9 @@ class Fix:
     needs: str = ""                               # what `applies` requires, in words (the not_applicable reason)
     source: str = ""                              # where the fix comes from (an issue, a doc page)
     replaces_sdpa: bool = False                   # F.scaled_dot_product_attention is no SDPA backend any more
+    answers: tuple[Answer, ...] = ()              # the evidence it answers (gpulab.fixes.answers): what `auto`
+                                                  #   and a verdict's "try" sentence pick it by
+    apply_yourself: str = ""                      # how a user applies it in their own job, outside gpulab
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name or ""):
@@ -82,6 +86,19 @@ class Fix:
             raise FixError(f"fix {self.name!r} changes nothing: give env, apply, python or params")
         if not self.changes:
             raise FixError(f"fix {self.name!r}: say what it changes (changes=...)")
+        object.__setattr__(self, "answers", tuple(self.answers))
+        if any(not isinstance(a, Answer) for a in self.answers):
+            raise FixError(f"fix {self.name!r}: answers must be gpulab.fixes.answers.Answer values")
+
+    def apply_line(self) -> str:
+        """What a user puts in their own job: the declared line, else the exports of its variables."""
+        if self.apply_yourself:
+            return self.apply_yourself
+        if self.env and not (self.apply or self.python):
+            return "export " + " ".join(f"{k}={v}" if v else f"{k}=" for k, v in self.env)
+        if self.python:
+            return f"run the job with {self.python}"
+        return f"call FIX.apply() from patches/{self.name}.py at the start of the program"
 
     def how(self) -> str:
         """How it reaches the child, in words (a table column)."""

@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import device as gdevice
 from gpulab import proc, report, workloads
-from gpulab.fixes import cost, numerics, platform, registry, scenarios, verdict
-from gpulab.fixes.compose import clean_env, compose, scenario_env
+from gpulab.fixes import answers, cost, numerics, platform, registry, scenarios, verdict
+from gpulab.fixes.compose import FIXES_VAR, clean_env, compose, scenario_env
 from gpulab.fixes.fix import not_applicable
 from gpulab.fixes.scenarios import Scenario
 from gpulab.fixes.target import Target
@@ -44,6 +44,8 @@ class MatrixConfig:
     time_s: float = 1.0             # seconds of timed repeats of the built-in rung in each timing child
     mode: str = "auto"
     fault: str | None = None        # a planted fault (a labelled self-test)
+    budget_s: float = 120.0         # auto: seconds of trying fixes beyond those the evidence points at (the chain's
+    #                                 goal: a recommendation within 4 minutes on a GPU, 5 on a CPU)
 
     def __post_init__(self) -> None:
         for key in ("repeats", "jobs"):
@@ -52,7 +54,7 @@ class MatrixConfig:
                 raise ValueError(f"{key}={v!r} is not valid; it must be a whole number >= 1")
         if isinstance(self.cost_rounds, bool) or not isinstance(self.cost_rounds, int) or self.cost_rounds < 0:
             raise ValueError(f"cost_rounds={self.cost_rounds!r} is not valid; it must be a whole number >= 0")
-        for key in ("stall_s", "timeout_s", "time_s"):
+        for key in ("stall_s", "timeout_s", "time_s", "budget_s"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{key}={v!r} is not valid; it must be a number of seconds > 0")
@@ -71,6 +73,10 @@ class MatrixConfig:
         kw = {k: v for k, v in params.items() if k in names}
         if "trace_mode" in params:
             kw["mode"] = params["trace_mode"]
+        if "fix_budget_s" in params:
+            kw["budget_s"] = params["fix_budget_s"]
+        if "jobs" in params:
+            kw["jobs"] = gdevice.trial_jobs(params["jobs"], str(params.get("device") or "auto"))
         return cls(**kw)
 
 
@@ -97,6 +103,9 @@ class ScenarioResult:
     verdict: str | None = None
     verdict_why: str = ""
     seconds: float = 0.0
+    stage: str = ""                  # auto: evidence | 01 | class | rest (asked: "")
+    reused: str = ""                 # where its runs come from when they were not run again (03's ladder)
+    minimal: dict | None = None      # the smaller failing configuration it was first tried on (03's bisection)
 
     @property
     def failures(self) -> int:
@@ -125,6 +134,14 @@ class MatrixResult:
     drill: str | None = None
     interrupted: bool = False
     numerics_note: str = ""
+    jobs: int = 1                    # trials side by side
+    shared_gpu: bool = False         # side-by-side trials shared one GPU (their times and contention mix)
+    not_tried: tuple[dict, ...] = ()  # auto: {"scenario", "why"} it planned but did not run
+    budget_s: float | None = None
+    apply: dict = field(default_factory=dict)   # scenario -> how a user applies it in their own job
+    # when the fixes were first tried on 03's smallest failing configuration: {"config", "scenarios"
+    # ({name: verdict}), "removed" (the fixes confirmed on the original), "seconds"}
+    minimal: dict | None = None
 
     @property
     def baseline(self) -> ScenarioResult | None:
@@ -148,24 +165,30 @@ def ladder_summary(lr: ladder.LadderResult) -> dict[str, Any]:
                             "fail_rate_ci": list(r.fail_rate_ci)} for r in lr.rungs),
             "first_failure": {"status": ff.get("status"), "class": ff.get("class"), "phase": ff.get("phase"),
                               "in_flight_op": (ff.get("in_flight_op") or {}).get("name"),
-                              "folder": ff.get("folder"), "rung": rung.name} if ff else None,
+                              "folder": ff.get("folder"), "rung": rung.name,
+                              "evidence": answers.brief(ff)} if ff else None,
             "memory_growth": lr.rungs[-1].memory_growth}
 
 
-def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: float, classes: Sequence[str] = ()
-           ) -> tuple[list[ScenarioResult], str | None, str]:
-    """Every scenario's verdict, then the recommendation and the next step (pure)."""
+def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: float,
+           not_tried: Sequence[Mapping[str, str]] = ()) -> tuple[list[ScenarioResult], str | None, str]:
+    """Every scenario's verdict, then the recommendation and the next step (pure but for the registry's
+    apply lines)."""
     base = next((r for r in results if not r.fixes), None)
     base_obs = base.observed() if base else verdict.Observed("baseline")
     out = []
     for r in results:
         v, why = verdict.judge(r.observed(), base_obs, max_overhead)
         out.append(dataclasses.replace(r, verdict=v, verdict_why=why))
-    tried = {f for r in results for f in r.fixes}
-    untried = list(dict.fromkeys(n for c in classes for n in registry.targeting(c) if n not in tried))
     rec, nxt = verdict.recommend([r.observed() for r in out], [r.verdict for r in out], stall_s=stall_s,
-                                 cls=" or ".join(classes) or None, untried=untried)
+                                 untried=[t["scenario"] for t in not_tried], apply_lines=apply_lines(results))
     return out, rec, nxt
+
+
+def apply_lines(results: Sequence[ScenarioResult]) -> dict[str, str]:
+    """scenario -> how a user applies its fixes in their own job (gpulab.fixes.fix.Fix.apply_line)."""
+    fixes = registry.load()
+    return {r.name: "; ".join(fixes[n].apply_line() for n in r.fixes if n in fixes) for r in results if r.fixes}
 
 
 def rows(m: MatrixResult) -> list[dict]:
@@ -195,11 +218,13 @@ class _Matrix:
     """The state of one matrix run: results so far (in the planned order), saved after every change."""
 
     def __init__(self, target: Target, cfg: MatrixConfig, out: Path, facts: dict, say: Callable[[str], None],
-                 pointers: scenarios.Pointers):
+                 pointers: scenarios.Pointers, json_copy: Path | None = None):
         self.target, self.cfg, self.out, self.facts, self.say, self.pointers = target, cfg, out, facts, say, pointers
+        self.json_copy = json_copy
         self.order: list[str] = []
         self.done: dict[str, ScenarioResult] = {}
         self.arms: dict[str, cost.Arm] = {}
+        self.not_tried: list[dict] = []
         self.interrupted = False
         self.lock = threading.RLock()
 
@@ -218,12 +243,20 @@ class _Matrix:
         seen = scenarios.failure_classes(ff.get("class"), ff.get("in_flight_op"))
         return tuple(dict.fromkeys(seen + self.pointers.classes))
 
+    def evidence(self) -> list[dict]:
+        """The failures `auto` matches fixes against: the baseline's first failure, then 03's."""
+        base = self.baseline
+        ff = (base.first_failure or {}) if base else {}
+        return [e for e in (ff.get("evidence"), self.pointers.evidence) if e]
+
     def result(self) -> MatrixResult:
-        judged_, rec, nxt = judged(self.results, self.cfg.max_overhead, self.cfg.stall_s, self.classes())
+        judged_, rec, nxt = judged(self.results, self.cfg.max_overhead, self.cfg.stall_s, self.not_tried)
         note = "" if self.target.compares_outputs else PLAIN
         return MatrixResult(self.target.describe(), self.target.kind, self.facts, tuple(judged_), rec, nxt,
                             self.cfg.max_overhead, self.cfg.repeats, self.cfg.stall_s, self.cfg.fault,
-                            self.interrupted, note)
+                            self.interrupted, note, self.cfg.jobs,
+                            self.cfg.jobs > 1 and str(self.facts.get("device", "")).startswith("cuda"),
+                            tuple(self.not_tried), self.cfg.budget_s, apply_lines(self.results))
 
     def save(self, res: ScenarioResult | None = None) -> MatrixResult:
         with self.lock:
@@ -231,42 +264,71 @@ class _Matrix:
                 self.done[res.name] = res
             m = self.result()
             report.write_json(self.out / f"{NAME}.json", m.to_dict())
+            if self.json_copy is not None:   # the user's --json holds what was observed so far, too
+                report.write_json(self.json_copy, m.to_dict())
             report.write_rows(self.out, f"{NAME}_table", rows(m))
             return m
 
-    def climb(self, sc: Scenario, base_env: Mapping[str, str], jobs: int) -> None:
+    def _start(self, sc: Scenario, stage: str) -> tuple[ScenarioResult, Any] | None:
         fixes = registry.resolve(sc.fixes)
         comp = compose(fixes)
         changes = "; ".join(f"{f.name}: {f.changes}" for f in fixes) or "nothing (the workload as it is)"
         why_not = not_applicable(fixes, self.facts)
-        res = ScenarioResult(sc.name, sc.fixes, sc.why, changes, why_not is None, why_not)
+        res = ScenarioResult(sc.name, sc.fixes, sc.why, changes, why_not is None, why_not, stage=stage)
         if why_not:
             self.say(f"{sc.name}: not applicable ({why_not})")
             self.save(res)
+            return None
+        return res, comp
+
+    def climb(self, sc: Scenario, base_env: Mapping[str, str], jobs: int, stage: str = "") -> None:
+        started = self._start(sc, stage)
+        if started is None:
             return
+        res, comp = started
         self.arms[sc.name] = cost.Arm(sc.name, scenario_env(sc.fixes, base_env), comp.params)
         self.say(f"{sc.name}: the ladder with {', '.join(sc.fixes) or 'no fix'} ({sc.why})")
         t0 = time.monotonic()
-        # stacks for the baseline only: its failure's class picks `auto`'s fixes; the others need outcomes
+        # stacks for the baseline only: its failure's evidence picks `auto`'s fixes; the others need outcomes
         lr = ladder.run(self.target.rungs(comp.params), repeats=self.cfg.repeats, jobs=jobs,
                         stall_s=self.cfg.stall_s, timeout_s=self.cfg.timeout_s, out_dir=self.out / sc.name,
                         mode=self.cfg.mode, fault=self.cfg.fault, stop_at_first_failure=True, fixes=sc.fixes,
-                        env=base_env, progress=lambda m: self.say(f"  [{sc.name}] {m}"), stacks=not sc.fixes)
-        m = self.save(dataclasses.replace(res, seconds=round(time.monotonic() - t0, 3), **ladder_summary(lr)))
+                        env=base_env, progress=lambda m: self.say(f"  [{sc.name}] {m}"), stacks=not sc.fixes,
+                        on_save=lambda so_far: self.save(dataclasses.replace(res, **ladder_summary(so_far))))
+        summary = ladder_summary(lr)
+        if summary.get("first_failure") and not sc.fixes:   # the stacks, for the evidence `auto` matches
+            full = report.read_json(self.out / sc.name / str(summary["first_failure"]["folder"]) / "verdict.json",
+                                    default=None)
+            if full:
+                summary["first_failure"]["evidence"] = answers.brief(full)
+        m = self.save(dataclasses.replace(res, seconds=round(time.monotonic() - t0, 3), **summary))
         got = next(s for s in m.scenarios if s.name == sc.name)
         self.say(f"{sc.name}: {got.failures}/{got.trials} failed -> {got.verdict}")
 
-    def climb_all(self, todo: Sequence[Scenario], base_env: Mapping[str, str]) -> None:
+    def reuse(self, sc: Scenario, lr: ladder.LadderResult, where: str, ladder_dir: Path) -> None:
+        """The baseline from a ladder already climbed with the same rungs and settings (03's): not run again."""
+        res, comp = self._start(sc, "")
+        self.arms[sc.name] = cost.Arm(sc.name, dict(clean_env(os.environ)), comp.params)
+        summary = ladder_summary(lr)
+        ff = summary.get("first_failure")
+        if ff:
+            full = report.read_json(ladder_dir / str(ff["folder"]) / "verdict.json", default=None)
+            ff["evidence"] = answers.brief(full or {})
+            ff["folder"] = os.path.relpath(ladder_dir / str(ff["folder"]), self.out / sc.name)
+        self.say(f"{sc.name}: {where} (same rungs, repeats, stall window and mode): not run again")
+        self.save(dataclasses.replace(res, reused=where, seconds=sum(r.seconds for r in lr.rungs), **summary))
+
+    def climb_all(self, todo: Sequence[Scenario], base_env: Mapping[str, str], stage: str = "") -> None:
         """Scenarios side by side when jobs allow: `jobs` children at a time in all (a scenario's trials share
         its slot's part)."""
         workers = max(1, min(self.cfg.jobs, len(todo)))
         per = max(1, self.cfg.jobs // workers)
         if workers == 1:
             for sc in todo:
-                self.climb(sc, base_env, per)
+                self.climb(sc, base_env, per, stage)
             return
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scenario") as pool:
-            pending = {pool.submit(self.climb, sc, base_env, per) for sc in todo}
+            pending = {pool.submit(self.climb, sc, base_env, per, stage) for sc in todo}
             try:
                 while pending:
                     finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -277,6 +339,49 @@ class _Matrix:
                     f.cancel()
                 proc.stop_all()
                 raise
+
+    def removed(self) -> list[str]:
+        """Fix scenarios that ran the ladder without a failure where the baseline failed."""
+        base = self.baseline
+        if base is None or not base.failures:
+            return []
+        return [r.name for r in self.results if r.fixes and r.trials and not r.failures]
+
+    def explore(self, base_env: Mapping[str, str], t0: float) -> None:
+        """`auto` after the baseline: the fixes the evidence points at, all of them; then, only while none
+        removed the failure and the budget lasts, 01's, the class's and the rest, `jobs` scenarios at a
+        time. What was planned and not run is kept with the reason."""
+        base = self.baseline
+        failed = bool(base and base.failures)
+        plan = scenarios.stages(self.pointers, self.evidence() if failed else [], self.facts,
+                                self.classes() if failed else (), self.order)
+        if not failed:   # nothing to fix: 01's suggestions only, as a table of what they would cost
+            plan = [(st, scs) for st, scs in plan if st == "01"]
+        self.order += [sc.name for _, scs in plan for sc in scs]
+        for stage, scs in plan:
+            todo = list(scs)
+            while todo:
+                if self.removed() and stage != "evidence":
+                    self._skip(todo, f"not needed: {', '.join(self.removed())} already removed the failure")
+                    break
+                if stage not in ("evidence", "01") and time.monotonic() - t0 + self.batch_s() > self.cfg.budget_s:
+                    self._skip(todo, f"the time budget ({self.cfg.budget_s:g} s, --budget) was spent")
+                    break
+                batch = todo if stage in ("evidence", "01") else todo[:self.cfg.jobs]
+                todo = todo[len(batch):]
+                self.say(f"auto, {stage}: " + ", ".join(f"{sc.name} ({sc.why})" for sc in batch))
+                self.climb_all(batch, base_env, stage)
+        self.save()
+
+    def batch_s(self) -> float:
+        """What one more batch is expected to take: the longest scenario so far (a batch runs side by side), so
+        that a batch that would end past the budget is not started."""
+        return max((r.seconds or 0.0 for r in self.results if not r.reused), default=0.0)
+
+    def _skip(self, todo: Sequence[Scenario], why: str) -> None:
+        self.not_tried += [{"scenario": sc.name, "why": why, "planned_because": sc.why} for sc in todo]
+        self.order = [n for n in self.order if n not in {sc.name for sc in todo}]
+        self.say(f"auto: {len(todo)} more fix(es) not tried: {why}")
 
     def timed(self) -> list[str]:
         """Scenarios worth timing: applicable, and not failing every run (unless the failure is planted: the
@@ -313,32 +418,58 @@ class _Matrix:
         return path if path is not None and path.exists() else None
 
 
+def reusable(lr_dict: Mapping[str, Any] | None, rungs: Sequence[ladder.Rung], cfg: MatrixConfig) -> ladder.LadderResult | None:
+    """A ladder (03's ladder.json) that ran exactly what the baseline would run: the same rung commands,
+    repeats, stall window, timeout, recording mode and planted fault, without fixes. Else None."""
+    if not lr_dict or lr_dict.get("interrupted"):
+        return None
+    try:
+        lr = ladder.LadderResult.from_dict(lr_dict)
+    except (TypeError, ValueError, KeyError):   # another version's ladder.json: run the baseline again
+        return None
+    same = (lr.repeats == cfg.repeats and lr.stall_s == cfg.stall_s and lr.timeout_s == cfg.timeout_s
+            and lr.mode == cfg.mode and lr.drill == cfg.fault and not lr.fixes
+            and [r.command for r in lr.rungs] == [r.command for r in rungs][:len(lr.rungs)]
+            and (any(r.failed for r in lr.rungs) or len(lr.rungs) == len(rungs)))
+    return lr if same else None
+
+
 def run(target: Target, cfg: MatrixConfig, out_dir: str | Path, *, pointers_dir: str | Path | None = None,
-        env: Mapping[str, str] | None = None, progress: Callable[[str], None] | None = None) -> MatrixResult:
+        env: Mapping[str, str] | None = None, progress: Callable[[str], None] | None = None,
+        json_copy: str | Path | None = None, reuse_ladder: str | Path | None = None) -> MatrixResult:
     """Run the matrix; raises ValueError (UnknownFix, FixError) before anything runs on bad input. The
-    baseline runs first (with `auto`, its failure picks more fixes); the other scenarios side by side when
-    `jobs` allows; then the timing rounds, one child at a time."""
+    baseline runs first (or comes from `reuse_ladder`, a ladder folder that ran exactly what it would
+    run); with `auto`, its failure's evidence picks the fixes (scenarios.stages); the other scenarios side by
+    side when `jobs` allows; then the timing rounds, one child at a time. fixes.json (and `json_copy`) is
+    rewritten after every scenario and every timing round."""
     chosen, is_auto = scenarios.parse(cfg.scenarios)
     say = progress or (lambda m: print(f"[gpulab fixes] {m}", file=sys.stderr, flush=True))
     dev = target.cfg.device if target.cfg is not None else gdevice.resolve("auto")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     found = scenarios.pointers(pointers_dir)
-    mx = _Matrix(target, cfg, out, platform.facts(dev, platform.workload_mask(target.cfg)), say, found)
+    mx = _Matrix(target, cfg, out, platform.facts(dev, platform.workload_mask(target.cfg)), say, found,
+                 Path(json_copy) if json_copy else None)
     base_env = clean_env(os.environ if env is None else env)
     say(f"{target.describe()}: {len(chosen)} scenario(s){' (auto)' if is_auto else ''}, {cfg.repeats} run(s) per "
-        f"rung, stall {cfg.stall_s:g} s" + (f", planted fault {cfg.fault} (a self-test)" if cfg.fault else ""))
+        f"rung, {cfg.jobs} side by side, stall {cfg.stall_s:g} s"
+        + (f", planted fault {cfg.fault} (a self-test)" if cfg.fault else ""))
     base, rest = chosen[0], list(chosen[1:])
-    if is_auto:
-        rest += scenarios.auto(found, (), [base.name])
     mx.order = [base.name] + [s.name for s in rest]
+    t0 = time.monotonic()
     try:
-        mx.climb(base, base_env, cfg.jobs)
+        prior = None
+        if reuse_ladder is not None and env is None and not os.environ.get(FIXES_VAR):
+            prior = reusable(report.read_json(Path(reuse_ladder) / "ladder.json", default=None),
+                             target.rungs({}), cfg)
+        if prior is not None:
+            mx.reuse(base, prior, "03's ladder", Path(reuse_ladder))
+        else:
+            mx.climb(base, base_env, cfg.jobs)
         if is_auto:
-            more = scenarios.auto(scenarios.Pointers(), mx.classes(), mx.order)
-            rest += more
-            mx.order += [s.name for s in more]
-        mx.climb_all(rest, base_env)
+            mx.explore(base_env, t0)
+        else:
+            mx.climb_all(rest, base_env)
         names = mx.timed()
         if names and cfg.cost_rounds:
             say(f"cost: {cfg.cost_rounds} interleaved round(s) of {', '.join(names)} (no planted fault, no recorder)")
@@ -354,8 +485,55 @@ def run(target: Target, cfg: MatrixConfig, out_dir: str | Path, *, pointers_dir:
     return m
 
 
+def minimal_config(cfg: workloads.WorkloadConfig, out_dir: Path) -> workloads.WorkloadConfig | None:
+    """03's smallest failing configuration of the built-in workload (its bisection, at the failing rung), when
+    it is smaller than the configured one; else None."""
+    if cfg.kind != "builtin":
+        return None
+    bis = report.read_json(out_dir / "bisect" / "bisect.json", default=None) or {}
+    lad = report.read_json(out_dir / "ladder" / "ladder.json", default=None) or {}
+    rung = next((r["name"] for r in lad.get("rungs") or () if r.get("trials", 0) > r.get("counts", {}).get("pass", 0)),
+                None)
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    small = {k: v for k, v in (bis.get("minimal") or {}).items() if k in fields}
+    if not small or rung is None or all(getattr(cfg, k) == v for k, v in small.items()):
+        return None
+    return dataclasses.replace(cfg, rung=rung, **small)
+
+
 def run_workload(cfg: workloads.WorkloadConfig, mcfg: MatrixConfig, out_dir: str | Path, *,
                  progress: Callable[[str], None] | None = None) -> MatrixResult:
-    """Notebook 04's matrix: the configured workload, products in out_dir/fixes, and `auto` following the
-    01/03 products already in out_dir."""
-    return run(Target(cfg), mcfg, Path(out_dir) / NAME, pointers_dir=out_dir, progress=progress)
+    """Notebook 04's matrix: the configured workload, products in out_dir/fixes, `auto` following the 01/03
+    products already in out_dir, and the baseline taken from 03's ladder when it ran the same trials.
+
+    Where 03 bisected the built-in workload, the fixes are tried first on its smallest failing configuration
+    (each trial costs less), and only those that remove the failure there are confirmed, and timed, on the
+    configured one."""
+    out = Path(out_dir)
+    say = progress or (lambda m: print(f"[gpulab fixes] {m}", file=sys.stderr, flush=True))
+    small = minimal_config(cfg, out)
+    if small is None:
+        return run(Target(cfg), mcfg, out / NAME, pointers_dir=out, progress=progress, reuse_ladder=out / "ladder")
+    shown = ", ".join(f"{k}={getattr(small, k)}" for k in ("rung", *bisect_dims(cfg, small)))
+    say(f"first on 03's smallest failing configuration ({shown})")
+    t0 = time.monotonic()
+    first = run(Target(small), dataclasses.replace(mcfg, cost_rounds=0), out / NAME / "minimal", pointers_dir=out,
+                progress=progress)
+    removed = [s.name for s in first.scenarios if s.fixes and s.trials and not s.failures]
+    stage = {"config": shown, "scenarios": {s.name: s.verdict for s in first.scenarios},
+             "removed": removed, "seconds": round(time.monotonic() - t0, 1)}
+    if not removed:
+        say("no fix removed the failure on the smallest configuration: the configured one is not tried again")
+        return dataclasses.replace(first, minimal=stage)
+    say(f"confirming {', '.join(removed)} on the configured workload")
+    confirm = dataclasses.replace(mcfg, scenarios=",".join([scenarios.BASELINE, *removed]))
+    m = run(Target(cfg), confirm, out / NAME, pointers_dir=out, progress=progress, reuse_ladder=out / "ladder")
+    why = f"removed the failure on 03's smallest failing configuration ({shown})"
+    m = dataclasses.replace(m, minimal=stage, scenarios=tuple(dataclasses.replace(s, why=why) if s.name in removed
+                                                              else s for s in m.scenarios))
+    report.write_json(out / NAME / f"{NAME}.json", m.to_dict())
+    return m
+
+
+def bisect_dims(cfg: workloads.WorkloadConfig, small: workloads.WorkloadConfig) -> list[str]:
+    return [f.name for f in dataclasses.fields(cfg) if f.name != "rung" and getattr(cfg, f.name) != getattr(small, f.name)]

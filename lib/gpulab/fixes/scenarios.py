@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from gpulab import report
 from gpulab.chain import params
-from gpulab.fixes import registry
+from gpulab.fixes import answers, registry
 from gpulab.fixes.compose import compose
 from gpulab.fixes.fix import UnknownFix
 from gpulab.hang.classify import op_kind
@@ -39,6 +39,7 @@ class Pointers:
     suggested: tuple[str, ...] = ()      # 01: fixes its matched risk rules suggest
     because: tuple[tuple[str, str], ...] = ()   # fix -> rule ids, in words
     classes: tuple[str, ...] = ()        # 03: its verdict's class and its in-flight op's kind (none for a drill)
+    evidence: Any = None                 # 03: its first failure's verdict (answers.brief), None for a drill
 
 
 def root_dir() -> Path:
@@ -99,7 +100,7 @@ def parse(text: str, root: Path | None = None) -> tuple[tuple[Scenario, ...], bo
 
 
 def pointers(out_dir: str | Path | None) -> Pointers:
-    """01's suggestions and 03's class, read from a scenario folder when they are there."""
+    """01's suggestions and 03's first failure, read from a scenario folder when they are there."""
     if out_dir is None:
         return Pointers()
     out = Path(out_dir)
@@ -109,7 +110,19 @@ def pointers(out_dir: str | Path | None) -> Pointers:
     because = tuple((n, ", ".join(sug.get("because", {}).get(n) or ())) for n in names)
     m03 = (report.load_metrics(out).get("03_bisect_hang") or {}).get("metrics") or {}
     failed = m03.get("status") not in (None, "ok") and not m03.get("drill")
-    return Pointers(names, because, failure_classes(m03.get("class"), m03.get("in_flight_op")) if failed else ())
+    evidence = first_failure(out / "ladder") if failed else None
+    return Pointers(names, because, failure_classes(m03.get("class"), m03.get("in_flight_op")) if failed else (),
+                    evidence)
+
+
+def first_failure(ladder_dir: Path) -> dict | None:
+    """The first failing trial's verdict of a ladder folder, brief (gpulab.fixes.answers.brief)."""
+    lad = report.read_json(ladder_dir / "ladder.json", default={}) or {}
+    ff = next((r.get("first_failure") for r in lad.get("rungs") or () if r.get("first_failure")), None)
+    if not ff:
+        return None
+    full = report.read_json(ladder_dir / str(ff.get("folder")) / "verdict.json", default=None) or ff
+    return answers.brief(full)
 
 
 def failure_classes(cls: str | None, in_flight_op: str | None) -> tuple[str, ...]:
@@ -118,17 +131,33 @@ def failure_classes(cls: str | None, in_flight_op: str | None) -> tuple[str, ...
     return tuple(dict.fromkeys(c for c in (cls, op_kind(in_flight_op)) if c))
 
 
-def auto(found: Pointers, observed: Sequence[str] = (), have: Sequence[str] = ()) -> tuple[Scenario, ...]:
-    """The single-fix scenarios `auto` adds (pure but for the registry): 01's, then 03's class's, then the
-    class the baseline's own failure showed; none twice, none already in `have`."""
+STAGES = ("evidence", "01", "class", "rest")
+
+
+def stages(found: Pointers, evidence: Sequence[Mapping[str, Any]], platform: Mapping[str, Any],
+           classes: Sequence[str], have: Sequence[str] = ()) -> list[tuple[str, tuple[Scenario, ...]]]:
+    """`auto`'s plan, in the order it runs (pure but for the registry): (1) the fixes whose declared
+    evidence the failures show (gpulab.fixes.answers.suggest: the same fixes a verdict's "try" names),
+    (2) those 01's risk rules suggest, (3) the other applicable fixes that target the failure's class, (4)
+    every other applicable fix. None twice, none in `have`; a fix that cannot apply here is left out."""
+    fixes = registry.load()
+    usable = [f for n, f in sorted(fixes.items()) if f.applies(platform)]
     seen = set(have)
-    out = []
+    out: list[tuple[str, tuple[Scenario, ...]]] = []
+
+    def add(stage: str, picks: Sequence[tuple[str, str]]) -> None:
+        got = []
+        for name, why in picks:
+            if name not in seen and name in fixes and fixes[name].applies(platform):
+                seen.add(name)
+                got.append(Scenario(name, (name,), why))
+        if got:
+            out.append((stage, tuple(got)))
+
+    matched = [m for ev in evidence if ev for m in answers.suggest(usable, ev, platform)]
+    add("evidence", [(m.fix, f"the evidence: {m.because} ({', '.join(m.facts)})") for m in matched])
     because = dict(found.because)
-    picks = [(n, f"01's risk rules ({because.get(n) or 'matched'})") for n in found.suggested]
-    picks += [(n, f"targets {c}, 03's failure") for c in found.classes for n in registry.targeting(c)]
-    picks += [(n, f"targets {c}, the baseline's failure") for c in observed for n in registry.targeting(c)]
-    for name, why in picks:
-        if name not in seen:
-            seen.add(name)
-            out.append(Scenario(name, (name,), why))
-    return tuple(out)
+    add("01", [(n, f"01's risk rules ({because.get(n) or 'matched'})") for n in found.suggested])
+    add("class", [(f.name, f"targets {c}, the failure's class") for c in classes for f in usable if c in f.targets])
+    add("rest", [(f.name, "another applicable fix (nothing more specific removed the failure)") for f in usable])
+    return out

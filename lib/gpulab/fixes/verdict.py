@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 VERDICTS = ("baseline", "fixes", "partial", "no_effect", "breaks_numerics", "too_slow", "not_applicable")
 BASELINE = "baseline"
@@ -65,17 +65,23 @@ def _cheapest_key(o: Observed) -> tuple:
 
 
 def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, stall_s: float,
-              cls: str | None = None, untried: Sequence[str] = ()) -> tuple[str | None, str]:
-    """(the cheapest scenario that fixes the failure or None, the next step in a sentence)."""
+              untried: Sequence[str] = (), apply_lines: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+    """(the cheapest scenario that fixes the failure or None, the next step in a sentence, with the line
+    that applies it in the user's own job)."""
     base = next((o for o in observed if not o.fixes), None)
     by = dict(zip((o.name for o in observed), verdicts))
     fixing = [o for o in observed if by.get(o.name) == "fixes"]
     if fixing:
         best = min(fixing, key=_cheapest_key)
-        cost = f"at a cost of {_pct(best.overhead)}" if best.overhead is not None else "(cost not measured)"
+        cost = (f"at {_pct(best.overhead)} run time" if best.overhead is not None else
+                "(cost not measured: the baseline never finished a run to compare with)" if base and not base.rate < 1
+                else "(cost not measured)")
         what = best.name + (f" ({', '.join(best.fixes)})" if best.fixes != (best.name,) else "")
-        return best.name, (f"apply {what}: it removes the failure {cost}; "
-                           f"then report the bug upstream with 03's bundle, naming the fix that works")
+        line = (apply_lines or {}).get(best.name)
+        return best.name, (f"{what} fixes it ({best.failures}/{best.trials} failed, baseline "
+                           f"{base.failures if base else '?'}/{base.trials if base else '?'}) {cost}"
+                           + (f"; apply with: {line}" if line else "")
+                           + "; then report the bug upstream with 03's bundle, naming the fix that works")
     if base is None or not base.trials:
         return None, "the baseline did not run: nothing can be compared"
     if base.failures == 0:
@@ -89,6 +95,7 @@ def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, s
         which = named["breaks_numerics"] + named["too_slow"]
         return None, (f"{', '.join(which)} removes the failure but changes the numbers or costs too much: it "
                       f"localizes the bug (that is where a targeted fix belongs); raise max_overhead only knowingly")
-    more = f"; not tried yet for class {cls}: {', '.join(untried)}" if untried else ""
-    return None, (f"no scenario tried removes the failure{more}; try --scenario all, or take 03's evidence "
-                  f"bundle upstream")
+    tried = sum(1 for o in observed if o.fixes and o.trials)
+    more = f"; not tried (time budget): {', '.join(untried)}" if untried else ""
+    return None, (f"nothing tried fixes it ({tried} fix scenario(s) ran){more}; take 03's evidence bundle "
+                  f"upstream" + (", or raise --budget to try the rest" if untried else ""))

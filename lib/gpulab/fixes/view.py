@@ -125,7 +125,32 @@ def details_md(m: MatrixResult) -> str:
                    f"- numerics: {report.esc(_numerics(s))}\n- memory: {report.esc(_memory(s))}")
     if m.numerics_note:
         out.append(f"*{report.esc(m.numerics_note)}.*")
-    return "\n\n".join(out)
+    return "\n\n".join([order_md(m), *out])
+
+
+STAGE_WORDS = {"evidence": "the evidence points at it", "01": "01's risk rules", "class": "targets the failure's class",
+               "rest": "another applicable fix"}
+
+
+def order_md(m: MatrixResult) -> str:
+    """What ran, in order and why, what was planned and not run, and whether trials shared a GPU."""
+    lines = []
+    for i, s in enumerate(m.scenarios, 1):
+        how = (f"from {s.reused}, not run again" if s.reused else
+               f"{s.failures}/{s.trials} failed" if s.trials else (s.not_applicable or "not run"))
+        stage = f" [{STAGE_WORDS.get(s.stage, s.stage)}]" if s.stage else ""
+        lines.append(f"{i}. {report.code(s.name)}{report.esc(stage)}: {report.esc(s.why)} ({report.esc(how)})")
+    skipped = [f"- {report.code(t['scenario'])}: {report.esc(t['why'])}" for t in m.not_tried]
+    shared = (f"\n\n*{m.jobs} trials ran side by side on one GPU: they shared it, so a trial's time includes the "
+              f"others' load (the cost rounds run one child at a time).*" if m.shared_gpu else "")
+    if m.minimal:
+        tried = ", ".join(f"{report.code(k)} {report.esc(v or '-')}" for k, v in m.minimal["scenarios"].items())
+        lines.insert(0, f"*First on 03's smallest failing configuration ({report.esc(m.minimal['config'])}, "
+                        f"{m.minimal['seconds']:g} s): {tried}; "
+                        + (f"confirmed below on the configured workload: {report.esc(', '.join(m.minimal['removed']))}.*\n"
+                           if m.minimal["removed"] else "nothing removed the failure there.*\n"))
+    return ("**In the order tried:**\n\n" + "\n".join(lines)
+            + ("\n\n**Planned, not tried:**\n\n" + "\n".join(skipped) if skipped else "") + shared)
 
 
 REMOVED = ("fixes", "too_slow", "breaks_numerics")   # verdicts of a scenario with no failure left
@@ -157,9 +182,10 @@ def finding(m: MatrixResult) -> tuple[str, dict[str, Any]]:
         s = by[m.recommendation]
         cost = (f"cost {s.overhead:+.1%}" + (f" (95% {s.overhead_ci[0]:+.0%}..{s.overhead_ci[1]:+.0%})"
                                               if s.overhead_ci else "") if s.overhead is not None else "cost not measured")
+        line = m.apply.get(s.name)
         headline = (f"{drill}{s.name} removes the failure: {base.failures}/{base.trials} "
                     f"failed runs without it, 0/{s.trials} with it; {cost}; numerics "
-                    f"{_numerics(s).split(':')[0]}")
+                    f"{_numerics(s).split(':')[0]}" + (f"; apply with: {line}" if line else ""))
     elif base is not None and base.trials and base.counts.get("pass", 0) == base.trials:
         others = sum(1 for s in m.scenarios if s.fixes)
         runs = sum(r["trials"] for r in base.rungs)
@@ -170,6 +196,11 @@ def finding(m: MatrixResult) -> tuple[str, dict[str, Any]]:
     metrics = {
         "recommendation": m.recommendation, "next_step": m.next_step, "kind": m.kind, "drill": bool(m.drill),
         "recommendation_overhead": by[m.recommendation].overhead if m.recommendation else None,
+        "recommendation_apply": m.apply.get(m.recommendation) if m.recommendation else None,
+        "recommendation_runs": (f"{by[m.recommendation].failures}/{by[m.recommendation].trials}"
+                                if m.recommendation else None),
+        "tried": [s.name for s in m.scenarios if s.fixes and s.trials],
+        "not_tried": [t["scenario"] for t in m.not_tried], "jobs": m.jobs, "shared_gpu": m.shared_gpu,
         "planted": m.drill, "self_test": None if test is None else ("passed" if test[0] else "failed"),
         "baseline_failed": base.failures if base else None,
         "baseline_trials": base.trials if base else 0, "baseline_fail_rate": base.fail_rate if base else None,

@@ -257,8 +257,8 @@ class _Prober:
 def run(command: Sequence[str], ints: Sequence[IntDim], choices: Sequence[ChoiceDim] = (), *, out_dir: str | Path,
         repeats: int = 1, jobs: int = 1, stall_s: float = 30.0, timeout_s: float = 600.0, mode: str = "auto",
         record: bool = True, fault: str | None = None, make_repro: bool = True,
-        progress: Callable[[str], None] | None = None) -> BisectResult:
-    """Shrink the failing configuration; bisect.json is rewritten after every probe. Raises
+        progress: Callable[[str], None] | None = None, json_copy: str | Path | None = None) -> BisectResult:
+    """Shrink the failing configuration; bisect.json (and `json_copy`) is rewritten after every probe. Raises
     NothingToBisect (after writing bisect.json) when the failing values pass every trial."""
     check(command, ints, choices)
     if repeats < 1 or jobs < 1:
@@ -274,9 +274,15 @@ def run(command: Sequence[str], ints: Sequence[IntDim], choices: Sequence[Choice
         return BisectResult(dict(config), tuple(prober.probes), prober.verdict_of(config), state["repro"], repeats,
                             dict(matters), detection_note(repeats))
 
+    targets = [out / "bisect.json", *([Path(json_copy)] if json_copy else [])]
+
+    def save() -> None:
+        data = result().to_dict()
+        for path in targets:
+            report.write_json(path, data)
+
     prober = _Prober(command, out, repeats=repeats, jobs=jobs, stall_s=stall_s, timeout_s=timeout_s, mode=mode,
-                     record=record, fault=fault, say=say,
-                     save=lambda: report.write_json(out / "bisect.json", result().to_dict()))
+                     record=record, fault=fault, say=say, save=save)
     if not prober.fails(config, None):
         raise NothingToBisect(f"nothing to bisect: the failing values ({_show(config)}) passed {repeats} of "
                               f"{repeats} trial(s); raise --repeats for an intermittent failure "
@@ -299,9 +305,8 @@ def run(command: Sequence[str], ints: Sequence[IntDim], choices: Sequence[Choice
         "comes from the bisection probe, without stacks")
     if make_repro:
         state["repro"] = str(write_repro_sh(out, command, config))
-    res = result()
-    report.write_json(out / "bisect.json", res.to_dict())
-    return res
+    save()
+    return result()
 
 
 def detection_note(repeats: int) -> str:

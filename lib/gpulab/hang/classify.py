@@ -202,6 +202,12 @@ def classify(ev: Evidence) -> Classification:
         facts.append(f"in-flight op: {describe_op(op)}")
     if ev.host_blocked_in and ev.host_blocked_in.get("driver"):
         facts.append(f"host thread is stuck in {ev.host_blocked_in.get('name')}")
+    elif ev.host_blocked_in and ev.host_blocked_in.get("outside_ops"):
+        api = ev.host_blocked_in.get("api")
+        site = ev.host_blocked_in.get("call_site")
+        facts.append(f"no recorded op was open: the host thread is in {ev.host_blocked_in.get('name')}"
+                     + (f" at {site}" if site else "") + (f", inside the driver's {api}" if api else "")
+                     + " (work outside PyTorch's dispatcher, or Python code, that makes no progress)")
     elif ev.host_blocked_in:
         api = ev.host_blocked_in.get("api")
         facts.append(f"host thread blocked in {ev.host_blocked_in.get('name')} ("
@@ -280,7 +286,8 @@ def classify(ev: Evidence) -> Classification:
     # 5. the host waits on the device
     sync_frames = _hits(main_n.frames[:20], _SYNC_FRAMES) if main_n else []
     gpu_frames = [f for f in (main_n.frames[:12] if main_n else ()) if _is_gpu_frame(f)]
-    if kind == "sync" or ev.host_blocked_in or sync_frames or (ev.status == "hang" and gpu_frames):
+    waiting = ev.host_blocked_in if (op or (ev.host_blocked_in or {}).get("api")) else None
+    if kind == "sync" or waiting or sync_frames or (ev.status == "hang" and gpu_frames):
         if sync_frames:
             facts.append("main thread native frames wait on the device: " + ", ".join(sync_frames[:3]))
         elif gpu_frames:

@@ -22,7 +22,8 @@ def _common(p) -> None:
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="folder for every trial's products (default: a new temp folder)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="trials per rung or configuration")
-    p.add_argument("--jobs", type=int, default=1, metavar="J", help="trials run side by side")
+    p.add_argument("--jobs", type=int, default=0, metavar="J",
+                   help="trials run side by side (default 0: the machine's cores for CPU programs, 2 on a GPU)")
     p.add_argument("--stall", type=positive("--stall"), default=60.0, metavar="S",
                    help="no progress for S seconds is a hang")
     p.add_argument("--timeout", type=positive("--timeout"), default=3600.0, metavar="S", help="bound on each trial")
@@ -33,9 +34,11 @@ def _common(p) -> None:
 
 def _check(args) -> None:
     """The options both commands share, checked before anything runs or is written."""
-    for flag, v in (("--repeats", args.repeats), ("--jobs", args.jobs)):
-        if v < 1:
-            raise BadInput(f"{flag} {v} is not valid; it must be a whole number >= 1")
+    if args.repeats < 1:
+        raise BadInput(f"--repeats {args.repeats} is not valid; it must be a whole number >= 1")
+    if args.jobs < 0:
+        raise BadInput(f"--jobs {args.jobs} is not valid; it must be a whole number >= 0 (0: auto)")
+    args.jobs = device.trial_jobs(args.jobs)
     json_target(args.json)
     if args.out:
         writable_dir(args.out, "--out")
@@ -76,7 +79,7 @@ def ladder_main(argv: Sequence[str]) -> int:
         out = args.out or Path(tempfile.mkdtemp(prefix="gpulab-ladder-"))  # only once the input is known good
         result = ladder.run(rungs, repeats=args.repeats, jobs=args.jobs, stall_s=args.stall, timeout_s=args.timeout,
                             out_dir=out, mode=args.mode, fault=args.fault, record=not args.no_record,
-                            stop_at_first_failure=not args.keep_going)
+                            stop_at_first_failure=not args.keep_going, json_copy=args.json)
     except proc.CommandNotFound as exc:
         print(f"gpulab ladder: {exc}", file=sys.stderr)
         return proc.EXIT_NOT_FOUND
@@ -118,7 +121,7 @@ def bisect_main(argv: Sequence[str]) -> int:
         out = args.out or Path(tempfile.mkdtemp(prefix="gpulab-bisect-"))
         result = bisect.run(command, ints, choices, out_dir=out, repeats=args.repeats, jobs=args.jobs,
                             stall_s=args.stall, timeout_s=args.timeout, mode=args.mode, record=not args.no_record,
-                            fault=args.fault)
+                            fault=args.fault, json_copy=args.json)
     except proc.CommandNotFound as exc:
         print(f"gpulab bisect: {exc}", file=sys.stderr)
         return proc.EXIT_NOT_FOUND

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpulab import report, trace, workloads
+from gpulab import device, report, trace, workloads
 from gpulab.hang import bisect, bundle, faults, ladder, repro
 from gpulab.hang.verdict import Verdict, op_brief
 
@@ -23,7 +23,8 @@ def rungs(cfg: workloads.WorkloadConfig) -> list[ladder.Rung]:
 def climb(cfg: workloads.WorkloadConfig, out_dir: str | Path, *, repeats: int, jobs: int, stall_s: float,
           timeout_s: float, mode: str, fault: str | None, progress: Callable[[str], None] | None = None
           ) -> ladder.LadderResult:
-    return ladder.run(rungs(cfg), repeats=repeats, jobs=jobs, stall_s=stall_s, timeout_s=timeout_s,
+    return ladder.run(rungs(cfg), repeats=repeats, jobs=device.trial_jobs(jobs, cfg.device), stall_s=stall_s,
+                      timeout_s=timeout_s,
                       out_dir=Path(out_dir) / "ladder", mode=mode, fault=fault, stop_at_first_failure=True,
                       progress=progress)
 
@@ -52,7 +53,8 @@ def shrink(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, dims: Sequen
         return None, "every dimension to shrink is already at its smallest value"
     template, ints = bisect.builtin_space(replace(cfg, rung=failing), dims)
     try:
-        res = bisect.run(template, ints, out_dir=Path(out_dir) / "bisect", repeats=repeats, jobs=jobs,
+        res = bisect.run(template, ints, out_dir=Path(out_dir) / "bisect", repeats=repeats,
+                         jobs=device.trial_jobs(jobs, cfg.device),
                          stall_s=stall_s, timeout_s=timeout_s, mode=mode, fault=fault, progress=progress)
     except bisect.NothingToBisect as exc:  # an intermittent failure that did not show again
         return None, str(exc)
@@ -133,5 +135,6 @@ def finding(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, v: Verdict 
         "runs": sum(r.trials for r in lad.rungs), "stall_s": lad.stall_s,
         "minimal": bis.minimal if bis else None, "probes": len(bis.probes) if bis else 0,
         "repro_verified": bool(rep and rep.verified), "workload": cfg.kind, "rung": cfg.rung,
+        "suggested": [s["fix"] for s in v.suggested] if v else [], "jobs": lad.jobs,
     }
     return headline, metrics

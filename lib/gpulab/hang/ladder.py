@@ -126,6 +126,20 @@ class LadderResult:
     stall_s: float
     interrupted: bool = False
     drill: str | None = None     # the planted fault, when this ladder is a self-test
+    mode: str | None = None      # how its trials ran: recording mode, deadline, fixes and side-by-side jobs
+    timeout_s: float | None = None
+    fixes: tuple[str, ...] = ()
+    jobs: int = 1
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LadderResult":
+        rungs = tuple(RungResult(**{**{k: v for k, v in r.items() if k in RungResult.__dataclass_fields__},
+                                    "command": tuple(r.get("command") or ()),
+                                    "fail_rate_ci": tuple(r.get("fail_rate_ci") or (0.0, 1.0))})
+                      for r in d.get("rungs") or ())
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "rungs"}
+        kw["fixes"] = tuple(kw.get("fixes") or ())
+        return cls(rungs=rungs, **kw)
 
     @property
     def first_failing_rung(self) -> str | None:
@@ -230,9 +244,10 @@ def _brief(v: Verdict) -> dict:
 def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: float = 60.0, timeout_s: float = 3600.0,
         out_dir: str | Path, mode: str = "auto", fault: str | None = None, record: bool = True,
         stop_at_first_failure: bool = False, fixes: Sequence[str] = (), env: Mapping[str, str] | None = None,
-        progress: Callable[[str], None] | None = None, name: str = "ladder", stacks: bool = True) -> LadderResult:
-    """Climb the ladder; ladder.json (and a CSV) is rewritten after every trial, so an interrupt or a crash
-    of this process keeps what was observed."""
+        progress: Callable[[str], None] | None = None, name: str = "ladder", stacks: bool = True,
+        json_copy: str | Path | None = None, on_save: Callable[[LadderResult], None] | None = None) -> LadderResult:
+    """Climb the ladder; ladder.json (and a CSV, and `json_copy`) is rewritten after every trial, so an
+    interrupt or a crash of this process keeps what was observed."""
     if repeats < 1 or jobs < 1:
         raise ValueError(f"repeats={repeats!r} and jobs={jobs!r} must both be >= 1")
     if not rungs:
@@ -244,20 +259,30 @@ def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: floa
     lock = threading.Lock()
 
     def save(partial: Sequence[RungResult], interrupted: bool = False) -> LadderResult:
-        lr = LadderResult(tuple(partial), repeats, stall_s, interrupted, watch.resolve_fault(fault))
+        lr = LadderResult(tuple(partial), repeats, stall_s, interrupted, watch.resolve_fault(fault), mode, timeout_s,
+                          tuple(fixes), jobs)
         with lock:
-            report.write_json(out / f"{name}.json", lr.to_dict())
+            for path in (out / f"{name}.json", *([Path(json_copy)] if json_copy else [])):
+                report.write_json(path, lr.to_dict())
             report.write_rows(out, f"{name}_table", table_rows(lr))
+        if on_save is not None:
+            on_save(lr)
         return lr
 
     for rung in rungs:
         say(f"{rung.name}: {repeats} trial(s), {min(jobs, repeats)} at a time: {' '.join(rung.command)}")
         t0 = time.monotonic()
         trials: list[Trial] = []
+
+        def on_trial(t: Trial, rung: Rung = rung, t0: float = t0) -> None:
+            trials.append(t)
+            say(f"  {t.rung} #{t.index}: {t.outcome} in {t.seconds:.1f} s")
+            save(results + [summarize(rung, trials, time.monotonic() - t0)])   # so far: nothing lost
+
         try:
-            trials = _trials(rung, repeats, jobs, out, stall_s=stall_s, timeout_s=timeout_s, mode=mode,
-                             fault=fault, record=record, fixes=fixes, env=env, stacks=stacks,
-                             on_trial=lambda t: say(f"  {t.rung} #{t.index}: {t.outcome} in {t.seconds:.1f} s"))
+            _trials(rung, repeats, jobs, out, stall_s=stall_s, timeout_s=timeout_s, mode=mode, fault=fault,
+                    record=record, fixes=fixes, env=env, stacks=stacks, on_trial=on_trial)
+            trials.sort(key=lambda t: t.index)
         except proc.Interrupted:
             save(results + [summarize(rung, trials, time.monotonic() - t0, interrupted=True)], interrupted=True)
             raise

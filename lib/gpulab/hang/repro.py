@@ -230,18 +230,16 @@ def make(v: Verdict, records: Sequence[Any], out_dir: str | Path, *, stall_s: fl
         say(f"{n} op(s): {got.status}" + (f" in {op}" if op else "") + (" - reproduces" if same else ""))
         return same
 
-    lengths = [1]
-    while lengths[-1] < len(upto):
-        lengths.append(min(len(upto), lengths[-1] * 2))
-    shortest = None
+    # The longest replay first: when even it does not fail like the program, no shorter one will (one child,
+    # not log2(n)); when it does, grow from the in-flight op alone, then bisect between the two.
+    shortest = len(upto) if attempt(len(upto)) else None
     last_pass = 0
-    for n in lengths:
-        if len(cands) >= max_candidates:
-            break
+    n = 1
+    while shortest is not None and n < shortest and len(cands) < max_candidates:
         if attempt(n):
             shortest = n
             break
-        last_pass = n
+        last_pass, n = n, n * 2
     while shortest is not None and shortest - last_pass > 1 and len(cands) < max_candidates:
         mid = (shortest + last_pass) // 2
         if attempt(mid):

@@ -51,6 +51,10 @@ class Verdict:
     # completed) | driver (the open op, the host stuck in a driver call inside it, all earlier GPU work
     # complete) | raised | None
     localized: str | None = None
+    driver_call: str | None = None    # the GPU driver/runtime call the host thread is in (cuLaunchKernel, ...)
+    # the fixes whose declared evidence this verdict shows (gpulab.fixes.answers.suggest): {"fix", "because",
+    # "facts", "apply"}; what the report tells the user to try, and what `gpulab fixes --scenario auto` runs first
+    suggested: tuple[dict, ...] = ()
 
     @property
     def drill(self) -> bool:
@@ -67,7 +71,7 @@ class Verdict:
     def from_dict(cls, d: Mapping[str, Any]) -> "Verdict":
         kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         kw["cls"] = d.get("class")
-        for k in ("evidence", "command", "open_ops", "oplog_tail", "notes", "left_running"):
+        for k in ("evidence", "command", "open_ops", "oplog_tail", "notes", "left_running", "suggested"):
             kw[k] = tuple(d.get(k) or ())
         return cls(**kw)
 
@@ -193,7 +197,7 @@ def gpu_facts(inflight: Any, localized: str | None, records: Sequence[Any], api:
         out.append(f"the host is stuck launching a kernel ({api}), not waiting for a result: with lazy module "
                    f"loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a kernel's first launch loads "
                    f"its module and waits for the kernels already running, so a kernel that never finishes blocks "
-                   f"it (the module_loading_eager scenario moves that wait to the next sync); a full launch queue "
+                   f"it (loading every module at start-up moves that wait to the next sync); a full launch queue "
                    f"blocks the same way")
     return out
 
@@ -255,6 +259,12 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
             localized = "driver"
     elif blocked_d and api and not blocked_d.get("driver"):
         blocked_d = {**blocked_d, "api": api}   # which driver call the waiting op is in (a launch is no sync)
+    if status in ("hang", "timeout") and inflight is None and blocked_d is None:
+        # no recorded op was open: say where the host is (a Python frame, a driver call outside the dispatcher)
+        where = python_blocked_frame(py_threads)
+        if where is not None or api:
+            blocked_d = {**(where or {"name": "native code (no Python frame captured)", "call_site": None}),
+                         **({"api": api} if api else {}), "outside_ops": True}
     sig = _signal_name(obs.exit_code) if status == "crash" else None
     evidence = classify.Evidence(
         status=status, phase=phase, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
@@ -296,7 +306,7 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
                            if obs.hang_started_s is not None and obs.verdict_at_s is not None else None),
         open_ops=tuple(op_dict(r) for r in open_recs), oplog_tail=oplog_tail,
         collapsed={"python": capture.collapse(py_threads), "native": capture.collapse(native_threads)},
-        notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized)
+        notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized, driver_call=api)
 
 
 def _signal_name(rc: int | None) -> str | None:

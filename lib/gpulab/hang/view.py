@@ -114,8 +114,21 @@ def plot_ladder(lad: ladder.LadderResult, ax: Any = None):
                 ha="center", fontsize=9)
     ax.set_ylim(0, 112)
     ax.set_ylabel("failed runs (%)")
-    ax.set_title("failure rate per rung, with its 95% interval (Wilson)")
+    ax.set_title("failure rate per rung, with its 95% interval (Wilson)"
+                 + (f"\n{lad.jobs} trials side by side" + (" on one GPU, which they shared" if _on_gpu(lad) else "")
+                    if lad.jobs > 1 else ""), fontsize=10)
     return ax
+
+
+def _on_gpu(lad: ladder.LadderResult) -> bool:
+    """Whether the trials could reach a GPU: the built-in workload says its device; a program may use one
+    whenever this machine has one."""
+    from gpulab import device
+
+    cmds = [" ".join(r.command) for r in lad.rungs]
+    if any("--device" in c for c in cmds):
+        return any("--device cuda" in c for c in cmds)
+    return device.has_gpu()
 
 
 def probes_table(bis: bisect.BisectResult):
@@ -186,7 +199,7 @@ def intro_md(cfg: Any, fault: str | None, repeats: int, stall_s: float) -> str:
                 "What follows tests gpulab, not the workload.")
     what = ("the built-in workload" if cfg.kind == "builtin" else report.code(cfg.workload))
     return (f"**Watching {what} as it runs:** each rung {repeats} time(s), a hang is {stall_s:g} s without "
-            "progress (no op finishing, no CPU time in the main thread).")
+            "progress (no op finishing, no Python running in the main thread).")
 
 
 def stacks_html(v: Verdict) -> str:

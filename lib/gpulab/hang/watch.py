@@ -2,13 +2,13 @@
 evidence (Python stacks, native stacks, GPU view, op-log tail) before stopping the whole process tree.
 
 A Python command runs under `python -m gpulab.trace` (no change to the program) so every PyTorch op is
-recorded crash-safely; progress is new completed records (host or GPU); while no op is open (Python code
-between ops, interpreter teardown) main-thread CPU time counts too, so only a stuck op or a thread that
-sleeps on a lock makes a hang. Before the first op (imports, library loading, CUDA init) and for
-non-Python commands there is no op log, so progress is the CPU time of the main threads of the process
-tree, or new output: a deadlocked main thread advances neither. (A host spinning in a GPU sync does burn
-CPU: without an op log such a hang ends as `timeout`, still with stacks.) The verdict is computed from
-what was observed (`gpulab.hang.verdict.judge`).
+recorded crash-safely, and keeps a heartbeat (gpulab.beat: the main thread ran Python bytecode and burnt
+CPU). Progress is gpulab.trace.liveness's rule: new completed records (host or GPU) while an op is open;
+between ops and before the first op, the heartbeat, so a host thread spinning in a driver call outside any
+op (it burns CPU, runs no bytecode) and a polling loop (bytecode, no CPU) are both hangs, while Python that
+computes is not. Non-Python commands have neither log nor heartbeat: progress is the CPU time of the main
+threads of the process tree, or new output. The verdict is computed from what was observed
+(`gpulab.hang.verdict.judge`).
 
     gpulab watch [--stall S] [--timeout S] [--json FILE] [--mode M] [--fault SPEC] -- COMMAND [ARGS...]
 
@@ -28,20 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import psutil
-
-from gpulab import proc, trace, workloads
+from gpulab import beat, proc, trace, workloads
 from gpulab.cli import BadInput, json_target, parser, positive, writable_dir
 from gpulab.fixes.compose import scenario_env
 from gpulab.hang import capture, faults
 from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_line
 from gpulab.report import write_json, write_text
+from gpulab.trace import liveness
+from gpulab.trace.liveness import POLL_S, Progress  # noqa: F401 - watch.Progress, as before
 from gpulab.trace.run import recorder_args
 
 MODES = trace.MODES
 _PY = re.compile(r"^python(\d+(\.\d+)*)?$")
 _PY_FLAGS_NOARG = {"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-b", "-bb", "-q", "-v"}
-POLL_S = 0.1
 STDERR_TAIL_CHARS = 4000
 
 
@@ -112,6 +111,10 @@ class Launch:
         return self.out / "ops.log"
 
     @property
+    def beat(self) -> Path:
+        return self.out / "beat"
+
+    @property
     def faulthandler(self) -> Path:
         return self.out / "faulthandler.txt"
 
@@ -126,7 +129,8 @@ class Launch:
 
 def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, fault: faults.FaultSpec | None,
                 env: Mapping[str, str] | None, coredump: bool, fixes: Sequence[str] = ()) -> Launch:
-    pyc = python_command(command) if record else None
+    python = python_command(command)
+    pyc = python if record else None
     if fault is not None and pyc is None:
         raise ValueError(f"fault={str(fault)!r} needs a Python command run with record=True (it is planted by "
                          f"python -m gpulab.trace); got {list(command)!r}")
@@ -136,6 +140,8 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
     child_env["PYTHONUNBUFFERED"] = "1"
     if coredump:
         child_env.update(capture.coredump_env(out))
+    if python is not None:  # python -m gpulab.trace (or gpulab.fixes.child) starts it; a plain script cannot
+        child_env[beat.ENV] = str(out / "beat")
     if pyc is None:
         return Launch(tuple(command), child_env, False, out)
     interp, flags, rest = pyc
@@ -148,80 +154,17 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
 
 # ------------------------------------------------------------------------------------ progress
 
-def _main_thread_cpu(pid: int) -> float:
-    """CPU seconds of a process's main thread: the thread that imports, loads libraries and inits CUDA.
-    Helper threads (the recorder's sampler, BLAS pools) are left out: they tick on while the main one is stuck."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        try:
-            t = psutil.Process(pid).cpu_times()
-            return t.user + t.system
-        except psutil.Error:
-            return 0.0
-
-
-class Progress:
-    """Decides, poll by poll, whether the watched run advanced (see the module docstring for the rules)."""
-
-    def __init__(self, launch: Launch, pid: int):
-        self.launch = launch
-        self.ps = psutil.Process(pid)
-        self.last_ops: Any = None
-        self.last_size = -1
-        self.cpu_prev = 0.0
-
-    def _tree_cpu(self) -> float:
-        try:
-            procs = [self.ps] + self.ps.children(recursive=True)
-        except psutil.Error:
-            return 0.0
-        return sum(_main_thread_cpu(p.pid) for p in procs)
-
-    def _counters(self) -> tuple[int, int, int] | None:
-        """(started, completed, gpu_completed or -1 outside gpu mode) from the log header, or None."""
-        if not self.launch.recorded or not self.launch.log.exists():
-            return None
-        try:
-            p = trace.progress(self.launch.log)
-        except Exception:  # a header being created; try again next poll
-            return None
-        return p.started, p.completed, -1 if p.gpu_completed is None else p.gpu_completed
-
-    def advanced(self) -> bool:
-        cpu = self._tree_cpu()
-        cpu_grew, self.cpu_prev = cpu > self.cpu_prev, cpu
-        counters = self._counters()
-        if counters is not None and counters[0] > 0:
-            started, completed, gpu_done = counters
-            advanced = (completed, gpu_done) != self.last_ops   # newly completed records (host or GPU)
-            self.last_ops = (completed, gpu_done)
-            between_ops = started == completed and (gpu_done < 0 or gpu_done >= completed)
-            return advanced or (between_ops and cpu_grew)  # Python between ops, or teardown: not in an op
-        size = sum(p.stat().st_size for p in (self.launch.stdout, self.launch.stderr) if p.exists())
-        grew, self.last_size = size != self.last_size, size
-        return cpu_grew or grew
-
-
 def _wait(child: proc.Child, launch: Launch, stall_s: float, timeout_s: float, t0: float,
           say: Callable[[str], None]) -> tuple[str | None, float | None]:
     """Poll until the child ends (None, None), stalls ('hang', last progress) or runs out ('timeout', None)."""
-    tracker = Progress(launch, child.pid)
-    last_progress = t0
-    while child.poll() is None:
-        now = time.monotonic()
-        if tracker.advanced():
-            last_progress = now
-        if now - last_progress > stall_s:
-            say(f"no progress for {stall_s:g} s: capturing evidence")
-            return "hang", last_progress - t0
-        if now - t0 > timeout_s:
-            say(f"timeout after {timeout_s:g} s: capturing evidence")
-            return "timeout", None
-        time.sleep(POLL_S)
-    return None, None
+    tracker = Progress(child.pid, launch.log if launch.recorded else None, launch.beat,
+                       (launch.stdout, launch.stderr))
+    stopped, last = liveness.wait(child, tracker, stall_s=stall_s, timeout_s=timeout_s, t0=t0, poll_s=POLL_S)
+    if stopped == "hang":
+        say(f"no progress for {stall_s:g} s: capturing evidence")
+    elif stopped == "timeout":
+        say(f"timeout after {timeout_s:g} s: capturing evidence")
+    return stopped, last
 
 
 # ------------------------------------------------------------------------------------ evidence
@@ -307,7 +250,7 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     say = progress or (lambda msg: print(f"[gpulab watch] {msg}", file=sys.stderr, flush=True))
     launch = launch_plan(command, out, record=record, mode=mode, fault=spec, env=env, coredump=coredump,
                          fixes=fixes)
-    for p in (launch.log, launch.faulthandler):
+    for p in (launch.log, launch.faulthandler, launch.beat):
         if p.exists():
             p.unlink()
     say(f"running {' '.join(launch.argv)}  (stall {stall_s:g} s, timeout {timeout_s:g} s, out {out})")
@@ -348,10 +291,32 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
         verdict_at_s=time.monotonic() - t0, pid=child.pid, notes=tuple(log_notes), left_running=left, tail=tail)
     v = judge(obs)
     v = dataclasses.replace(v, log={"dir": str(out), **_products(launch, v)})
+    v = with_suggestions(v, _log_device(launch))
     write_json(out / "verdict.json", v.to_dict())
     say(f"{v.status}" + (f" ({v.cls})" if v.cls else "") + (f" in {v.in_flight_op['name']}" if v.in_flight_op
                                                             else "") + f"; verdict {out / 'verdict.json'}")
     return v
+
+
+def _log_device(launch: Launch) -> str | None:
+    try:
+        return trace.read_device(launch.log) if launch.recorded and launch.log.exists() else None
+    except Exception:  # noqa: BLE001 - only a hint of where the program ran
+        return None
+
+
+def with_suggestions(v: Verdict, device: str | None = None) -> Verdict:
+    """The verdict with the fixes its evidence points at (gpulab.fixes.suggest) and its "try" sentence as the
+    last fact: the same matcher `gpulab fixes --scenario auto` runs first, so whatever it says is tried."""
+    from gpulab.fixes import suggest
+
+    try:
+        found = suggest.for_verdict(v.to_dict(), device)
+    except Exception as exc:  # noqa: BLE001 - a suggestion must never lose the verdict
+        return dataclasses.replace(v, notes=v.notes + (f"fix suggestions failed: {type(exc).__name__}: {exc}",))
+    if not found:
+        return v
+    return dataclasses.replace(v, suggested=found, evidence=v.evidence + (suggest.sentence(found),))
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -1,0 +1,202 @@
+"""Evidence -> fixes: the one vocabulary the verdict's "try" sentence and `--scenario auto` share.
+
+A fix declares, as data, the evidence it answers (`Answer`: the driver call the host is stuck in, the kind
+of the op in flight, its operands' layout and dtype, the phase, platform facts, ...). `facts()` turns a
+verdict into the same vocabulary and `match()` is the only function that pairs the two, so whatever a
+report suggests is what `auto` runs first, and a test can hold every signature of every fix against a
+verdict that shows it. Pure: plain data in, plain data out (no processes, no torch).
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping, Sequence
+
+from gpulab.hang.classify import (layout_problems, noncontiguous_args, op_kind, transposed_args)
+
+# What a condition may test, and how: "any" = one of the values equals the fact (or, for a set-valued fact,
+# is in it); "glob" = fnmatch on the fact; "text" = a case-insensitive substring of the fact.
+CONDITIONS = {
+    "status": "any",        # hang | crash | error | timeout
+    "phase": "any",         # startup | ops
+    "cls": "any",           # the verdict's class (gemm, softmax, layout, sync, library_load, host_lock, ...)
+    "op_kind": "any",       # kind of the op in flight: gemm, softmax, attention, layout, sync, allocator, ...
+    "op": "glob",           # the in-flight op's name, e.g. aten._scaled_dot_product_*
+    "operands": "any",      # transposed | noncontiguous | strided (neither row- nor column-major)
+    "dtype": "any",         # a dtype of the in-flight op's tensors, e.g. bfloat16
+    "device": "any",        # cuda | cpu | rocm: where the in-flight op (else the workload) runs
+    "driver_call": "glob",  # the GPU driver/runtime call the host thread is in, e.g. cuLaunchKernel
+    "native": "text",       # a native frame of any thread, e.g. gomp_
+    "stderr": "text",       # what the program said last, e.g. memory access fault
+    "gpu": "any",           # platform: cuda | rocm
+}
+# How much a condition met says: a direct observation (the driver call, the op, its operands, a frame, the
+# program's last words) over a kind of op or dtype, over a coarse class, phase or platform.
+WEIGHT = {"driver_call": 3, "op": 3, "operands": 3, "native": 3, "stderr": 3, "op_kind": 2, "dtype": 2}
+_ATTENTION = ("*scaled_dot_product*", "*flash_attention*", "*efficient_attention*", "*cudnn_attention*",
+              "*attention_math*")
+_ALLOCATOR = ("aten.empty*", "aten.new_empty*", "aten.empty_strided*", "aten.zeros*", "aten.ones*",
+              "aten.full*", "aten._to_copy*", "aten.resize_*", "aten.record_stream*")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One kind of evidence a fix answers: every condition given must hold (within one, any value will do)."""
+    because: str                      # the evidence in words: "the host is stuck in a kernel-launch call"
+    status: tuple[str, ...] = ()
+    phase: tuple[str, ...] = ()
+    cls: tuple[str, ...] = ()
+    op_kind: tuple[str, ...] = ()
+    op: tuple[str, ...] = ()
+    operands: tuple[str, ...] = ()
+    dtype: tuple[str, ...] = ()
+    device: tuple[str, ...] = ()
+    driver_call: tuple[str, ...] = ()
+    native: tuple[str, ...] = ()
+    stderr: tuple[str, ...] = ()
+    gpu: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name == "because":
+                continue
+            v = getattr(self, f.name)
+            object.__setattr__(self, f.name, (v,) if isinstance(v, str) else tuple(v))
+        if not self.because:
+            raise ValueError("an Answer says in words what evidence it answers (because=...)")
+        if not self.conditions():
+            raise ValueError(f"Answer {self.because!r} has no condition: it would match every failure")
+
+    def conditions(self) -> dict[str, tuple[str, ...]]:
+        return {k: getattr(self, k) for k in CONDITIONS if getattr(self, k)}
+
+
+@dataclass(frozen=True)
+class Match:
+    fix: str
+    because: str          # the Answer's words
+    facts: tuple[str, ...]  # the verdict's facts it rests on, each "condition=value"
+
+
+# ------------------------------------------------------------------------------------ verdict -> facts
+
+def _kind(name: str | None) -> str | None:
+    """The op's kind, finer than the verdict's classes: attention and allocator ops are told apart."""
+    if not name:
+        return None
+    if any(fnmatch.fnmatchcase(name, g) for g in _ATTENTION):
+        return "attention"
+    if any(fnmatch.fnmatchcase(name, g) for g in _ALLOCATOR):
+        return "allocator"
+    return op_kind(name)
+
+
+def _device_kind(device: str | None) -> str | None:
+    return str(device).split(":")[0] if device else None
+
+
+def facts(verdict: Mapping[str, Any], platform: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A verdict (DESIGN.md's dict, or the ladder's brief of it) and the platform facts -> the evidence
+    vocabulary of CONDITIONS. Set-valued facts are tuples; a missing fact is None or empty."""
+    op = verdict.get("in_flight_op") or {}
+    name = op.get("name")
+    operands = []
+    if op:
+        if transposed_args(op):
+            operands.append("transposed")
+        if noncontiguous_args(op):
+            operands.append("noncontiguous")
+        if layout_problems(op):
+            operands.append("strided")
+    kinds = [k for k in (_kind(name), op_kind(name)) if k]   # attention ops are softmax reductions too
+    stacks = verdict.get("stacks") or {}
+    platform = dict(platform or {})
+    return {
+        "status": verdict.get("status"), "phase": verdict.get("phase"), "cls": verdict.get("class"),
+        "op_kind": tuple(dict.fromkeys(kinds)), "op": name, "operands": tuple(operands),
+        "dtype": tuple(dict.fromkeys(str(d).replace("torch.", "") for d in op.get("dtypes") or () if d)),
+        "device": _device_kind(op.get("device")) or _device_kind(platform.get("device")),
+        "driver_call": verdict.get("driver_call") or (verdict.get("host_blocked_in") or {}).get("api"),
+        "native": str(stacks.get("native") or verdict.get("native_frames") or ""),
+        "stderr": str(verdict.get("stderr_tail") or ""),
+        "gpu": platform.get("gpu"),
+    }
+
+
+def brief(verdict: Mapping[str, Any]) -> dict[str, Any]:
+    """What a trial keeps of a verdict so that it can be matched later without its stacks: the top native
+    frames of every thread travel as `native_frames`."""
+    keep = ("status", "phase", "class", "in_flight_op", "host_blocked_in", "driver_call", "stderr_tail")
+    out = {k: verdict.get(k) for k in keep if verdict.get(k) is not None}
+    native = (verdict.get("stacks") or {}).get("native")
+    if native:
+        out["native_frames"] = native[:20000]
+    return out
+
+
+# ------------------------------------------------------------------------------------ matching
+
+def _holds(kind: str, wanted: Sequence[str], fact: Any) -> str | None:
+    """The fact's value that meets the condition, or None."""
+    if fact is None or fact == "" or fact == ():
+        return None
+    values = fact if isinstance(fact, tuple) else (fact,)
+    for v in values:
+        v = str(v)
+        for w in wanted:
+            if kind == "any" and v == w:
+                return v
+            if kind == "glob" and fnmatch.fnmatchcase(v, w):
+                return v
+            if kind == "text" and w.lower() in v.lower():
+                return w
+    return None
+
+
+def holds(answer: Answer, evidence: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The facts an Answer rests on when every one of its conditions holds, else None."""
+    cited = []
+    for key, wanted in answer.conditions().items():
+        got = _holds(CONDITIONS[key], wanted, evidence.get(key))
+        if got is None:
+            return None
+        cited.append(f"{key}={got}")
+    return tuple(cited)
+
+
+def match(fixes: Iterable[Any], verdict: Mapping[str, Any] | None,
+          platform: Mapping[str, Any] | None = None) -> tuple[Match, ...]:
+    """The fixes whose declared evidence the verdict shows, most specific evidence first (the WEIGHT of the
+    conditions met), then in the given order; each fix once, with its most specific matching Answer. A
+    passing run, or no verdict, matches nothing."""
+    if not verdict or verdict.get("status") in (None, "ok"):
+        return ()
+    ev = facts(verdict, platform)
+    found = []
+    for order, fx in enumerate(fixes):
+        best = None
+        for a in getattr(fx, "answers", ()):
+            cited = holds(a, ev)
+            score = sum(WEIGHT.get(k, 1) for k in a.conditions())
+            if cited is not None and (best is None or score > best[2]):
+                best = (a, cited, score)
+        if best is not None:
+            found.append((-best[2], order, Match(fx.name, best[0].because, best[1])))
+    return tuple(m for _, _, m in sorted(found, key=lambda t: t[:2]))
+
+
+def suggest(fixes: Iterable[Any], verdict: Mapping[str, Any] | None, platform: Mapping[str, Any]) -> tuple[Match, ...]:
+    """The matches whose fix can apply on this platform: what a report may tell a user to try, and exactly
+    what `--scenario auto` runs first."""
+    return tuple(m for m in match([f for f in fixes if f.applies(platform)], verdict, platform))
+
+
+def try_sentence(matches: Sequence[Match], apply_lines: Mapping[str, str] | None = None) -> str:
+    """One sentence for a report: the fixes to try and the evidence each answers."""
+    if not matches:
+        return ""
+    parts = []
+    for m in matches:
+        line = (apply_lines or {}).get(m.fix)
+        parts.append(f"{m.fix} ({m.because}" + (f"; apply with: {line}" if line else "") + ")")
+    return "try " + "; ".join(parts)

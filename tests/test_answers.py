@@ -1,0 +1,139 @@
+"""One vocabulary from evidence to fix: every evidence signature a fix declares is shown by a verdict that
+has that evidence, the "try" sentence names only what `auto` runs first, and the matcher ranks the most
+specific evidence first."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpulab.fixes import answers, registry, scenarios, suggest
+
+EVIDENCE = Path(__file__).parent / "fixtures" / "evidence"
+CPU = {"device": "cpu", "gpu": None, "cudnn": False, "torch": "2.x", "sdpa_mask": None}
+CUDA = {"device": "cuda", "gpu": "cuda", "cudnn": True, "torch": "2.x", "sdpa_mask": None}
+ROCM = {"device": "cuda", "gpu": "rocm", "cudnn": False, "torch": "2.x", "sdpa_mask": None}
+
+
+def op(name, shapes=((8, 16), (16, 32)), strides=None, dtype="torch.float32", device="cuda:0", contiguous=None):
+    strides = strides or [[s[-1], 1] if len(s) == 2 else [] for s in shapes]
+    return {"name": name, "shapes": [list(s) for s in shapes], "strides": [list(s) for s in strides],
+            "dtypes": [dtype] * len(shapes), "device": device,
+            "contiguous": list(contiguous) if contiguous else [True] * len(shapes), "call_site": "train.py:12"}
+
+
+def v(status="hang", phase="ops", cls="unknown", in_flight=None, api=None, native="", stderr=""):
+    return {"status": status, "phase": phase, "class": cls, "in_flight_op": in_flight, "driver_call": api,
+            "host_blocked_in": {"name": "x", "api": api} if api else None, "stacks": {"native": native},
+            "stderr_tail": stderr}
+
+
+# (fix, the Answer's words, a verdict that shows that evidence, the platform)
+EXAMPLES = [
+    ("sync_gemm", "a GEMM's GPU work never completed (stream ordering)", v(cls="gemm", in_flight=op("aten.mm.default")), CUDA),
+    ("sync_gemm", "the host waits in a sync behind a GEMM",
+     v(cls="sync", in_flight=op("aten.bmm.default", shapes=((2, 8, 16), (2, 16, 8)), device=None)), CUDA),
+    ("fp32_softmax", "a reduced-precision softmax in flight",
+     v(cls="softmax", in_flight=op("aten._softmax.default", shapes=((4, 64),), dtype="torch.bfloat16")), CUDA),
+    ("contiguous_gemm_inputs", "a GEMM with a transposed or non-contiguous operand in flight",
+     v(cls="host_lock", in_flight=op("aten.mm.default", strides=((16, 1), (1, 16)), device="cpu")), CPU),
+    ("contiguous_gemm_inputs", "an operand layout no kernel expects",
+     v(cls="layout", in_flight=op("aten.clone.default", shapes=((8, 8),))), CUDA),
+    ("alloc_async", "allocator calls in flight on the GPU", v(in_flight=op("aten.empty.memory_format", shapes=())), CUDA),
+    ("alloc_async", "the host is stuck in a driver memory call", v(cls="sync", api="cuMemAlloc_v2"), CUDA),
+    ("alloc_expandable", "allocator calls in flight on the GPU",
+     v(in_flight=op("aten.empty_strided.default", shapes=())), CUDA),
+    ("alloc_expandable", "the host is stuck in a driver memory call", v(cls="sync", api="cuMemCreate"), CUDA),
+    ("alloc_no_caching", "allocator calls in flight on the GPU", v(in_flight=op("aten.zeros.default", shapes=())), CUDA),
+    ("alloc_no_caching", "a GPU memory access fault (a buffer reused too early)",
+     v(status="crash", stderr="CUDA error: an illegal address was encountered"), CUDA),
+    ("memory_fraction_cap", "allocator calls in flight on the GPU", v(in_flight=op("aten.empty.memory_format", shapes=())), CUDA),
+    ("memory_fraction_cap", "the host is stuck in a driver memory call", v(cls="sync", api="cudaMallocManaged"), CUDA),
+    ("module_loading_eager", "the host is stuck in a driver module-load or kernel-launch call",
+     v(cls="sync", in_flight=op("aten.sum.default", shapes=((4, 4),)), api="cuLaunchKernel"), CUDA),
+    ("module_loading_eager", "a hang in library loading at start-up", v(phase="startup", cls="library_load"), CUDA),
+    ("module_loading_eager", "a hang at start-up, before the first op", v(phase="startup", cls="unknown"), CUDA),
+    ("module_loading_lazy", "the host is stuck in a driver module-load call", v(cls="sync", api="cuModuleLoadData"), CUDA),
+    ("module_loading_lazy", "a hang in library loading at start-up", v(phase="startup", cls="library_load"), CUDA),
+    ("module_loading_lazy", "a hang at start-up, before the first op", v(status="timeout", phase="startup"), CUDA),
+    ("launch_blocking", "the host waits in a sync behind GPU work that never completed",
+     v(cls="sync", in_flight=op("aten.add.Tensor", shapes=((4,),))), CUDA),
+    ("launch_blocking", "GPU work that never completed, launched outside the dispatcher",
+     v(cls="unknown", in_flight=op("aten.mul.Tensor", shapes=((4,),))), CUDA),
+    *[(f"sdpa_backend_{b}", "an SDPA backend's kernel in flight",
+       v(cls="softmax", in_flight=op("aten._scaled_dot_product_efficient_attention.default",
+                                     shapes=((2, 4, 64, 32),) * 3, dtype="torch.bfloat16")), CUDA)
+      for b in ("math", "flash", "efficient", "cudnn")],
+    ("sdpa_math_off", "the math SDPA backend (or its softmax) in flight",
+     v(in_flight=op("aten._scaled_dot_product_attention_math.default", shapes=((2, 4, 64, 32),) * 3)), CUDA),
+    ("sdpa_math_off", "a reduced-precision softmax in flight",
+     v(cls="softmax", in_flight=op("aten._softmax.default", shapes=((4, 64),), dtype="torch.float16")), CUDA),
+    ("decomposed_attention", "an SDPA backend's kernel in flight",
+     v(in_flight=op("aten._scaled_dot_product_flash_attention_for_cpu.default", shapes=((1, 2, 32, 16),) * 3,
+                    device="cpu")), CPU),
+    ("decomposed_attention", "a softmax reduction in flight", v(in_flight=op("aten._softmax.default", shapes=((4, 8),),
+                                                                             device="cpu")), CPU),
+    ("rocm_safe", "a GPU memory access fault on ROCm",
+     v(status="crash", stderr="Memory access fault by GPU node-1 on address 0x7f. Reason: Page not present"), ROCM),
+    ("rocm_safe", "a GPU hang on ROCm", v(cls="sync"), ROCM),
+    ("cpu_fallback", "a GPU memory access fault", v(status="crash", stderr="Memory access fault by GPU node-1"), ROCM),
+    ("omp_single_thread", "host threads parked in a CPU thread pool",
+     v(cls="host_lock", native="#0 futex_wait\n#1 gomp_team_barrier_wait_end (libgomp.so.1)"), CPU),
+    ("omp_single_thread", "a deadlock on a host lock", v(cls="host_lock"), CPU),
+]
+
+
+def test_every_declared_signature_has_an_example():
+    declared = {(n, a.because) for n, f in registry.load().items() for a in f.answers}
+    assert declared == {(fx, because) for fx, because, _, _ in EXAMPLES}
+    assert all(f.answers for f in registry.load().values()), "every fix says what evidence it answers"
+
+
+@pytest.mark.parametrize("fix,because,verdict,platform", EXAMPLES,
+                         ids=[f"{e[0]}-{i}" for i, e in enumerate(EXAMPLES)])
+def test_each_signature_is_matched_on_a_verdict_that_shows_it(fix, because, verdict, platform):
+    got = {m.fix: m for m in answers.suggest(registry.load().values(), verdict, platform)}
+    assert fix in got, f"{fix} not suggested for {verdict}"
+    assert got[fix].because == because or any(a.because == because and answers.holds(a, answers.facts(verdict, platform))
+                                              for a in registry.get(fix).answers)
+
+
+def test_nothing_is_suggested_for_a_run_that_passed_or_a_fix_that_cannot_apply():
+    assert answers.suggest(registry.load().values(), {"status": "ok"}, CUDA) == ()
+    cpu_gemm = v(cls="gemm", in_flight=op("aten.mm.default", device="cpu"))
+    assert "sync_gemm" not in {m.fix for m in answers.suggest(registry.load().values(), cpu_gemm, CPU)}
+
+
+def test_the_most_specific_evidence_comes_first():
+    transposed = v(cls="host_lock", in_flight=op("aten.mm.default", strides=((16, 1), (1, 16)), device="cpu"))
+    got = [m.fix for m in answers.suggest(registry.load().values(), transposed, CPU)]
+    assert got[0] == "contiguous_gemm_inputs" and "omp_single_thread" in got
+
+
+def test_an_answer_without_a_condition_is_refused():
+    with pytest.raises(ValueError, match="no condition"):
+        answers.Answer("anything at all")
+
+
+def _verdict_fixtures():
+    for path in sorted(EVIDENCE.glob("*.json")):
+        data = json.loads(path.read_text())
+        yield path.stem, {**data["evidence"], "class": data.get("expect")}
+
+
+@pytest.mark.parametrize("platform", [CPU, CUDA, ROCM], ids=["cpu", "cuda", "rocm"])
+@pytest.mark.parametrize("name,verdict", list(_verdict_fixtures()), ids=[n for n, _ in _verdict_fixtures()])
+def test_what_a_verdict_says_to_try_is_exactly_what_auto_runs_first(name, verdict, platform):
+    said = suggest.for_verdict(verdict, platform_facts=platform)
+    text = suggest.sentence(said)
+    named = {n for n in registry.names() if re.search(rf"\b{n}\b", text)}
+    plan = scenarios.stages(scenarios.Pointers(), [verdict], platform, (), ["baseline"])
+    first = {s.name for st, scs in plan if st == "evidence" for s in scs}
+    assert named == {s["fix"] for s in said} and named <= first and first == named
+
+
+def test_a_host_stuck_in_a_launch_points_at_module_loading_before_launch_blocking():
+    got = [m.fix for m in answers.suggest(registry.load().values(), v(cls="sync", api="cuLaunchKernel"), CUDA)]
+    assert got[:2] == ["module_loading_eager", "launch_blocking"]

@@ -1,0 +1,98 @@
+"""`gpulab fixes` on real failing programs: auto runs what the evidence points at first, goes on within its
+time budget and says what it did not try; an interrupted matrix keeps the --json the user asked for; 04
+takes the baseline from 03's ladder when that ladder ran exactly the same trials."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpulab.fixes import matrix
+from gpulab.fixes.target import Target
+from gpulab.hang import ladder
+from procscan import left_after, new_marker
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LIB = str(Path(__file__).resolve().parents[1] / "lib")
+
+
+def test_auto_tries_the_evidence_first_and_says_what_the_budget_left_out(tmp_path):
+    cfg = matrix.MatrixConfig("auto", repeats=1, jobs=2, stall_s=2.0, timeout_s=120, cost_rounds=0, budget_s=1.0)
+    prog = (sys.executable, str(FIXTURES / "custom_op_deadlock.py"), "--gil", "released")
+    m = matrix.run(Target(command=prog), cfg, tmp_path, progress=lambda s: None)
+    ran = [s for s in m.scenarios if s.fixes]
+    assert m.baseline.counts["hang"] == 1 and ran and all(s.stage == "evidence" for s in ran)
+    assert "omp_single_thread" in {s.name for s in ran}          # a deadlock on a host lock
+    assert m.not_tried and all("time budget" in t["why"] for t in m.not_tried)
+    assert m.recommendation is None and "nothing tried fixes it" in m.next_step and "--budget" in m.next_step
+    assert {t["scenario"] for t in m.not_tried}.isdisjoint(s.name for s in m.scenarios)
+
+
+def test_an_interrupted_matrix_keeps_the_json_it_was_asked_for(tmp_path):
+    target = tmp_path / "user.json"
+    name, mark = new_marker()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": LIB, name: mark, "TMPDIR": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "gpulab", "fixes", "--json", str(target), "--out", str(tmp_path / "o"),
+                          "--scenario", "baseline,omp_single_thread,contiguous_gemm_inputs", "--repeats", "3",
+                          "--jobs", "1", "--stall", "2", "--", sys.executable,
+                          str(FIXTURES / "custom_op_deadlock.py"), "--gil", "released"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (target.exists() and json.loads(target.read_text())["scenarios"][0]["trials"]):
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else "slow"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGTERM
+    saved = json.loads(target.read_text())
+    assert saved["interrupted"] is True and saved["scenarios"][0]["name"] == "baseline"
+    assert saved["scenarios"][0]["trials"] >= 1
+    assert left_after(name, mark) == []
+
+
+def test_the_baseline_comes_from_03s_ladder_when_it_ran_the_same_trials(tmp_path):
+    prog = tmp_path / "ok.py"
+    prog.write_text("print('fine')\n")
+    cfg = matrix.MatrixConfig("baseline", repeats=2, jobs=1, stall_s=5.0, timeout_s=60, cost_rounds=0)
+    target = Target(command=(sys.executable, str(prog)))
+    lad = ladder.run(target.rungs({}), repeats=2, jobs=1, stall_s=5.0, timeout_s=60, out_dir=tmp_path / "ladder",
+                     mode=cfg.mode, progress=lambda s: None)
+    assert lad.passed
+    m = matrix.run(target, cfg, tmp_path / "fixes", progress=lambda s: None, reuse_ladder=tmp_path / "ladder")
+    assert m.baseline.reused == "03's ladder" and m.baseline.trials == 2
+    assert not (tmp_path / "fixes" / "baseline").exists()              # no workload child ran for it
+    other = matrix.MatrixConfig("baseline", repeats=3, jobs=1, stall_s=5.0, timeout_s=60, cost_rounds=0)
+    m3 = matrix.run(target, other, tmp_path / "fixes3", progress=lambda s: None, reuse_ladder=tmp_path / "ladder")
+    assert not m3.baseline.reused and m3.baseline.trials == 3         # other repeats: run again
+
+
+def test_04_tries_fixes_on_03s_smallest_failing_configuration_then_confirms_on_the_configured_one(tmp_path):
+    from gpulab import workloads
+    # what 03 leaves behind: a failing forward rung and its bisection's smallest failing configuration
+    (tmp_path / "ladder").mkdir()
+    (tmp_path / "ladder" / "ladder.json").write_text(json.dumps({"rungs": [
+        {"name": "sdpa", "trials": 1, "counts": {"pass": 1}}, {"name": "forward", "trials": 1, "counts": {"pass": 0}}]}))
+    (tmp_path / "bisect").mkdir()
+    (tmp_path / "bisect" / "bisect.json").write_text(json.dumps({"minimal": {"layers": 1, "heads": 1}}))
+    cfg = workloads.WorkloadConfig(rung="forward", batch=1, heads=2, head_dim=16, text_tokens=8, image_tokens=24,
+                                   layers=2, device="cpu")
+    planted = "deadlock:aten._scaled_dot_product_flash_attention_for_cpu,gil=released"
+    mcfg = matrix.MatrixConfig("baseline,decomposed_attention,omp_single_thread", repeats=1, jobs=2, stall_s=3.0,
+                               timeout_s=120, cost_rounds=0, fault=planted)
+    assert matrix.minimal_config(cfg, tmp_path).layers == 1
+    m = matrix.run_workload(cfg, mcfg, tmp_path, progress=lambda s: None)
+    assert m.minimal["removed"] == ["decomposed_attention"] and "layers=1" in m.minimal["config"]
+    assert m.minimal["scenarios"]["omp_single_thread"] == "no_effect"
+    assert [s.name for s in m.scenarios] == ["baseline", "decomposed_attention"]   # only the winner is confirmed
+    assert m.recommendation == "decomposed_attention" and "2 layers" in m.workload
+    assert "smallest failing configuration" in m.scenarios[1].why
+    saved = json.loads((tmp_path / "fixes" / "fixes.json").read_text())
+    assert saved["minimal"]["removed"] == ["decomposed_attention"]
