@@ -7,8 +7,9 @@ rewrites after every notebook), each notebook's time, the verdict and the next s
 
 Programs (tests/fixtures): cpu_deadlock (a custom op that deadlocks in native code), transposed_gemm (a
 CPU GEMM kernel that deadlocks only on a transposed operand), and on a GPU: gpu_lazy_loading (a kernel pair
-that deadlocks under lazy module loading) and gpu_spin_held_back (a kernel that never ends, launched by a
-custom op; nothing in the registry fixes it). Writes DIR/results.json and prints a table.
+that deadlocks under lazy module loading), gpu_spin_held_back (a kernel that never ends, launched by a
+custom op; nothing in the registry fixes it) and gpu_transposed_gemm (a CUDA GEMM that never completes on a
+transposed operand). Writes DIR/results.json and prints a table.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ PROGRAMS = {
     "transposed_gemm": ("cpu", str(FIX / "fix_transposed_gemm.py")),
     "gpu_lazy_loading": ("gpu", str(FIX / "gpu_lazy_loading_deadlock.py")),
     "gpu_spin_held_back": ("gpu", f"{FIX / 'gpu_threshold_spin.py'} --n 80"),
+    "gpu_transposed_gemm": ("gpu", str(FIX / "gpu_transposed_gemm.py")),
 }
 
 
@@ -54,15 +56,22 @@ def run_one(name: str, program: str, out: Path, stall: float, params: list[str],
         time.sleep(0.5)
     total = time.monotonic() - t0
     log.close()
+    fix: dict = {}
     runs = sorted(outdir.glob("2*/run.json"))
     data = json.loads(runs[-1].read_text()) if runs else {}
     sc = (data.get("scenarios") or [{}])[0]
+    metrics = {}
+    for path in sorted(runs[-1].parent.glob("*/metrics.json")) if runs else ():
+        metrics = json.loads(path.read_text())   # one scenario: its folder's metrics (kept when the run is cut)
+    fix = (metrics.get("04_fix_scenarios") or {}).get("metrics") or {}
     return {"program": name, "time_to_recommendation_s": round(t_rec, 1) if t_rec else None,
             "total_s": round(total, 1), "exit": p.returncode, "verdict": sc.get("verdict"),
             "evidence": sc.get("evidence"), "next_step": sc.get("next_step"),
             "notebooks": {n["name"][:2]: {"status": n["status"], "s": round(n["duration_s"] or 0, 1),
                                           "note": (n.get("error") or "")[:160]} for n in sc.get("notebooks") or ()},
-            "recommendation": ((sc.get("metrics") or {}).get("04_fix_scenarios") or {}).get("recommendation")}
+            "recommendation": fix.get("recommendation"), "apply": fix.get("recommendation_apply"),
+            "tried": fix.get("tried"), "verdict_03": (metrics.get("03_bisect_hang") or {}).get("headline"),
+            "headline_04": (metrics.get("04_fix_scenarios") or {}).get("headline")}
 
 
 def main() -> int:
@@ -87,6 +96,7 @@ def main() -> int:
         print(f"{name}: recommendation at {r['time_to_recommendation_s']} s, chain {r['total_s']} s, "
               f"verdict {r['verdict']}; next: {r['next_step']}", flush=True)
         print("   " + ", ".join(f"{k} {v['status']} {v['s']} s" for k, v in r["notebooks"].items()), flush=True)
+        print(f"   03: {r['verdict_03']}\n   04: {r['headline_04']}", flush=True)
     return 0
 
 

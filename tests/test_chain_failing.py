@@ -45,7 +45,9 @@ def test_the_chain_on_a_gemm_that_hangs_on_a_transposed_operand(root, tmp_path):
     assert m["04_fix_scenarios"]["recommendation"] == "contiguous_gemm_inputs"
     assert "contiguous_gemm_inputs fixes it" in sc["next_step"] and "apply with:" in sc["next_step"]
     assert m["04_fix_scenarios"]["scenarios"]["baseline"]["trials"] == 1    # 03's ladder, not run again
-    # the recording ended in the hang before any attention call: 06 cannot know the program's call
+    # the recording ended in the hang before any attention call: the failure is not in attention (05), and 06
+    # cannot know the program's call
+    assert m["05_oracle"]["applies"] is False and "failed before any attention call" in m["05_oracle"]["reason"]
     assert m["06_benchmark"]["applies"] is False and "unknown whether the program calls attention" in m["06_benchmark"]["reason"]
 
 

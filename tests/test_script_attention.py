@@ -174,7 +174,9 @@ def test_05_scope_follows_the_recording(logs, tmp_path):
     used = oracle.scope_for(f"script:{SDPA_SCRIPT}", "auto", "cpu", logs["sdpa"])
     assert used.applies and used.dtypes == ("float32", "bfloat16") and not used.caveat   # the program's dtypes
     assert oracle.scope_for(f"script:{SDPA_SCRIPT}", "float16", "cpu", logs["sdpa"]).dtypes == ("float16",)
-    unknown = oracle.scope_for("script:crash_before.py", "auto", "cpu", logs["crash"])
+    failed = oracle.scope_for("script:crash_before.py", "auto", "cpu", logs["crash"])
+    assert not failed.applies and "the program failed before any attention call" in failed.note
+    unknown = oracle.scope_for("script:crash_before.py", "auto", "cpu", tmp_path)   # 02 left no op log
     assert unknown.applies and unknown.dtypes == ("float32",) and "unknown whether" in unknown.caveat
     none = oracle.scope_for(f"script:{NO_ATTENTION}", "auto", "cpu", logs["none"])
     assert not none.applies and none.note.startswith(f"05 does not apply to workload=script:{NO_ATTENTION}: the "

@@ -198,6 +198,7 @@ class AttentionUse:
     calls: tuple[RecordedCall, ...] = ()
     ops: int = 0
     note: str = ""     # one sentence: what the recording shows, or why it cannot tell
+    failed: bool = False   # the recording ended because the program failed (hang, crash, error, deadline)
 
     @property
     def applies(self) -> bool:
@@ -269,7 +270,7 @@ def judge(workload: str, calls: Sequence[RecordedCall], ops: int, *, dropped: in
     if ended:
         return AttentionUse(workload, "unknown", (), ops,
                             f"unknown whether the program calls attention: the recording ended after {ops} ops "
-                            f"({ended}), none of them an attention call")
+                            f"({ended}), none of them an attention call", failed=status in STATUSES[1:])
     if dropped:
         return AttentionUse(workload, "unknown", (), ops,
                             f"unknown whether the program calls attention: 02's recording kept only the last "

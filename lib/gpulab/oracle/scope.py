@@ -1,7 +1,8 @@
 """What notebook 05 judges for a workload, and why. The oracle is a platform check of attention kernels:
 for the built-in workload (which calls attention) it always applies; for a user program only when notebook
 02's recording saw it call scaled_dot_product_attention (judged then in the dtypes the program calls), or
-could not tell (05 then runs, and says so). A program that ran to the end without one is not its business.
+could not tell (05 then runs, and says so). A program that ran to the end without one, or failed before
+its first, is not its business.
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ def scope_for(workload: str, dtype: str, device: str, out_dir: str | os.PathLike
         return Scope(True, asked)
     if use.seen == "none":
         return Scope(False, (), f"05 does not apply to workload={workload}: {use.note}")
+    if use.seen == "unknown" and use.failed:
+        return Scope(False, (), f"05 does not apply to workload={workload}: {use.note}; the program failed before "
+                                f"any attention call, so its failure is not in an attention kernel (workload=builtin "
+                                f"checks this platform's kernels)")
     if use.seen == "unknown":
         return Scope(True, asked, f"{use.note}; 05 checks the attention kernels anyway.", use.note)
     if dtype == "auto" and use.dtypes:
