@@ -154,6 +154,15 @@ def test_native_spin_is_a_hang_before_and_between_ops(tmp_path, spin_lib, ops, p
 
 
 @pytest.mark.parametrize("ops,phase", [(0, "startup"), (3, "ops")])
+def test_native_computation_longer_than_the_stall_window_is_ok(tmp_path, spin_lib, ops, phase):
+    """CPU in native code without bytecode (numpy, cuInit under EAGER loading) holds off a hang for
+    SPIN_WINDOWS stall windows: 2.5 windows of it end well; a spin that never returns is still a hang."""
+    v = _watch(tmp_path, ["--ops", str(ops), "spin", str(spin_lib), str(2.5 * STALL)])
+    assert (v.status, v.phase, v.exit_code) == ("ok", phase, 0), v.evidence
+    assert liveness.SPIN_WINDOWS > 2.5
+
+
+@pytest.mark.parametrize("ops,phase", [(0, "startup"), (3, "ops")])
 def test_polling_loop_is_a_hang(tmp_path, ops, phase):
     v = _watch(tmp_path, ["--ops", str(ops), "poll"])
     assert (v.status, v.phase) == ("hang", phase), v.evidence

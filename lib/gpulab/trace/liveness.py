@@ -9,6 +9,9 @@ Progress, poll by poll:
   one, plus the main-thread CPU of its child processes (a compiler or a worker the program waits for);
   without a heartbeat (not a Python program, or run as is), the main-thread CPU of the whole process tree.
   Main-thread CPU alone would call a host spinning in a driver call progress; bytecode alone a polling loop.
+  So the child's own main-thread CPU without bytecode is weak progress: it holds off a hang for at most
+  SPIN_WINDOWS stall windows (a long native computation outside ops, numpy's or cuInit's, is not a hang;
+  a host spinning in a driver call is one, later);
 - before the first op or without an op log, new output (stdout/stderr growing) too.
 """
 from __future__ import annotations
@@ -25,6 +28,8 @@ from gpulab import beat, proc
 from gpulab.trace.ring import progress as log_progress
 
 POLL_S = 0.1
+SPIN_WINDOWS = 4    # stall windows of weak progress only (CPU, no bytecode) before it is a hang
+STRONG, WEAK, NONE = 2, 1, 0
 STATUSES = ("ok", "hang", "crash", "error", "timeout")
 
 
@@ -58,12 +63,13 @@ class Progress:
         self.last_ops: Any = None
         self.last_size = -1
         self.last_beat: bytes | None = None
-        self.cpu_prev = {"tree": 0.0, "children": 0.0}
+        self.cpu_prev = {"tree": 0.0, "children": 0.0, "self": 0.0}
 
     def _cpu_grew(self, which: str) -> bool:
         """Did the main threads of the tree (or of the child's children only) burn CPU since the last poll?"""
         try:
-            procs = self.ps.children(recursive=True) + ([self.ps] if which == "tree" else [])
+            procs = ([] if which == "self" else self.ps.children(recursive=True)) + \
+                ([self.ps] if which in ("tree", "self") else [])
         except psutil.Error:
             procs = []
         cpu = sum(main_thread_cpu(p.pid) for p in procs)
@@ -80,15 +86,18 @@ class Progress:
             return None
         return p.started, p.completed, -1 if p.gpu_completed is None else p.gpu_completed
 
-    def _python_progress(self) -> bool:
-        """Outside any op: the heartbeat (or, without one, main-thread CPU)."""
+    def _python_progress(self) -> int:
+        """Outside any op: the heartbeat (or, without one, main-thread CPU); the child's own main-thread CPU
+        without bytecode is WEAK."""
         record = beat.read(self.beat) if self.beat is not None else None
         if record is None:
-            return self._cpu_grew("tree")
+            return STRONG if self._cpu_grew("tree") else NONE
         beat_moved, self.last_beat = record != self.last_beat, record
-        return self._cpu_grew("children") or beat_moved
+        own_cpu = self._cpu_grew("self")
+        return STRONG if self._cpu_grew("children") or beat_moved else WEAK if own_cpu else NONE
 
-    def advanced(self) -> bool:
+    def advanced(self) -> int:
+        """STRONG, WEAK or NONE progress since the last poll."""
         idle = self._python_progress()
         counters = self._counters()
         if counters is not None and counters[0] > 0:
@@ -96,23 +105,27 @@ class Progress:
             advanced = (completed, gpu_done) != self.last_ops   # newly completed records (host or GPU)
             self.last_ops = (completed, gpu_done)
             between_ops = started == completed and (gpu_done < 0 or gpu_done >= completed)
-            return advanced or (between_ops and idle)
+            return STRONG if advanced else idle if between_ops else NONE
         size = sum(p.stat().st_size for p in self.outputs if p.exists())
         grew, self.last_size = size != self.last_size, size
-        return idle or grew
+        return STRONG if grew else idle
 
 
 def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeout_s: float, t0: float,
          poll_s: float = POLL_S) -> tuple[str | None, float | None]:
-    """Poll until the child ends (None, None), makes no progress for stall_s ('hang', seconds from t0 to
-    the last progress seen) or runs past timeout_s ('timeout', None). stall_s None: no stall detection."""
-    last = t0
+    """Poll until the child ends (None, None), makes no progress for stall_s, or only weak progress for
+    SPIN_WINDOWS x stall_s ('hang', seconds from t0 to the last progress seen), or runs past timeout_s
+    ('timeout', None). stall_s None: no stall detection."""
+    last = strong = t0
     while child.poll() is None:
         now = time.monotonic()
-        if progress.advanced():
+        level = progress.advanced()
+        if level:
             last = now
-        if stall_s is not None and now - last > stall_s:
-            return "hang", last - t0
+        if level == STRONG:
+            strong = now
+        if stall_s is not None and (now - last > stall_s or now - strong > SPIN_WINDOWS * stall_s):
+            return "hang", strong - t0
         if now - t0 > timeout_s:
             return "timeout", None
         time.sleep(poll_s)
