@@ -123,3 +123,35 @@ def test_watched_program_that_leaves_a_daemon(tmp_path, escape):
     assert v["status"] == "ok" and len(v["left_running"]) == 1  # what really was still running ...
     assert any("still running after it ended" in f for f in v["evidence"])
     assert left_after(name, mark) == []  # ... and it was ended
+
+
+@pytest.mark.parametrize("command", ["ladder", "bisect"])
+def test_an_interrupted_ladder_or_bisection_keeps_the_json_it_was_asked_for(tmp_path, command):
+    """--json is rewritten after every trial: SIGTERM after the first one leaves it holding what was seen."""
+    target = tmp_path / "user.json"
+    name, mark = new_marker()
+    if command == "ladder":
+        args = ["--repeats", "3", "--jobs", "1", "--rung",
+                f"a={sys.executable} {FIX / 'custom_op_deadlock.py'} --gil released"]
+        seen = lambda d: d["rungs"] and d["rungs"][0]["trials"]   # noqa: E731
+    else:
+        args = ["--space", "seq=200:1", "--", sys.executable, str(FIX / "threshold_hang.py"), "--seq", "{seq}"]
+        seen = lambda d: d["probes"]   # noqa: E731
+    p = subprocess.Popen([sys.executable, "-m", "gpulab", command, "--json", str(target), "--out", str(tmp_path / "o"),
+                          "--stall", "2", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=_env(tmp_path, name, mark))
+    try:
+        deadline = time.monotonic() + 120
+        while not (target.exists() and seen(json.loads(target.read_text()))):
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else "slow"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGTERM
+    saved = json.loads(target.read_text())
+    assert saved["interrupted"] is True and seen(saved)
+    assert left_after(name, mark) == []

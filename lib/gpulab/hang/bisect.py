@@ -79,6 +79,7 @@ class BisectResult:
     repeats: int
     matters: dict = field(default_factory=dict)  # choice dimensions whose failing value is needed
     detection: str = ""
+    interrupted: bool = False        # stopped by a signal: `minimal` is as far as the search got
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -268,11 +269,11 @@ def run(command: Sequence[str], ints: Sequence[IntDim], choices: Sequence[Choice
     out.mkdir(parents=True, exist_ok=True)
     config: dict[str, Any] = {d.name: d.failing for d in (*ints, *choices)}
     matters: dict[str, str] = {}
-    state: dict[str, Any] = {"repro": None}
+    state: dict[str, Any] = {"repro": None, "interrupted": False}
 
     def result() -> BisectResult:
         return BisectResult(dict(config), tuple(prober.probes), prober.verdict_of(config), state["repro"], repeats,
-                            dict(matters), detection_note(repeats))
+                            dict(matters), detection_note(repeats), state["interrupted"])
 
     targets = [out / "bisect.json", *([Path(json_copy)] if json_copy else [])]
 
@@ -283,26 +284,31 @@ def run(command: Sequence[str], ints: Sequence[IntDim], choices: Sequence[Choice
 
     prober = _Prober(command, out, repeats=repeats, jobs=jobs, stall_s=stall_s, timeout_s=timeout_s, mode=mode,
                      record=record, fault=fault, say=say, save=save)
-    if not prober.fails(config, None):
-        raise NothingToBisect(f"nothing to bisect: the failing values ({_show(config)}) passed {repeats} of "
-                              f"{repeats} trial(s); raise --repeats for an intermittent failure "
-                              f"({detection_note(repeats)})")
-    for dim in ints:
-        config[dim.name] = search_int(dim, lambda v, d=dim: prober.fails({**config, d.name: v}, d.name, v))
-        say(f"{dim.name}: smallest failing value {config[dim.name]}")
-    for dim in choices:
-        for alt in dim.alternatives:
-            if prober.fails({**config, dim.name: alt}, dim.name, alt):
-                config[dim.name] = alt
-                break
-        else:
-            matters[dim.name] = dim.failing
-        say(f"{dim.name}: {config[dim.name]}" + (" (every alternative passed: this value matters)"
-                                                  if dim.name in matters else ""))
-    confirm = prober.confirm(config)
-    say("minimal configuration confirmed with stacks" if confirm else
-        "the minimal configuration passed its confirmation trials (an intermittent failure): its verdict "
-        "comes from the bisection probe, without stacks")
+    try:
+        if not prober.fails(config, None):
+            raise NothingToBisect(f"nothing to bisect: the failing values ({_show(config)}) passed {repeats} of "
+                                  f"{repeats} trial(s); raise --repeats for an intermittent failure "
+                                  f"({detection_note(repeats)})")
+        for dim in ints:
+            config[dim.name] = search_int(dim, lambda v, d=dim: prober.fails({**config, d.name: v}, d.name, v))
+            say(f"{dim.name}: smallest failing value {config[dim.name]}")
+        for dim in choices:
+            for alt in dim.alternatives:
+                if prober.fails({**config, dim.name: alt}, dim.name, alt):
+                    config[dim.name] = alt
+                    break
+            else:
+                matters[dim.name] = dim.failing
+            say(f"{dim.name}: {config[dim.name]}" + (" (every alternative passed: this value matters)"
+                                                      if dim.name in matters else ""))
+        confirm = prober.confirm(config)
+        say("minimal configuration confirmed with stacks" if confirm else
+            "the minimal configuration passed its confirmation trials (an intermittent failure): its verdict "
+            "comes from the bisection probe, without stacks")
+    except proc.Interrupted:
+        state["interrupted"] = True
+        save()
+        raise
     if make_repro:
         state["repro"] = str(write_repro_sh(out, command, config))
     save()
