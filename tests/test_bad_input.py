@@ -115,3 +115,34 @@ def test_params_shows_description_range_and_notebooks(proj):
 def test_help_shows_defaults_and_an_example(proj, cmd):
     r = gpulab([cmd, "--help"], proj)
     assert r.returncode == 0 and "example:" in r.stdout and "(default:" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--only", "01,zz"], "no notebook matches ['zz']; notebooks: 01_ok"),
+    (["--only", "01", "--only", "zz"], "no notebook matches ['zz']; notebooks: 01_ok"),
+    (["--only", "01,"], "--only '01,' has an empty name"),
+])
+def test_gpulab_run_only_takes_a_comma_list_and_names_the_choices(proj, args, needle):
+    r = gpulab(["run", *args], proj)
+    assert r.returncode == 2 and needle in _one_line(r)
+    assert not (proj / "outputs").exists()
+
+
+def _option_blocks(text: str) -> list[str]:
+    """--help text cut into one block per option (an option's help may wrap over several lines)."""
+    blocks: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("  ") and not line.startswith("    ") or not blocks:
+            blocks.append(line)
+        else:
+            blocks[-1] += " " + line.strip()
+    return blocks
+
+
+@pytest.mark.parametrize("cmd", ["run", "env", "watch", "params", "ladder", "bisect", "fixes"])
+def test_help_says_each_default_once(proj, cmd):
+    r = subprocess.run([sys.executable, "-m", "gpulab", cmd, "--help"], cwd=proj, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": LIB, "COLUMNS": "100"})
+    assert r.returncode == 0 and "example:" in r.stdout, r.stderr
+    doubled = [b for b in _option_blocks(r.stdout) if b.count("(default") > 1]
+    assert not doubled, doubled

@@ -209,8 +209,9 @@ def test_scenario_env_adds_the_fixes_and_clean_env_takes_them_away(base):
 def test_launch_plan_puts_fixes_in_the_environment_not_on_the_command_line(tmp_path):
     script = tmp_path / "x.py"
     script.write_text("print(1)\n")
+    fixes = ["omp_single_thread", "fp32_softmax"]   # composed by the caller: gpulab.hang knows no fixes
     plan = watch.launch_plan([sys.executable, str(script)], tmp_path, record=True, mode="ops", fault=None,
-                             env={"A": "1"}, coredump=False, fixes=["omp_single_thread", "fp32_softmax"])
+                             env=compose.scenario_env(fixes, {"A": "1"}), coredump=False, fixes=fixes)
     assert "--fix" not in plan.argv and plan.argv[1:3] == ("-m", "gpulab.trace")
     assert plan.env["GPULAB_FIXES"] == "omp_single_thread,fp32_softmax" and plan.env["OMP_NUM_THREADS"] == "1"
     other = watch.launch_plan([sys.executable, str(script)], tmp_path, record=True, mode="ops", fault=None,
@@ -465,7 +466,8 @@ def test_another_interpreter_runs_the_workload_children(extra_patches, tmp_path)
     kw = dict(repeats=1, stall_s=5.0, timeout_s=60, out_dir=tmp_path / "lad", progress=lambda m: None, record=False)
     assert not ladder.run(rungs, **kw).passed           # as it is: the check fails
     kw["record"] = True                                  # under the recorder's bootstrap, with the fix
-    assert ladder.run(rungs, fixes=["patched_torch"], **kw).passed
+    env = compose.scenario_env(["patched_torch"], os.environ)   # how the matrix hands a scenario's fixes on
+    assert ladder.run(rungs, fixes=["patched_torch"], env=env, **kw).passed
 
 
 # ------------------------------------------------------------------------------------ the matrix, for real

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from gpulab import proc
-from gpulab.cli import BadInput, json_target, parser
+from gpulab.args import BadInput, json_target, parser
 from gpulab.env import rules
 from gpulab.env.gather import collect
 from gpulab.env.products import document

@@ -1,4 +1,5 @@
-"""`gpulab fixes`: the fix matrix from the command line (DESIGN.md's contract).
+"""`gpulab fixes`: the fix matrix from the command line (DESIGN.md's contract); and `gpulab watch`, whose
+verdict ends with the fixes to try (gpulab.hang knows no fixes, so the command that adds them lives here).
 
 Exit 0 when a scenario is recommended, 1 when none is, 2 on bad input (one line naming the bad value and
 the choices; nothing run, nothing written), 127 when the command is not found.
@@ -12,8 +13,8 @@ from typing import Sequence
 
 from gpulab import device, proc, report, workloads
 from gpulab.chain import params
-from gpulab.cli import BadInput, json_target, parser, positive, writable_dir
-from gpulab.fixes import matrix, scenarios
+from gpulab.args import BadInput, json_target, parser, positive, writable_dir
+from gpulab.fixes import matrix, scenarios, suggest
 from gpulab.fixes.target import Target
 from gpulab.hang import watch
 
@@ -91,3 +92,8 @@ def main(argv: Sequence[str]) -> int:
     print(f"recommendation: {result.recommendation or 'none'} - {result.next_step}")
     print(args.json)
     return 0 if result.recommendation else 1
+
+
+def watch_main(argv: Sequence[str]) -> int:
+    """`gpulab watch`: the watchdog's command line, its verdict (printed and saved) with the "try" sentence."""
+    return watch.main(argv, finish=suggest.with_suggestions)

@@ -286,14 +286,16 @@ class _Matrix:
         if started is None:
             return
         res, comp = started
-        self.arms[sc.name] = cost.Arm(sc.name, scenario_env(sc.fixes, base_env), comp.params)
+        env = scenario_env(sc.fixes, base_env)   # the fixes reach the ladder's children in it: hang knows no fix
+        self.arms[sc.name] = cost.Arm(sc.name, env, comp.params)
         self.say(f"{sc.name}: the ladder with {', '.join(sc.fixes) or 'no fix'} ({sc.why})")
         t0 = time.monotonic()
         # stacks for the baseline only: its failure's evidence picks `auto`'s fixes; the others need outcomes
         lr = ladder.run(self.target.rungs(comp.params), repeats=self.cfg.repeats, jobs=jobs,
                         stall_s=self.cfg.stall_s, timeout_s=self.cfg.timeout_s, out_dir=self.out / sc.name,
                         mode=self.cfg.mode, fault=self.cfg.fault, stop_at_first_failure=True, fixes=sc.fixes,
-                        env=base_env, progress=lambda m: self.say(f"  [{sc.name}] {m}"), stacks=not sc.fixes,
+                        env=env if sc.fixes else base_env, progress=lambda m: self.say(f"  [{sc.name}] {m}"),
+                        stacks=not sc.fixes,
                         on_save=lambda so_far: self.save(dataclasses.replace(res, **ladder_summary(so_far))))
         summary = ladder_summary(lr)
         if summary.get("first_failure") and not sc.fixes:   # the stacks, for the evidence `auto` matches

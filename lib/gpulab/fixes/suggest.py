@@ -2,13 +2,19 @@
 user to try, from the same matcher (gpulab.fixes.answers) that `--scenario auto` runs first.
 
 Apart from answers.py because it reads the registry and the platform (torch's build flags): the matcher
-stays pure.
+stays pure. Here, not in gpulab.hang, because the watchdog knows no fixes: the callers that know both (the
+`gpulab watch` command, notebook 03) add the suggestions to the watchdog's verdict with `with_suggestions`.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
 from gpulab.fixes import answers, registry
+
+if TYPE_CHECKING:
+    from gpulab.hang.verdict import Verdict
 
 
 def device_of(verdict: Mapping[str, Any], fallback: str | None = None) -> str:
@@ -39,3 +45,32 @@ def sentence(suggested: Any) -> str:
     """The verdict's "try" sentence from its `suggested` entries ("" when there are none)."""
     return answers.try_sentence([answers.Match(s["fix"], s["because"], tuple(s.get("facts") or ())) for s in suggested],
                                 {s["fix"]: s.get("apply") for s in suggested})
+
+
+def with_suggestions(v: Verdict, device: str | None = None) -> Verdict:
+    """The verdict with the fixes its evidence points at and its "try" sentence as the last fact: the same
+    matcher `gpulab fixes --scenario auto` runs first, so whatever it says is tried. The shape of
+    gpulab.hang.watch.run's `finish`."""
+    try:
+        found = for_verdict(v.to_dict(), device)
+    except Exception as exc:  # noqa: BLE001 - a suggestion must never lose the verdict
+        return dataclasses.replace(v, notes=v.notes + (f"fix suggestions failed: {type(exc).__name__}: {exc}",))
+    if not found:
+        return v
+    return dataclasses.replace(v, suggested=found, evidence=v.evidence + (sentence(found),))
+
+
+def saved(v: Verdict | None) -> Verdict | None:
+    """A finished watched run's verdict (a ladder trial's, read back) with its suggestions, written back to
+    its verdict.json so the products that read that file (the bundle, issue.md) say the same. The device
+    is read from its op log, as the watchdog would have."""
+    if v is None or v.suggested:
+        return v
+    from gpulab import report
+    from gpulab.hang import watch
+
+    folder = Path(v.log.get("dir", "."))
+    out = with_suggestions(v, watch.log_device(folder / v.log["op_log"] if v.log.get("op_log") else None))
+    if out is not v and v.log.get("verdict"):
+        report.write_json(folder / v.log["verdict"], out.to_dict())
+    return out

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from gpulab import device, proc, report, workloads
 from gpulab.chain import params
-from gpulab.cli import BadInput, json_target, parser, positive, writable_dir
+from gpulab.args import BadInput, json_target, parser, positive, writable_dir
 from gpulab.hang import bisect, faults, ladder, watch
 
 

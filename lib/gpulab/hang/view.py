@@ -2,6 +2,7 @@
 itself must import without them in a watched child)."""
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,12 @@ def intro_md(cfg: Any, fault: str | None, repeats: int, stall_s: float) -> str:
             "progress (no op finishing, no Python running in the main thread).")
 
 
+def _text(value: Any) -> str:
+    """Outside text inside HTML (an HTML display, a <details> block): only HTML-escaped. report.esc's
+    Markdown escapes are for Markdown prose; here nothing removes them, so `[main]` would show as `\\[main\\]`."""
+    return html.escape(str(value), quote=True)
+
+
 def stacks_html(v: Verdict) -> str:
     """Every thread's stack, folded (innermost frame in the summary, the whole stack inside): never cut."""
     parts = []
@@ -209,7 +216,7 @@ def stacks_html(v: Verdict) -> str:
         for line in v.collapsed.get(kind, ()):
             thread, _, stack = line.partition(": ")
             frames = stack.split(";")
-            parts.append(f"<details><summary>{report.esc(kind)} · {report.esc(thread)} · innermost: "
+            parts.append(f"<details><summary>{_text(kind)} · {_text(thread)} · innermost: "
                          f"{report.code(frames[-1] if frames else '')}</summary>"
                          f"{report.pre(chr(10).join(reversed(frames)))}</details>")
     return "\n".join(parts) or ("<p>No stacks: they are taken from a live, stuck process, and this one had "
@@ -228,7 +235,7 @@ def show_verdict(v: Verdict | None, out_dir: str | Path) -> None:
     display(table[table["value"].astype(str) != "-"])  # rows that say nothing are left out
     display(Markdown("**Evidence the class rests on:**\n\n" + "\n".join(f"- {report.esc(f)}" for f in v.evidence)))
     folder = Path(v.log.get("dir", "."))
-    links = [f'<a href="{report.url(Path(folder).relative_to(Path(out_dir)) / name)}">{report.esc(name)}</a>'
+    links = [f'<a href="{report.url(Path(folder).relative_to(Path(out_dir)) / name)}">{_text(name)}</a>'
              for key, name in v.log.items() if key.startswith("stacks") and name]
     display(HTML("<p><b>Stacks</b> (innermost frame first inside each fold)"
                  + (": full text in " + ", ".join(links) if links else "") + "</p>" + stacks_html(v)))

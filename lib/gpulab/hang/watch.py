@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import beat, proc, trace, workloads
-from gpulab.cli import BadInput, json_target, parser, positive, writable_dir
-from gpulab.fixes.compose import scenario_env
+from gpulab.args import BadInput, json_target, parser, positive, writable_dir
 from gpulab.hang import capture, faults
 from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_line
 from gpulab.report import write_json, write_text
@@ -42,6 +41,7 @@ MODES = trace.MODES
 _PY = re.compile(r"^python(\d+(\.\d+)*)?$")
 _PY_FLAGS_NOARG = {"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-b", "-bb", "-q", "-v"}
 STDERR_TAIL_CHARS = 4000
+FIXES_VAR = "GPULAB_FIXES"   # gpulab.fixes.compose.FIXES_VAR: names the fixes a child installs
 
 
 # ------------------------------------------------------------------------------------ the command
@@ -135,8 +135,11 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
         raise ValueError(f"fault={str(fault)!r} needs a Python command run with record=True (it is planted by "
                          f"python -m gpulab.trace); got {list(command)!r}")
     child_env = dict(os.environ if env is None else env)
-    if fixes:  # the environment route: the parent sets the fixes' variables, the child installs the rest
-        child_env = scenario_env(fixes, child_env)
+    if fixes and not child_env.get(FIXES_VAR):
+        # the environment route: the caller that knows the fixes (gpulab.fixes.scenario_env) composes `env`;
+        # the child installs them from it. gpulab.hang knows no fix, so a bare list here would be ignored.
+        raise ValueError(f"fixes={list(fixes)!r} need an env that carries them: pass "
+                         f"env=gpulab.fixes.scenario_env(fixes, base) (it sets ${FIXES_VAR})")
     child_env["PYTHONUNBUFFERED"] = "1"
     if coredump:
         child_env.update(capture.coredump_env(out))
@@ -231,11 +234,14 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
         capture_gpu: bool | str = "auto", cuda_gdb: bool = False, coredump: bool = False,
         env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
         tail: int = 20, native_tools: tuple[str, ...] = ("py-spy", "gdb"), progress: Any = None,
-        fixes: Sequence[str] = (), stacks: bool = True) -> Verdict:
+        fixes: Sequence[str] = (), stacks: bool = True,
+        finish: Callable[[Verdict, str | None], Verdict] | None = None) -> Verdict:
     """Run COMMAND under the watchdog and return the verdict (also written to out_dir/verdict.json).
     `log` paths in the verdict are relative to out_dir (`Verdict.log['dir']` is out_dir itself).
     stacks=False skips the stacks and the GPU view on a hang (a bisection probe needs only the outcome
-    and the op log; gdb alone can take seconds)."""
+    and the op log; gdb alone can take seconds). `finish(verdict, device)` amends the verdict before it is
+    saved: how a caller above gpulab.hang adds what the watchdog cannot know (the fixes to try:
+    gpulab.fixes.suggest.with_suggestions). `fixes` only labels the run: `env` must carry them."""
     command = [str(c) for c in command]
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not valid; choose one of {', '.join(MODES)}")
@@ -291,32 +297,20 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
         verdict_at_s=time.monotonic() - t0, pid=child.pid, notes=tuple(log_notes), left_running=left, tail=tail)
     v = judge(obs)
     v = dataclasses.replace(v, log={"dir": str(out), **_products(launch, v)})
-    v = with_suggestions(v, _log_device(launch))
+    if finish is not None:
+        v = finish(v, log_device(launch.log if launch.recorded else None))
     write_json(out / "verdict.json", v.to_dict())
     say(f"{v.status}" + (f" ({v.cls})" if v.cls else "") + (f" in {v.in_flight_op['name']}" if v.in_flight_op
                                                             else "") + f"; verdict {out / 'verdict.json'}")
     return v
 
 
-def _log_device(launch: Launch) -> str | None:
+def log_device(log: str | os.PathLike | None) -> str | None:
+    """Where a recorded program ran, from its op log (None when unknown): only a hint, never an error."""
     try:
-        return trace.read_device(launch.log) if launch.recorded and launch.log.exists() else None
+        return trace.read_device(Path(log)) if log and Path(log).exists() else None
     except Exception:  # noqa: BLE001 - only a hint of where the program ran
         return None
-
-
-def with_suggestions(v: Verdict, device: str | None = None) -> Verdict:
-    """The verdict with the fixes its evidence points at (gpulab.fixes.suggest) and its "try" sentence as the
-    last fact: the same matcher `gpulab fixes --scenario auto` runs first, so whatever it says is tried."""
-    from gpulab.fixes import suggest
-
-    try:
-        found = suggest.for_verdict(v.to_dict(), device)
-    except Exception as exc:  # noqa: BLE001 - a suggestion must never lose the verdict
-        return dataclasses.replace(v, notes=v.notes + (f"fix suggestions failed: {type(exc).__name__}: {exc}",))
-    if not found:
-        return v
-    return dataclasses.replace(v, suggested=found, evidence=v.evidence + (suggest.sentence(found),))
 
 
 # ------------------------------------------------------------------------------------ CLI
@@ -340,7 +334,10 @@ def _parser():
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None,
+         finish: Callable[[Verdict, str | None], Verdict] | None = None) -> int:
+    """`gpulab watch` without the fix suggestions; the command itself is gpulab.fixes.commands.watch_main,
+    which passes `finish` (gpulab.hang cannot import gpulab.fixes)."""
     raw = list(sys.argv[1:] if argv is None else argv)
     opts, command = (raw[:raw.index("--")], raw[raw.index("--") + 1:]) if "--" in raw else (raw, [])
     args = _parser().parse_args(opts)
@@ -354,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out:
             writable_dir(args.out, "--out")
         v = run(command, stall_s=args.stall, timeout_s=args.timeout, record=not args.no_record, mode=args.mode,
-                fault=args.fault, out_dir=args.out, cuda_gdb=args.cuda_gdb, coredump=args.coredump)
+                fault=args.fault, out_dir=args.out, cuda_gdb=args.cuda_gdb, coredump=args.coredump,
+                finish=finish)
     except proc.CommandNotFound as exc:
         print(f"gpulab watch: {exc}", file=sys.stderr)
         return proc.EXIT_NOT_FOUND

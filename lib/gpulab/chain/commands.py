@@ -1,0 +1,78 @@
+"""`gpulab run` and `gpulab params`: the command lines of the notebook chain (DESIGN.md)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpulab import proc
+from gpulab.args import BadInput, comma_list, parser, positive, writable_dir
+from gpulab.chain import params, runner
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = parser("gpulab run", "Run every numbered notebook per scenario with papermill, render HTML, and write "
+               "outputs/<run-id>/index.html (printed last).", "gpulab run --scenario all -p rung=step")
+    p.add_argument("--params", action="append", default=[], metavar="FILE",
+                   help="YAML parameter file layered over params/base.yaml and the scenario (repeatable)")
+    p.add_argument("--scenario", default="baseline", metavar="NAME[,NAME]|all",
+                   help="scenario names from params/scenarios/ (comma-separated), or 'all'")
+    p.add_argument("-p", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one parameter; the value is read as YAML (repeatable)")
+    p.add_argument("--out", type=Path, default=None, help="outputs folder (default: <project>/outputs)")
+    p.add_argument("--only", action="append", default=[], metavar="NN[,NN]",
+                   help="run only notebooks whose name starts with this (comma-separated or repeatable), "
+                        "e.g. --only 01,02")
+    p.add_argument("--jobs", type=int, default=1, help="scenarios run side by side")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel name")
+    p.add_argument("--cell-timeout", type=positive("--cell-timeout"), default=runner.DEFAULT_CELL_TIMEOUT_S,
+                   metavar="S", help="per-cell limit in seconds")
+    p.add_argument("--notebook-timeout", type=positive("--notebook-timeout"),
+                   default=runner.DEFAULT_NOTEBOOK_TIMEOUT_S, metavar="S",
+                   help="wall-clock limit per notebook in seconds; a stalled kernel is stopped")
+    return p
+
+
+def run_main(argv: list[str]) -> int:
+    args = run_parser().parse_args(argv)
+    try:
+        root = runner.find_root()
+        only = comma_list(args.only, "--only")
+        out = writable_dir(args.out if args.out else root / "outputs", "--out")
+        cfg = runner.RunConfig(
+            root=root, scenarios=params.parse_scenarios(root, args.scenario), param_files=tuple(args.params),
+            overrides=tuple(args.overrides), out=out, only=only, kernel=args.kernel,
+            cell_timeout_s=args.cell_timeout, notebook_timeout_s=args.notebook_timeout, jobs=args.jobs)
+        code, index_path = runner.run(cfg)
+    except (params.ParamError, BadInput, FileNotFoundError) as exc:
+        print(f"gpulab run: {exc}", file=sys.stderr)
+        return proc.EXIT_BAD_INPUT
+    print(index_path)
+    return code
+
+
+def params_main(argv: list[str]) -> int:
+    p = parser("gpulab params", "Show every parameter the notebooks accept (description, type, default, range "
+               "or choices, notebooks), or a scenario's merged values with where each came from.",
+               "gpulab params --scenario baseline -p rung=step")
+    p.add_argument("--scenario", default=None, help="show the merged values of this scenario")
+    p.add_argument("--params", action="append", default=[], metavar="FILE", help="YAML file layered on top")
+    p.add_argument("-p", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one parameter")
+    args = p.parse_args(argv)
+    try:
+        root = runner.find_root()
+        schema = params.notebook_schema(runner.discover(root))
+        if args.scenario is None:
+            print(params.schema_text(schema))
+            return 0
+        params.check_scenarios(root, [args.scenario])
+        layered = params.resolve(root, args.scenario, args.params, args.overrides)
+        values = params.validate(layered, schema)
+    except (params.ParamError, FileNotFoundError) as exc:
+        print(f"gpulab params: {exc}", file=sys.stderr)
+        return proc.EXIT_BAD_INPUT
+    src = layered.sources()
+    for k in sorted(values):
+        print(f"{k:<18} {values[k]!r:<30} from {src[k]}")
+    return 0
