@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpulab import oracle
+from gpulab import oracle, proc
 from gpulab.oracle import candidates
 
 CORRECT = ["sdpa", "sdpa_math", "sdpa_flash", "decomposed", "tiled", "upcast_fp32"]
@@ -274,6 +274,91 @@ def test_isolated_check_passes_and_a_hanging_candidate_is_killed(tmp_path, monke
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     rep = oracle.check_isolated("hangmod:attn", "quick", "cpu", timeout_s=8)
     assert not rep.passed and rep.error.startswith("hang")
+
+
+# ------------------------------------------------------------------------------------------ the warm worker
+
+BROKEN = {  # candidates that take their process down: a deadlock, an abort, a segmentation fault
+    "deadlockmod": """
+        import threading
+        LOCK = threading.Lock()
+        def attn(q, k, v, attn_mask=None, is_causal=False, scale=None):
+            with LOCK:
+                with LOCK:  # a non-reentrant lock taken twice: waits forever
+                    pass
+    """,
+    "abortmod": """
+        import os
+        def attn(q, k, v, attn_mask=None, is_causal=False, scale=None):
+            os.abort()
+    """,
+    "segvmod": """
+        import ctypes
+        def attn(q, k, v, attn_mask=None, is_causal=False, scale=None):
+            ctypes.string_at(0)
+    """,
+}
+
+
+@pytest.fixture
+def broken(tmp_path, monkeypatch):
+    """Import path for the BROKEN candidates, and a marker every child inherits (procscan finds leftovers)."""
+    from procscan import new_marker
+    for mod, code in BROKEN.items():
+        (tmp_path / f"{mod}.py").write_text(textwrap.dedent(code))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    name, value = new_marker()
+    monkeypatch.setenv(name, value)
+    return name, value
+
+
+def test_warm_worker_loses_workers_to_a_deadlock_an_abort_and_a_segfault_and_judges_the_rest(broken):
+    from procscan import left_after
+    from gpulab.oracle.pool import Pool
+    specs = ["deadlockmod:attn", "sdpa_math", "abortmod:attn", "segvmod:attn", "tiled"]
+    with Pool(init=("gpulab.fixes:install_from_env",), label="oracle") as pool:
+        reps = oracle.isolated(specs, "quick", "cpu", timeout_s=20, pool=pool)
+        assert pool.started == 4  # the first worker, then a fresh one after each lost one
+    assert reps["deadlockmod:attn"].error == "hang: no result within 20s (child process group killed)"
+    assert reps["abortmod:attn"].error.startswith("crash (signal 6)") and "abortmod.py" in reps["abortmod:attn"].error
+    assert reps["segvmod:attn"].error.startswith("crash (signal 11)") and "string_at" in reps["segvmod:attn"].error
+    assert all(not reps[s].passed and not reps[s].results for s in specs if "mod:" in s)
+    quick = len(oracle.case_set("quick"))
+    same = oracle.check_many(["sdpa_math", "tiled"], "quick", "cpu", progress=False)
+    for name in ("sdpa_math", "tiled"):  # judged on every case, exactly as in one process
+        assert reps[name].passed and len(reps[name].results) == quick
+        assert reps[name].rows() == same[name].rows() and reps[name].findings == same[name].findings
+    assert left_after(*broken, exclude=(proc.guard_pid() or 0,)) == []
+
+
+def test_pool_replaces_a_hung_worker_and_stops_its_whole_tree(broken):
+    from procscan import left_after
+    from gpulab.oracle.pool import Pool
+    with Pool(label="test") as pool:
+        first = pool.run("os:getpid", timeout_s=60)
+        assert first.ok and first.fresh and pool.run("os:getpid", timeout_s=60).value == first.value  # warm
+        assert pool.run("os:system", ("sleep 300 &",), timeout_s=60).ok  # a daemon of the worker
+        hung = pool.run("time:sleep", (300,), timeout_s=2)
+        assert hung.status == "hang" and not proc.alive(first.value)
+        err = pool.run("math:sqrt", (-1.0,), timeout_s=60)  # an exception ends the worker, as a one-shot child
+        assert err.status == "error" and err.detail.startswith("error (exit 1)") and "math domain error" in err.detail
+        again = pool.run("os:getpid", timeout_s=60)
+        assert again.ok and again.fresh and again.value != first.value and pool.started == 3
+    assert left_after(*broken, exclude=(proc.guard_pid() or 0,)) == []  # the sleep too
+
+
+def test_gate_results_in_the_warm_worker_equal_the_in_process_check(tmp_path):
+    cands = ["math", "tiled", "bug_mask_ignored", "bug_no_max_subtraction"]
+    iso = oracle.gate(cands, "quick", "cpu", out_dir=tmp_path / "iso")
+    inp = oracle.gate(cands, "quick", "cpu", out_dir=tmp_path / "inp", isolate=False)
+    drop = lambda d: {n: {k: v for k, v in s.items() if k != "wall_s"} for n, s in d.items()}  # noqa: E731
+    assert drop(iso.gate_json()) == drop(inp.gate_json())
+    assert {k: v for k, v in iso.metrics().items() if k != "wall_s"} == \
+        {k: v for k, v in inp.metrics().items() if k != "wall_s"}
+    assert (tmp_path / "iso" / "oracle_table.csv").read_text() == (tmp_path / "inp" / "oracle_table.csv").read_text()
+    for a, b in zip(sorted((tmp_path / "iso").rglob("*.npy")), sorted((tmp_path / "inp").rglob("*.npy"))):
+        assert a.relative_to(tmp_path / "iso") == b.relative_to(tmp_path / "inp")
+        np.testing.assert_array_equal(np.load(a), np.load(b))
 
 
 # ------------------------------------------------------------------------------------------ notebook, GPU

@@ -1,26 +1,23 @@
 """Running candidates over cases: the per-case verdicts (CaseResult), one candidate's OracleReport,
-check/check_many in this process, the same in a child process with a deadline (a kernel that hangs or
-faults, and poisons the CUDA context, costs only its own report), and notebook 05's Gate.
+check/check_many in this process, the same in a warm worker child (gpulab.oracle.pool: one case of one
+candidate per job, each with a deadline; a kernel that hangs or faults, and poisons the CUDA context, costs
+only its own report and its worker, which a fresh one replaces), and notebook 05's Gate.
 """
 from __future__ import annotations
 
 import inspect
 import math
 import os
-import pickle
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from gpulab import proc
 from gpulab import report
 from gpulab.device import resolve
 from gpulab.oracle import candidates as registry
@@ -31,6 +28,9 @@ from gpulab.oracle.errors import CandidateError, OracleError
 from gpulab.oracle.rule import RuleResult, gold_and_baselines, rule
 from gpulab.oracle.scope import Scope
 from gpulab.workloads import dtype_name
+
+if TYPE_CHECKING:  # imported when used: `python -m gpulab.oracle.pool` must find it not yet imported
+    from gpulab.oracle.pool import Pool
 
 GATE_FILE = "oracle_gate.json"
 TABLE = "oracle_table"          # the gate's long table: oracle_table.csv / .json
@@ -389,68 +389,109 @@ def check(candidate, cases: str | Sequence[Case] = "default", device: str | None
 
 # ------------------------------------------------------------------------------------------ isolated
 
-def check_isolated(spec: str, cases: str = "default", device: str | None = None, dtypes: Any = None, *,
-                   tile: int = 64, worst_k: int = 8, timeout_s: float = 900.0) -> OracleReport:
-    """check() in a child process in its own process group with a deadline: a kernel that hangs or
-    faults (and poisons the CUDA context) cannot take the notebook down. `spec` is a registry name or
-    'module:function' (something a fresh process can resolve)."""
-    return next(iter(_isolated([spec], cases, device, dtypes, tile, worst_k, timeout_s).values()))
+def check_isolated(spec: str, cases: str | Sequence[Case] = "default", device: str | None = None,
+                   dtypes: Any = None, *, tile: int = 64, worst_k: int = 8, timeout_s: float = 900.0) -> OracleReport:
+    """check() in a child process with a deadline per case: a kernel that hangs or faults (and poisons the
+    CUDA context) cannot take the notebook down. `spec` is a registry name or 'module:function' (something
+    a fresh process can resolve)."""
+    return next(iter(isolated([spec], cases, device, dtypes, tile=tile, worst_k=worst_k,
+                              timeout_s=timeout_s).values()))
 
 
-def _relay(log_path: Path, seen: int, final: bool = False) -> int:
-    """Print the child's new 'oracle:' progress lines to stderr; returns how many lines were read."""
-    try:
-        lines = log_path.read_text(errors="replace").splitlines()
-    except OSError:
-        return seen
-    complete = lines if final else lines[:-1]  # the last line may still be being written
-    for line in complete[seen:]:
-        if line.startswith("oracle:"):
-            print(line, file=sys.stderr, flush=True)
-    return max(seen, len(complete))
+_WORKER: dict = {}   # in a warm worker (gpulab.oracle.pool): resolved candidates, the current case's gold
 
 
-def child_argv(specs: Sequence[str], cases: str, device: str, dtypes: Sequence[str], tile: int, worst_k: int,
-               pickle_path: str | os.PathLike) -> list[str]:
-    """The `python -m gpulab.oracle` command line that runs check_many() of `specs` in a child."""
-    args = [sys.executable, "-m", "gpulab.oracle", "--cases", cases, "--pickle", str(pickle_path),
-            "--tile", str(tile), "--worst-k", str(worst_k), "--device", device, "--dtypes", ",".join(dtypes)]
-    for spec in specs:
-        args += ["--candidate", spec]
-    return args
+def judge_job(spec: str, case: Case, dtype: str, device: str, tile: int, worst_k: int, budget: int
+              ) -> tuple[str, CaseResult, int, float, float]:
+    """One candidate on one case, in a warm worker: (candidate name, result, explain budget left, seconds
+    judging, seconds making the inputs and gold). Gold is kept for the next candidate on the same case, as
+    check_many shares it; a fresh worker (after a hang or crash) makes it again."""
+    cands = _WORKER.setdefault("cands", {})
+    if spec not in cands:
+        c = _as_candidate(spec, device)
+        _validate_signature(c)
+        cands[spec] = c
+    shared = 0.0
+    if _WORKER.get("key") != (case, dtype, device):
+        _WORKER.pop("gold", None)   # free the last case's tensors first
+        t0 = time.perf_counter()
+        dt = resolve_dtypes([dtype], device)[0]
+        inputs = make_inputs(case, dt, device)
+        _WORKER["gold"] = (dt, inputs, *gold_and_baselines(inputs, dt))
+        _WORKER["key"] = (case, dtype, device)
+        shared = time.perf_counter() - t0
+    dt, inputs, gold, bases = _WORKER["gold"]
+    left = [budget]
+    t0 = time.perf_counter()
+    res = _judge(cands[spec], case, dt, inputs, gold, bases, device, tile, worst_k, left)
+    return cands[spec].name, res, left[0], time.perf_counter() - t0, shared
 
 
-def _isolated(specs: Sequence[str], cases: str, device, dtypes, tile: int, worst_k: int,
-              timeout_s: float) -> dict[str, OracleReport]:
-    """check_many() of `specs` in one child; on hang/crash every spec gets a report carrying the error."""
-    if not isinstance(cases, str):
-        raise OracleError("isolated checks take a case-set name (default, quick); use check() for Case lists")
-    specs = list(specs)
+def isolated(specs: Sequence[str], cases: str | Sequence[Case] = "default", device: str | None = None,
+             dtypes: Any = None, *, tile: int = 64, worst_k: int = 8, timeout_s: float = 900.0,
+             explain_budget: int = 12, keep_tensors: int = 3, progress: bool = True,
+             pool: Pool | None = None) -> dict[str, OracleReport]:
+    """check_many() of `specs`, every (case, candidate) a job in one warm worker (gpulab.oracle.pool) with a
+    deadline of timeout_s: results as check_many's. A candidate whose job hangs, crashes or raises gets a
+    report carrying the error (and no results), its worker is stopped, and the next job starts a fresh one,
+    so the other candidates are still judged. `pool`: a caller's own (its workers are reused, not closed)."""
+    from gpulab.oracle.pool import Pool
+
     dev = resolve("auto" if device is None else device)
     dts = [dtype_name(d) for d in resolve_dtypes(dtypes, dev)]
-    with tempfile.TemporaryDirectory(prefix="gpulab-oracle-") as tmp:
-        res = Path(tmp) / "report.pkl"
-        log_path = Path(tmp) / "child.log"
-        t0 = time.monotonic()
-        err, seen = "", 0
-        # output to a file, not a pipe: a chatty child can never block on it
-        with proc.Child(child_argv(specs, cases, dev, dts, tile, worst_k, res), stdout=log_path,
-                        stderr=subprocess.STDOUT, label="oracle") as child:
-            while child.wait(timeout=min(2.0, max(0.01, t0 + timeout_s - time.monotonic()))) is None:
-                if time.monotonic() - t0 >= timeout_s:
-                    err = f"hang: no result within {timeout_s:.0f}s (child process group killed)"
-                    break
-                seen = _relay(log_path, seen)  # relay the child's progress lines while it runs
-        _relay(log_path, seen, final=True)
-        if not err and (child.returncode != 0 or not res.exists()):
-            tail = " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])[-400:]
-            rc = child.returncode
-            kind = f"crash (signal {-rc})" if rc is not None and rc < 0 else f"error (exit {rc})"
-            err = f"{kind}: {tail}"
-        if err:
-            return {s: OracleReport(s, dev, tile, (), wall_s=time.monotonic() - t0, error=err) for s in specs}
-        with open(res, "rb") as fh:
-            return pickle.load(fh)  # keyed by candidate name (a spec may be an alias or a group)
+    cases_l = case_set(cases)
+    if not isinstance(tile, int) or tile < 1:
+        raise OracleError(f"tile={tile!r} must be a positive integer")
+    specs = list(dict.fromkeys(specs))
+    results: dict[str, list[CaseResult]] = {s: [] for s in specs}
+    walls = {s: 0.0 for s in specs}
+    budgets = {s: explain_budget for s in specs}
+    names = {s: s for s in specs}
+    errors: dict[str, str] = {}
+    shared = 0.0
+    total, t_start, last_print, n = len(cases_l) * len(dts), time.monotonic(), 0.0, 0
+    own = pool is None
+    pool = Pool(init=("gpulab.fixes:install_from_env",), label="oracle") if own else pool
+    try:
+        for dt in dts:
+            for case in cases_l:
+                n += 1
+                for s in specs:
+                    if s in errors:
+                        continue
+                    out = pool.run("gpulab.oracle.check:judge_job", (s, case, dt, dev, tile, worst_k, budgets[s]),
+                                   timeout_s=timeout_s)
+                    if not out.ok:
+                        errors[s] = out.detail
+                        walls[s] += out.seconds
+                        print(f"oracle: {s}: {out.detail[:200]}; a fresh worker goes on", file=sys.stderr,
+                              flush=True)
+                        continue
+                    names[s], res, budgets[s], judged_s, gold_s = out.value
+                    shared += gold_s
+                    results[s].append(res)
+                    if res.tensors is not None:
+                        _keep_worst_tensors(results[s], keep_tensors)
+                    walls[s] += judged_s
+                now = time.monotonic() - t_start
+                if progress and (now - last_print > 5 or n == total):
+                    last_print = now
+                    print(f"oracle: {n}/{total} cases ({now:.0f}s) {', '.join(specs)[:60]}", file=sys.stderr,
+                          flush=True)
+    finally:
+        if own:
+            pool.close()
+    reports = {}
+    for s in specs:
+        if s in errors:
+            reports[s] = OracleReport(s, dev, tile, (), wall_s=walls[s], error=errors[s])
+            continue
+        rs = results[s]
+        failed = [r.case for r in rs if r.status == "fail"]
+        passed = [r.case for r in rs if r.status == "pass"]
+        reports[names[s]] = OracleReport(names[s], dev, tile, tuple(rs), tuple(across_cases(failed, passed, tile)),
+                                         wall_s=walls[s] + shared / max(1, len(specs)))
+    return reports
 
 
 # ------------------------------------------------------------------------------------------ the gate
@@ -539,7 +580,8 @@ def _skipped(wanted: Sequence[Any], device: str) -> dict[str, str]:
 def gate(candidates: Sequence[str] | str = ("vendor", "reference", "fix"), cases: str = "default",
          device: str | None = None, dtypes: Any = None, *, out_dir: str | os.PathLike | None = None, tile: int = 64,
          worst_k: int = 8, timeout_s: float = 900.0, isolate: bool = True, scope: Scope | None = None) -> Gate:
-    """Judge candidates by name/group/spec in a child process (deadline timeout_s per candidate); write
+    """Judge candidates by name/group/spec in a warm worker child (deadline timeout_s per case of a candidate;
+    one that hangs or crashes fails alone, a fresh worker judges the rest: `isolated`); write
     oracle_gate.json, oracle_table.csv and worst-case tensors under out_dir as results arrive. With a `scope`
     (gpulab.oracle.scope_for: what 05 judges for the workload) its dtypes are used, and when it does not apply
     nothing runs: the Gate says why, and no gate file is left for 06 (a stale one is removed)."""
@@ -568,12 +610,5 @@ def gate(candidates: Sequence[str] | str = ("vendor", "reference", "fix"), cases
 
     if not isolate:
         return result(check_many(resolved, cases, dev, dts, tile=tile, worst_k=worst_k))
-    names = [c.name for c in resolved]
-    reports = _isolated(names, cases, dev, dts, tile, worst_k, timeout_s * len(names))
-    if any(r.error for r in reports.values()) and len(names) > 1:  # find the one that hangs/crashes
-        print("oracle: the shared child failed; checking each candidate alone", file=sys.stderr)
-        reports = {}
-        for n in names:
-            reports.update(_isolated([n], cases, dev, dts, tile, worst_k, timeout_s))
-            result(reports)  # partial products: a later hang loses nothing already judged
-    return result(reports)
+    return result(isolated([c.name for c in resolved], cases, dev, dts, tile=tile, worst_k=worst_k,
+                           timeout_s=timeout_s))
