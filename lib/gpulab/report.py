@@ -13,6 +13,7 @@ import math
 import re
 import os
 import tempfile
+from dataclasses import dataclass
 from urllib.parse import quote
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,72 @@ def record(out_dir: str | os.PathLike, notebook: str, headline: str, **metrics: 
 
 def load_metrics(out_dir: str | os.PathLike) -> dict:
     return read_json(Path(out_dir) / METRICS_FILE, default={}) or {}
+
+
+# ---------------------------------------------------------------------------------------------- folder size
+
+@dataclass(frozen=True)
+class FolderPart:
+    """One group of files in a folder: a subfolder two levels down (baseline/ladder), or the files of one
+    kind beside each other (baseline/*.html)."""
+    name: str
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class FolderContents:
+    """What a folder holds, by apparent size: what a copy, an archive or an upload transfers (a sparse file
+    counts whole, though it takes less disk)."""
+    files: int
+    bytes: int
+    parts: tuple[FolderPart, ...]          # largest first
+    largest: tuple[tuple[str, int], ...]   # (relative path, bytes), largest first
+
+    def to_dict(self) -> dict:
+        return {"files": self.files, "bytes": self.bytes,
+                "parts": [{"name": p.name, "files": p.files, "bytes": p.bytes} for p in self.parts],
+                "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
+
+
+def _group(rel: Path) -> str:
+    parts = rel.parts
+    if len(parts) > 2:
+        return f"{parts[0]}/{parts[1]}"
+    head = f"{parts[0]}/" if len(parts) == 2 else ""
+    return f"{head}*{rel.suffix}" if rel.suffix else f"{head}{rel.name}"
+
+
+def folder_contents(root: str | os.PathLike, largest: int = 5) -> FolderContents:
+    """Every file under root (links not followed), grouped by `_group`, with their apparent sizes."""
+    root = Path(root)
+    groups: dict[str, list[int]] = {}
+    sizes: list[tuple[str, int]] = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath) / name
+            try:
+                st = path.lstat()
+            except OSError:   # removed while we walked (a temporary file)
+                continue
+            if not path.is_file() or path.is_symlink():
+                continue
+            rel = path.relative_to(root)
+            g = groups.setdefault(_group(rel), [0, 0])
+            g[0] += 1
+            g[1] += st.st_size
+            sizes.append((str(rel), st.st_size))
+    parts = tuple(sorted((FolderPart(k, n, b) for k, (n, b) in groups.items()), key=lambda p: (-p.bytes, p.name)))
+    top = tuple(sorted(sizes, key=lambda x: (-x[1], x[0]))[:largest])
+    return FolderContents(len(sizes), sum(b for _, b in sizes), parts, top)
+
+
+def size_text(n: int | float) -> str:
+    """Bytes as a reader wants them: 4.7 MB, 912 kB, 80 B (powers of 1000, as du --si and file managers)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
 
 
 # ---------------------------------------------------------------------------------------------- safe text

@@ -9,7 +9,7 @@ import html
 from typing import Any, Mapping, Sequence
 
 from gpulab.chain.verdict import FINISHED, NOT_APPLICABLE
-from gpulab.report import url
+from gpulab.report import size_text, url
 
 STATUS_STYLE = {
     "ok": ("#1a7f37", "ok"),
@@ -74,7 +74,8 @@ def run_summary(run: Mapping[str, Any]) -> str:
     if status == "interrupted":
         return f"INTERRUPTED ({run.get('note') or 'by a signal'}): {parts}"
     if status == "running":
-        return f"running: {parts or 'nothing finished yet'}"
+        now = run.get("progress") or "between notebooks"
+        return f"running ({now}); finished so far: {parts or 'nothing yet'}"
     if status == "failed" or any(k not in FINISHED for k in counts):
         return f"FAILED{' (' + run['note'] + ')' if run.get('note') else ''}: {parts}"
     na = counts.get(NOT_APPLICABLE, 0)
@@ -165,6 +166,21 @@ def _verdicts(scenarios: Sequence[Mapping[str, Any]]) -> str:
     return " ".join(f"{_badge(VERDICT_STYLE, sc.get('verdict') or 'running')} {esc(sc['name'])}" for sc in ranked)
 
 
+def _folder(run: Mapping[str, Any]) -> str:
+    """What the run folder holds and its total apparent size: what a copy or an upload of it transfers."""
+    f = run.get("folder") or {}
+    if not f:
+        return ""
+    rows = "".join(f"<tr><td><code>{esc(p['name'])}</code></td><td>{int(p['files'])}</td>"
+                   f"<td>{esc(size_text(p['bytes']))}</td></tr>" for p in f.get("parts") or ())
+    big = ", ".join(f"{_link(x['path'], x['path'])} ({esc(size_text(x['bytes']))})" for x in f.get("largest") or ())
+    return ("<h2>What this folder holds</h2>"
+            f"<p class=\"sub\">{int(f.get('files') or 0)} files, {esc(size_text(f.get('bytes') or 0))} in all "
+            "(apparent size: what a copy, an archive or an upload of this folder transfers)"
+            + (f"; the largest: {big}" if big else "") + "</p>"
+            f"<table><thead><tr><th>what</th><th>files</th><th>size</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
 def _shared_note(run: Mapping[str, Any]) -> str:
     jobs = run.get("shared_jobs") or 1
     if jobs <= 1:
@@ -216,6 +232,6 @@ def render(run: Mapping[str, Any]) -> str:
         "<th>workload time (06)</th><th>cost of the fix (04)</th><th>what differs from the defaults</th></tr></thead>"
         f"<tbody>{compare}</tbody></table>{_shared_note(run)}"
         f"<h2>Notebooks</h2><table><thead><tr><th>scenario</th>{head}</tr></thead><tbody>{''.join(grid)}</tbody></table>"
-        f"<h2>Products</h2><table><tbody>{products}</tbody></table>"
+        f"<h2>Products</h2><table><tbody>{products}</tbody></table>{_folder(run)}"
         f"<dl>{glossary}</dl></body></html>\n"
     )

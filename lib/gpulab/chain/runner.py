@@ -33,6 +33,7 @@ DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
 NOTEBOOK_STATUSES = ("ok", "failed", "killed", "skipped", "interrupted", "not_run", verdict.NOT_APPLICABLE)
 RUN_STATUSES = ("running", "ok", "failed", "interrupted")
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+PROGRESS_POLL_S = 1.0   # how often the index follows a running notebook's cells
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class _Run:
         # scenarios that share a machine (no GPU of their own) time each other's load in 06
         self.shared_jobs = cfg.jobs if parallel and len(self.gpu_load) < cfg.jobs else 1
         self.gpu_of: dict[str, str] = {}
+        self.current: dict[str, tuple[str, Path, float]] = {}   # scenario -> (notebook, its .ipynb, start)
 
     def take_gpu(self, scen: str) -> None:
         """With several GPUs, a scenario running beside others gets the least busy one to itself."""
@@ -216,21 +218,49 @@ class _Run:
             if gpu is not None:
                 self.gpu_load[gpu] -= 1
 
+    def begin(self, scen: str, name: str, ipynb: Path) -> None:
+        """A notebook starts: the index says so at once (and follows its cells, `_follow`)."""
+        with self.lock:
+            self.current[scen] = (name, ipynb, time.monotonic())
+            self.write_index()
+
     def add(self, scen: str, *res: NotebookResult) -> None:
         with self.lock:
             r = self.results[scen]
             self.results[scen] = replace(r, notebooks=r.notebooks + res)
+            if scen in self.current and any(n.name == self.current[scen][0] for n in res):
+                del self.current[scen]
             self.write_index()
+
+    def running(self, scen: str) -> dict[str, Any] | None:
+        """The notebook a scenario is running now and how far it got (papermill saves after every cell)."""
+        if scen not in self.current:
+            return None
+        name, ipynb, t0 = self.current[scen]
+        done, total, _ = notebook.cells_done(ipynb)
+        return {"notebook": name, "cells_done": done, "cells": total, "seconds": round(time.monotonic() - t0, 1),
+                "text": running_text(name, done, total)}
+
+    def complete(self, s: ScenarioResult) -> bool:
+        """Every notebook of the scenario has its result (or the run ended): only then is there a verdict."""
+        return self.status != "running" or len(s.notebooks) >= len(self.notebooks)
 
     def scenario(self, s: ScenarioResult) -> dict[str, Any]:
         sc_dir = self.run_dir / s.name
         metrics = report.load_metrics(sc_dir)
         nbs = [asdict(n) for n in s.notebooks]
-        v = verdict.judge(nbs, metrics, s.name, s.fixes) if nbs else None
+        v = verdict.judge(nbs, metrics, s.name, s.fixes) if nbs and self.complete(s) else None
+        now = None if v else self.running(s.name)
+        if now:
+            nbs.append(asdict(NotebookResult(now["notebook"], "running", now["seconds"], now["text"])))
+        waiting = (f"{len(self.notebooks) - len(s.notebooks)} of {len(self.notebooks)} notebooks still to run"
+                   if not v else "")
         return {"name": s.name, "description": s.description, "params": s.params, "changed": s.changed,
                 "fixes": list(s.fixes), "notebooks": nbs, "verdict": v.verdict if v else "running",
-                "evidence": v.evidence if v else "", "next_step": v.next_step if v else "", "metrics": metrics,
-                "products": products(sc_dir, self.run_dir) if sc_dir.exists() else []}
+                "running": now,
+                "evidence": v.evidence if v else (now["text"] if now else "waiting to start") + f" ({waiting})",
+                "next_step": v.next_step if v else "wait: the verdict comes when every notebook has run",
+                "metrics": metrics, "products": products(sc_dir, self.run_dir) if sc_dir.exists() else []}
 
     def summary(self) -> dict[str, Any]:
         scenarios = [self.scenario(s) for s in self.results.values()]
@@ -247,11 +277,18 @@ class _Run:
                                                  "sdpa_selected")} | {"risks": env.get("risk_ids") or []}
             if env else {},
             "scenarios": scenarios,
+            "progress": "; ".join(f"{sc['name']}: {sc['running']['text']}" for sc in scenarios if sc["running"])
+            or None,
             "shared_jobs": self.shared_jobs,
+            "folder": report.folder_contents(self.run_dir).to_dict(),
         }
 
-    def write_index(self, summary: dict[str, Any] | None = None) -> Path:
+    def write_index(self, summary: dict[str, Any] | None = None, *, only_running: bool = False) -> Path | None:
+        """run.json and index.html from the state now. only_running (the poller): nothing once the run
+        has ended, so a poll can never overwrite the final page."""
         with self.lock:
+            if only_running and self.status != "running":
+                return None
             summary = self.summary() if summary is None else summary
             report.write_json(self.run_dir / "run.json", summary)
             return report.write_text(self.run_dir / "index.html", index.render(summary))
@@ -263,6 +300,40 @@ class _Run:
                 done = {n.name for n in r.notebooks}
                 rest = tuple(NotebookResult(p.stem, status, error=why) for p in self.notebooks if p.stem not in done)
                 self.results[scen] = replace(r, notebooks=r.notebooks + rest)
+
+
+def running_text(name: str, done: int, total: int) -> str:
+    """Pure: what a running notebook is doing, as the index says it ("running 03_bisect_hang, cell 4/10")."""
+    if total <= 0:
+        return f"running {name}, starting"
+    if done >= total:
+        return f"running {name}, rendering (all {total} cells done)"
+    return f"running {name}, cell {done + 1}/{total}"
+
+
+@contextlib.contextmanager
+def _follow(run: _Run, every_s: float = PROGRESS_POLL_S):
+    """While the run goes on, rewrite run.json and the index whenever a running notebook finishes a cell, so
+    that a reader sees how far it got (a notebook can run for an hour)."""
+    done = threading.Event()
+
+    def poll() -> None:
+        seen = None
+        while not done.wait(every_s):
+            with run.lock:
+                now = tuple((s, (r or {}).get("cells_done")) for s in list(run.current) for r in [run.running(s)])
+            if now != seen:
+                seen = now
+                with contextlib.suppress(OSError):
+                    run.write_index(only_running=True)
+
+    t = threading.Thread(target=poll, name="gpulab-run-progress", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
 
 
 def _disk(exc: OSError, what: Path) -> DiskFull:
@@ -279,6 +350,7 @@ def _run_notebook(run: _Run, scen: str, sc_dir: Path, nb_path: Path, schema: dic
     report.write_text(pfile, yaml.safe_dump(nb_params, sort_keys=True))
     out_ipynb = sc_dir / f"{name}.ipynb"
     run.say(f"[{scen}] {name}: running")
+    run.begin(scen, name, out_ipynb)
     ex = notebook.execute(nb_path, out_ipynb, pfile, root=cfg.root, kernel=cfg.kernel,
                           cell_timeout_s=cfg.cell_timeout_s, notebook_timeout_s=cfg.notebook_timeout_s,
                           log=sc_dir / "logs" / f"{name}.log", progress=run.say, stopping=run.stopping,
@@ -412,43 +484,44 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
     _point_latest(out, run_dir)
     state = _Run(cfg, run_dir, notebooks, resolved, say)
     say(f"gpulab run {run_dir.name}: {len(cfg.scenarios)} scenario(s) x {len(notebooks)} notebook(s) -> {run_dir}")
-    try:
-        state.write_index()
-        if cfg.jobs == 1 or len(cfg.scenarios) == 1:
-            for scen in cfg.scenarios:
-                _run_scenario(state, scen, schema)
-        else:
-            with ThreadPoolExecutor(max_workers=cfg.jobs, thread_name_prefix="scenario") as pool:
-                futures = [pool.submit(_on_gpu, state, scen, schema) for scen in cfg.scenarios]
-                try:
-                    for f in futures:
-                        while not f.done():
-                            time.sleep(0.2)  # the main thread stays interruptible
-                        f.result()
-                except BaseException:
-                    state.stopping.set()
-                    proc.stop_all(grace_s=1)
-                    raise
-    except proc.Interrupted as exc:
-        state.stopping.set()
-        proc.stop_all(grace_s=1)
-        state.status, state.note = "interrupted", f"interrupted by {exc.name}"
-        state.finish_unrun("not_run", f"not run: the run was interrupted by {exc.name}")
-        with contextlib.suppress(OSError):
-            state.write_index()
-        say(f"interrupted by {exc.name}: children stopped; {run_dir / 'index.html'} says what finished")
-        raise
-    except DiskFull as exc:
-        state.stopping.set()
-        proc.stop_all()
-        state.status, state.note = "failed", str(exc)
-        state.finish_unrun("not_run", "not run: the run stopped when the disk was full")
+    with _follow(state):   # stopped before the final index is written
         try:
-            path = state.write_index()
-        except OSError:
-            path = run_dir / "index.html"
-        say(f"gpulab run: {exc}; the run stopped (nothing is reported as a success)")
-        return 1, path
+            state.write_index()
+            if cfg.jobs == 1 or len(cfg.scenarios) == 1:
+                for scen in cfg.scenarios:
+                    _run_scenario(state, scen, schema)
+            else:
+                with ThreadPoolExecutor(max_workers=cfg.jobs, thread_name_prefix="scenario") as pool:
+                    futures = [pool.submit(_on_gpu, state, scen, schema) for scen in cfg.scenarios]
+                    try:
+                        for f in futures:
+                            while not f.done():
+                                time.sleep(0.2)  # the main thread stays interruptible
+                            f.result()
+                    except BaseException:
+                        state.stopping.set()
+                        proc.stop_all(grace_s=1)
+                        raise
+        except proc.Interrupted as exc:
+            state.stopping.set()
+            proc.stop_all(grace_s=1)
+            state.status, state.note = "interrupted", f"interrupted by {exc.name}"
+            state.finish_unrun("not_run", f"not run: the run was interrupted by {exc.name}")
+            with contextlib.suppress(OSError):
+                state.write_index()
+            say(f"interrupted by {exc.name}: children stopped; {run_dir / 'index.html'} says what finished")
+            raise
+        except DiskFull as exc:
+            state.stopping.set()
+            proc.stop_all()
+            state.status, state.note = "failed", str(exc)
+            state.finish_unrun("not_run", "not run: the run stopped when the disk was full")
+            try:
+                path = state.write_index()
+            except OSError:
+                path = run_dir / "index.html"
+            say(f"gpulab run: {exc}; the run stopped (nothing is reported as a success)")
+            return 1, path
     statuses = [n.status for r in state.results.values() for n in r.notebooks]
     failed = any(s not in verdict.FINISHED for s in statuses)
     state.status = "failed" if failed else "ok"

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from gpulab import proc, report, workloads
 from gpulab.hang import watch
 from gpulab.hang.verdict import Verdict
+from gpulab.trace import run as trace_run
 
 OUTCOMES = ("pass", "hang", "crash", "error", "timeout")
 LEAK_MIN_BYTES_PER_STEP = 1 << 20      # below 1 MiB per step, growth is allocator noise
@@ -229,8 +230,29 @@ def run_trial(rung: Rung, index: int, folder: Path, *, stall_s: float, timeout_s
     t0 = time.monotonic()
     v = watch.run(cmd, stall_s=stall_s, timeout_s=timeout_s, mode=mode, fault=fault, record=record,
                   out_dir=tdir, progress=lambda m: None, fixes=fixes, env=env, stacks=stacks)
+    v = keep_what_matters(v, tdir)
     return Trial(rung.name, index, outcome_of(v), round(time.monotonic() - t0, 3), tdir.name,
                  _brief(v), _memory_of(rung, tdir))
+
+
+OP_LOG_DROPPED = "not kept: the trial passed (its outcome and timing are in this verdict)"
+
+
+def keep_what_matters(v: Verdict, tdir: Path) -> Verdict:
+    """A passing trial keeps its verdict and result but not its op log (nothing to investigate, and a ladder
+    of passes would otherwise fill the run folder); a failing trial keeps everything, its op log cut to what
+    was recorded (gpulab.trace.ring.shrink). A passing trial's verdict.json is rewritten to say so."""
+    name = (v.log or {}).get("op_log")
+    log = tdir / (name or "ops.log")
+    if v.status != "ok":
+        trace_run.keep_recorded(log)
+        return v
+    if not log.exists():
+        return v
+    log.unlink()
+    v = replace(v, log={**v.log, "op_log": None, "op_log_note": OP_LOG_DROPPED})
+    report.write_json(tdir / "verdict.json", v.to_dict())
+    return v
 
 
 def _brief(v: Verdict) -> dict:

@@ -35,7 +35,7 @@ from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_l
 from gpulab.report import write_json, write_text
 from gpulab.trace import liveness
 from gpulab.trace.liveness import POLL_S, Progress  # noqa: F401 - watch.Progress, as before
-from gpulab.trace.run import recorder_args
+from gpulab.trace.run import keep_recorded, recorder_args
 
 MODES = trace.MODES
 _PY = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -276,6 +276,8 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
                                         time.monotonic() - t_log, snap is not None)
         left = child.stop()
     rc = child.returncode
+    if launch.recorded:
+        keep_recorded(launch.log)   # the finished op log cut to what was recorded (gpulab.trace.ring.shrink)
     status = stalled or ("ok" if rc == 0 else ("crash" if rc is not None and rc < 0 else "error"))
     py_text = caps["python"].text if "python" in caps else ""
     if status == "crash" and launch.faulthandler.exists():

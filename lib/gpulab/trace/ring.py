@@ -23,6 +23,8 @@ File layout (little endian; all regions sized at creation, the file is sparse):
 
 The slots come last so a log whose ring never wrapped is trimmed at close to what was recorded; a reader
 takes any file shorter than the header says (trimmed, or cut off) and reports the missing slots as torn.
+Once its writer has ended, `shrink` also cuts the memory ring and the string table to their used extent
+(the header says the new sizes), so a copy or an upload of a finished log carries only what was recorded.
 """
 from __future__ import annotations
 
@@ -474,3 +476,63 @@ def trim(path: str | os.PathLike) -> int:
         if size < os.fstat(fh.fileno()).st_size:
             fh.truncate(size)
         return size
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """What `shrink` did to one log: apparent sizes before and after, and the regions kept whole."""
+    path: str
+    before: int
+    after: int
+    kept_whole: tuple[str, ...] = ()   # "ops", "memory", "strings": regions that wrapped (all their bytes count)
+
+
+def shrink(path: str | os.PathLike) -> Shrunk:
+    """Rewrite a finished log (its writer has ended) with each region cut to what was recorded; -> Shrunk.
+
+    Why: the regions are sized at creation for the worst case (a 4 MiB string table, 16384 memory samples),
+    and a finished log is mostly empty. The file is sparse on disk, but a copy or an upload expands it, so
+    the team receives every empty byte. A region that never wrapped holds its entries at offset = id, so it
+    keeps every id when its capacity is cut to its used extent; a region that wrapped is kept whole (its
+    entries sit at id % capacity). The op ring's capacity stays as recorded (`Snapshot.capacity`); only its
+    unwritten tail is left out, as `trim` does. `read` gives the same Snapshot before and after. Written to
+    a temporary file and renamed, so a reader sees the old file or the new one, never half of it.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        head = fh.read(HEADER_SIZE)
+        before = os.fstat(fh.fileno()).st_size
+        lay, static = _header(head, path)
+        if len(head) < HEADER_SIZE:
+            return Shrunk(str(path), before, before)
+        started, *_c, memcount, _ns, strpos, _gn = _COUNTERS.unpack_from(head, COUNTERS_OFF)
+        wrapped = {"ops": started > lay.capacity, "memory": memcount > lay.mem_capacity,
+                   "strings": strpos > lay.string_capacity}
+        kept = tuple(k for k, w in wrapped.items() if w)
+        memcap = lay.mem_capacity if wrapped["memory"] else max(1, memcount)
+        strcap = lay.string_capacity if wrapped["strings"] else min(lay.string_capacity, max(PAGE, -(-strpos // 8) * 8))
+        new = Layout(lay.slot_size, lay.capacity, memcap, strcap)
+        n_slots = min(started, lay.capacity)
+        size = new.slots_off + n_slots * lay.slot_size
+        if size >= before:
+            return Shrunk(str(path), before, before, kept)
+        fh.seek(lay.mem_off)
+        mem = fh.read(memcap * MEM_SIZE)
+        fh.seek(lay.strings_off)
+        strings = fh.read(strcap)
+        fh.seek(lay.slots_off)
+        slots = fh.read(n_slots * lay.slot_size)
+    magic, version, slot, cap, _mc, _sc, *rest = static
+    header = bytearray(head)
+    _STATIC.pack_into(header, 0, magic, version, slot, cap, memcap, strcap, *rest)
+    # a region cut short on disk (a log trimmed or cut off) stays short only at the end: pad the others
+    body = (bytes(header) + mem.ljust(memcap * MEM_SIZE, b"\0") + strings.ljust(strcap, b"\0") + slots)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.shrink")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(body)
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Shrunk(str(path), before, len(body), kept)

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from gpulab import proc, report
 from gpulab.trace import liveness, native
-from gpulab.trace.ring import _check_mode, read
+from gpulab.trace.ring import _check_mode, read, shrink
 from gpulab.workloads import WorkloadConfig, cli_args, command
 
 
@@ -111,6 +111,16 @@ def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str 
         beat.unlink(missing_ok=True)
 
 
+def keep_recorded(log: str | os.PathLike) -> None:
+    """Cut a finished child's op log to what it recorded (gpulab.trace.ring.shrink): a copy or an upload of
+    the outputs expands the empty, sparse rest. Nothing to do when there is no log; a file that is not a
+    readable log is left as it is (its reader will say why)."""
+    try:
+        shrink(log)
+    except (FileNotFoundError, ValueError):
+        pass
+
+
 def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outputs/trace",
            timeout_s: float = 300.0, name: str | None = None, stall_s: float | None = None) -> Recording:
     """Run the workload under the recorder in a child; whatever was recorded is kept, even when it was
@@ -123,6 +133,7 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     if log.exists():
         log.unlink()
     end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log)
+    keep_recorded(log)
     snap = read(log) if log.exists() else None
     tail = (out / f"{stem}.stderr.txt").read_text(errors="replace")[-4000:]
     stopped = end.status in ("hang", "timeout")
@@ -211,6 +222,8 @@ def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s
                 raise OverheadFailed(f"overhead run {n!r} ended as {end.status} (exit {end.returncode}); see "
                                      f"{out / f'overhead_{n}.stderr.txt'}", end.status, f"overhead_{n}.stderr.txt")
             samples[n].append(end.elapsed_s)
+    for m in modes:
+        keep_recorded(out / f"overhead_{m}.log")
     ops = read(out / f"overhead_{modes[0]}.log").started if modes else 0
     base = statistics.median(samples["none"])
     return pd.DataFrame([{"variant": n, "ops": ops, "median_s": statistics.median(s), "baseline_s": base,
