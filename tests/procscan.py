@@ -48,3 +48,23 @@ def left_after(name: str, value: str, grace_s: float = 2.0, exclude: tuple[int, 
         except OSError:
             pass
     return out
+
+
+def sigterm_once_saved(p, target, seen, limit_s: float = 120.0) -> dict:
+    """SIGTERM a running gpulab command once its --json `target` holds what `seen(data)` wants; the file as
+    the interrupted command left it. The command is killed if it outlives the signal."""
+    import json
+    import signal
+    try:
+        deadline = time.monotonic() + limit_s
+        while not (target.exists() and seen(json.loads(target.read_text()))):
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else "slow"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGTERM
+    return json.loads(target.read_text())

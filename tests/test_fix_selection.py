@@ -4,16 +4,14 @@ takes the baseline from 03's ladder when that ladder ran exactly the same trials
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from gpulab.fixes import matrix
 from gpulab.fixes.target import Target
 from gpulab.hang import ladder
-from procscan import left_after, new_marker
+from procscan import left_after, new_marker, sigterm_once_saved
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LIB = str(Path(__file__).resolve().parents[1] / "lib")
@@ -40,19 +38,7 @@ def test_an_interrupted_matrix_keeps_the_json_it_was_asked_for(tmp_path):
                           "--jobs", "1", "--stall", "2", "--", sys.executable,
                           str(FIXTURES / "custom_op_deadlock.py"), "--gil", "released"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while not (target.exists() and json.loads(target.read_text())["scenarios"][0]["trials"]):
-            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else "slow"
-            time.sleep(0.1)
-        p.send_signal(signal.SIGTERM)
-        p.wait(60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 128 + signal.SIGTERM
-    saved = json.loads(target.read_text())
+    saved = sigterm_once_saved(p, target, lambda d: d["scenarios"][0]["trials"])
     assert saved["interrupted"] is True and saved["scenarios"][0]["name"] == "baseline"
     assert saved["scenarios"][0]["trials"] >= 1
     assert left_after(name, mark) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nbfactory import RECORD, notebook, project
-from procscan import left_after, new_marker
+from procscan import left_after, new_marker, sigterm_once_saved
 
 FIX = Path(__file__).parent / "fixtures"
 LIB = str(Path(__file__).resolve().parents[1] / "lib")
@@ -140,18 +140,6 @@ def test_an_interrupted_ladder_or_bisection_keeps_the_json_it_was_asked_for(tmp_
     p = subprocess.Popen([sys.executable, "-m", "gpulab", command, "--json", str(target), "--out", str(tmp_path / "o"),
                           "--stall", "2", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=_env(tmp_path, name, mark))
-    try:
-        deadline = time.monotonic() + 120
-        while not (target.exists() and seen(json.loads(target.read_text()))):
-            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else "slow"
-            time.sleep(0.1)
-        p.send_signal(signal.SIGTERM)
-        p.wait(60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 128 + signal.SIGTERM
-    saved = json.loads(target.read_text())
+    saved = sigterm_once_saved(p, target, seen)
     assert saved["interrupted"] is True and seen(saved)
     assert left_after(name, mark) == []
