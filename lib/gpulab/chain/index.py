@@ -46,7 +46,7 @@ table{border-collapse:collapse;width:100%;margin-top:.6rem} th,td{border:1px sol
 vertical-align:top;text-align:left;font-size:.9rem} th{background:#f6f8fa}
 .badge{display:inline-block;color:#fff;border-radius:1em;padding:0 .6em;font-size:.8rem;font-weight:600;white-space:nowrap}
 .err{color:#cf222e;font-family:ui-monospace,monospace;font-size:.8rem;white-space:pre-wrap;margin-top:.3rem}
-.headline{margin:.25rem 0} .links a{margin-right:.6rem;font-size:.8rem} .dur{color:#59636e;font-size:.8rem}
+.headline{margin:.25rem 0;overflow-wrap:anywhere} .links a{margin-right:.6rem;font-size:.8rem} .dur{color:#59636e;font-size:.8rem}
 .summary{font-size:1.05rem;font-weight:600} code{background:#f6f8fa;padding:0 .2em;font-size:.85em}
 .platform{background:#f6f8fa;border:1px solid #d1d9e0;border-radius:6px;padding:.6rem .8rem}
 .next{font-weight:600} dl{font-size:.85rem;color:#59636e} dt{font-weight:600;display:inline} dd{display:inline;margin:0 1rem 0 .3rem}
