@@ -1,4 +1,4 @@
-"""Notebook 05's gate: one fresh child per candidate against one warm worker (gpulab.oracle.pool), side by side.
+"""Notebook 05's gate: one fresh child per candidate against one warm worker (gpulab.pool), side by side.
 
     python benchmarks/bench_oracle_worker.py --out DIR [--cases quick] [--device auto] [--repeats 2]
 

@@ -314,7 +314,7 @@ def broken(tmp_path, monkeypatch):
 
 def test_warm_worker_loses_workers_to_a_deadlock_an_abort_and_a_segfault_and_judges_the_rest(broken):
     from procscan import left_after
-    from gpulab.oracle.pool import Pool
+    from gpulab.pool import Pool
     specs = ["deadlockmod:attn", "sdpa_math", "abortmod:attn", "segvmod:attn", "tiled"]
     with Pool(init=("gpulab.fixes:install_from_env",), label="oracle") as pool:
         reps = oracle.isolated(specs, "quick", "cpu", timeout_s=20, pool=pool)
@@ -333,7 +333,7 @@ def test_warm_worker_loses_workers_to_a_deadlock_an_abort_and_a_segfault_and_jud
 
 def test_pool_replaces_a_hung_worker_and_stops_its_whole_tree(broken):
     from procscan import left_after
-    from gpulab.oracle.pool import Pool
+    from gpulab.pool import Pool
     with Pool(label="test") as pool:
         first = pool.run("os:getpid", timeout_s=60)
         assert first.ok and first.fresh and pool.run("os:getpid", timeout_s=60).value == first.value  # warm

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import report
+from gpulab.trace.liveness import STATUSES   # 02's `status` of the recorded run
 from gpulab.workloads import DTYPE_NAMES, AttentionCall, WorkloadConfig
 
 OPS_LOG = "ops.log"                     # notebook 02's op log in out_dir
@@ -231,7 +232,6 @@ class AttentionUse:
         return pick, text
 
 
-STATUSES = ("ok", "hang", "crash", "error", "timeout")   # 02's `status` of the recorded run
 
 
 def _ended(status: str | None, exit_code: Any, open_op: str | None) -> str:
@@ -270,7 +270,7 @@ def judge(workload: str, calls: Sequence[RecordedCall], ops: int, *, dropped: in
     if ended:
         return AttentionUse(workload, "unknown", (), ops,
                             f"unknown whether the program calls attention: the recording ended after {ops} ops "
-                            f"({ended}), none of them an attention call", failed=status in STATUSES[1:])
+                            f"({ended}), none of them an attention call", failed=status not in (None, "ok"))
     if dropped:
         return AttentionUse(workload, "unknown", (), ops,
                             f"unknown whether the program calls attention: 02's recording kept only the last "

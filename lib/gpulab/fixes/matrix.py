@@ -170,6 +170,16 @@ def ladder_summary(lr: ladder.LadderResult) -> dict[str, Any]:
             "memory_growth": lr.rungs[-1].memory_growth}
 
 
+def with_evidence(summary: dict, ladder_dir: Path) -> dict:
+    """The first failure's evidence in brief (answers.brief of its verdict.json), what `auto` matches fixes to."""
+    ff = summary.get("first_failure")
+    if ff:
+        full = report.read_json(ladder_dir / str(ff["folder"]) / "verdict.json", default=None)
+        if full:
+            ff["evidence"] = answers.brief(full)
+    return summary
+
+
 def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: float,
            not_tried: Sequence[Mapping[str, str]] = ()) -> tuple[list[ScenarioResult], str | None, str]:
     """Every scenario's verdict, then the recommendation and the next step (pure but for the registry's
@@ -298,11 +308,8 @@ class _Matrix:
                         stacks=not sc.fixes,
                         on_save=lambda so_far: self.save(dataclasses.replace(res, **ladder_summary(so_far))))
         summary = ladder_summary(lr)
-        if summary.get("first_failure") and not sc.fixes:   # the stacks, for the evidence `auto` matches
-            full = report.read_json(self.out / sc.name / str(summary["first_failure"]["folder"]) / "verdict.json",
-                                    default=None)
-            if full:
-                summary["first_failure"]["evidence"] = answers.brief(full)
+        if not sc.fixes:   # the stacks, for the evidence `auto` matches
+            with_evidence(summary, self.out / sc.name)
         m = self.save(dataclasses.replace(res, seconds=round(time.monotonic() - t0, 3), **summary))
         got = next(s for s in m.scenarios if s.name == sc.name)
         self.say(f"{sc.name}: {got.failures}/{got.trials} failed -> {got.verdict}")
@@ -311,11 +318,9 @@ class _Matrix:
         """The baseline from a ladder already climbed with the same rungs and settings (03's): not run again."""
         res, comp = self._start(sc, "")
         self.arms[sc.name] = cost.Arm(sc.name, dict(clean_env(os.environ)), comp.params)
-        summary = ladder_summary(lr)
+        summary = with_evidence(ladder_summary(lr), ladder_dir)
         ff = summary.get("first_failure")
         if ff:
-            full = report.read_json(ladder_dir / str(ff["folder"]) / "verdict.json", default=None)
-            ff["evidence"] = answers.brief(full or {})
             ff["folder"] = os.path.relpath(ladder_dir / str(ff["folder"]), self.out / sc.name)
         self.say(f"{sc.name}: {where} (same rungs, repeats, stall window and mode): not run again")
         self.save(dataclasses.replace(res, reused=where, seconds=sum(r.seconds for r in lr.rungs), **summary))

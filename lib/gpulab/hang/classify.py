@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab.hang.capture import Thread, parse_native, parse_python
+from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vocabulary
 
 CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown")
-STATUSES = ("ok", "hang", "crash", "error", "timeout")
 PHASES = ("startup", "ops")
 
 _GEMM = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm", "addmv", "mv",

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from gpulab.hang import capture, classify
+from gpulab.trace.liveness import STATUSES
 
-STATUSES = ("ok", "hang", "crash", "error", "timeout")
 EXIT_CODES = {"ok": 0, "error": 1, "hang": 3, "crash": 4, "timeout": 5}
 
 

@@ -40,7 +40,7 @@ rule; pure), `diagnose` (error maps, tile heatmaps, worst elements, the bug name
 candidates in process or in a warm worker child with a deadline per case, OracleReport, notebook 05's Gate),
 `pool` (the warm worker: compute-only jobs one at a time in one persistent child, a lost one replaced), `candidates`
 (the registry of implementations), `scope` (what 05 judges for a workload: a user program only when 02 saw it
-call attention, or could not tell), `view` (tables and figures). `python -m gpulab.oracle.pool` is the worker;
+call attention, or could not tell), `view` (tables and figures). `python -m gpulab.pool` is the worker;
 `python -m gpulab.oracle` checks candidates in one process of its own (by hand, or a fixes test's entry point).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Running candidates over cases: the per-case verdicts (CaseResult), one candidate's OracleReport,
-check/check_many in this process, the same in a warm worker child (gpulab.oracle.pool: one case of one
+check/check_many in this process, the same in a warm worker child (gpulab.pool: one case of one
 candidate per job, each with a deadline; a kernel that hangs or faults, and poisons the CUDA context, costs
 only its own report and its worker, which a fresh one replaces), and notebook 05's Gate.
 """
@@ -29,8 +29,9 @@ from gpulab.oracle.rule import RuleResult, gold_and_baselines, rule
 from gpulab.oracle.scope import Scope
 from gpulab.workloads import dtype_name
 
-if TYPE_CHECKING:  # imported when used: `python -m gpulab.oracle.pool` must find it not yet imported
-    from gpulab.oracle.pool import Pool
+if TYPE_CHECKING:  # imported when used: the worker (`python -m gpulab.pool`) imports this module, and must
+    # not import itself a second time under its own name
+    from gpulab.pool import Pool
 
 GATE_FILE = "oracle_gate.json"
 TABLE = "oracle_table"          # the gate's long table: oracle_table.csv / .json
@@ -398,7 +399,7 @@ def check_isolated(spec: str, cases: str | Sequence[Case] = "default", device: s
                               timeout_s=timeout_s).values()))
 
 
-_WORKER: dict = {}   # in a warm worker (gpulab.oracle.pool): resolved candidates, the current case's gold
+_WORKER: dict = {}   # in a warm worker (gpulab.pool): resolved candidates, the current case's gold
 
 
 def judge_job(spec: str, case: Case, dtype: str, device: str, tile: int, worst_k: int, budget: int
@@ -431,11 +432,11 @@ def isolated(specs: Sequence[str], cases: str | Sequence[Case] = "default", devi
              dtypes: Any = None, *, tile: int = 64, worst_k: int = 8, timeout_s: float = 900.0,
              explain_budget: int = 12, keep_tensors: int = 3, progress: bool = True,
              pool: Pool | None = None) -> dict[str, OracleReport]:
-    """check_many() of `specs`, every (case, candidate) a job in one warm worker (gpulab.oracle.pool) with a
+    """check_many() of `specs`, every (case, candidate) a job in one warm worker (gpulab.pool) with a
     deadline of timeout_s: results as check_many's. A candidate whose job hangs, crashes or raises gets a
     report carrying the error (and no results), its worker is stopped, and the next job starts a fresh one,
     so the other candidates are still judged. `pool`: a caller's own (its workers are reused, not closed)."""
-    from gpulab.oracle.pool import Pool
+    from gpulab.pool import Pool
 
     dev = resolve("auto" if device is None else device)
     dts = [dtype_name(d) for d in resolve_dtypes(dtypes, dev)]

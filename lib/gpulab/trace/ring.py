@@ -495,7 +495,8 @@ def shrink(path: str | os.PathLike) -> Shrunk:
     the team receives every empty byte. A region that never wrapped holds its entries at offset = id, so it
     keeps every id when its capacity is cut to its used extent; a region that wrapped is kept whole (its
     entries sit at id % capacity). The op ring's capacity stays as recorded (`Snapshot.capacity`); only its
-    unwritten tail is left out, as `trim` does. `read` gives the same Snapshot before and after. Written to
+    unwritten tail is left out, as `trim` (the writer's own cut at close, ops only) does; a writer that was
+    killed never trims, so the parent that ran it shrinks. `read` gives the same Snapshot before and after. Written to
     a temporary file and renamed, so a reader sees the old file or the new one, never half of it.
     """
     path = Path(path)

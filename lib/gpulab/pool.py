@@ -2,7 +2,7 @@
 per device instead of paying interpreter, torch and CUDA start-up each, while a hang or a fault still ends
 only the job that caused it.
 
-`Pool` holds at most one live worker, a `python -m gpulab.oracle.pool` child started through gpulab.proc
+`Pool` holds at most one live worker, a `python -m gpulab.pool` child started through gpulab.proc
 (own session, token, a stop that reaches every descendant). It is fed one job at a time: a "module:function"
 name and its arguments, pickled to a file in the pool's folder; the job's number goes down the worker's stdin,
 and "done N" comes back on a private pipe (the worker moves its fd 1 onto its log first, so nothing a job
@@ -13,7 +13,8 @@ reused); one killed by a signal is a crash. Either way the next job starts a fre
 `detail` reads as the one-shot child's did: "hang: no result within 8s (child process group killed)",
 "crash (signal 6): <log tail>", "error (exit 1): <log tail>".
 
-Nothing here knows the oracle: the benchmark (gpulab.bench) may send its points the same way.
+Nothing here knows the oracle (gpulab.oracle.check sends it its cases); the benchmark may send its points
+the same way.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from gpulab import proc
 
-MODULE = "gpulab.oracle.pool"
+MODULE = "gpulab.pool"
 STATUSES = ("ok", "hang", "crash", "error")
 
 
