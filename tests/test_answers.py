@@ -32,6 +32,9 @@ def v(status="hang", phase="ops", cls="unknown", in_flight=None, api=None, nativ
 
 # (fix, the Answer's words, a verdict that shows that evidence, the platform)
 EXAMPLES = [
+    ("dataloader_spawn", "a DataLoader worker is blocked while its loader waits for data", v(cls="worker_stuck"), CPU),
+    ("dataloader_no_workers", "a DataLoader worker is blocked while its loader waits for data", v(cls="worker_stuck"),
+     CPU),
     ("sync_gemm", "a GEMM's GPU work never completed (stream ordering)", v(cls="gemm", in_flight=op("aten.mm.default")), CUDA),
     ("sync_gemm", "the host waits in a sync behind a GEMM",
      v(cls="sync", in_flight=op("aten.bmm.default", shapes=((2, 8, 16), (2, 16, 8)), device=None)), CUDA),

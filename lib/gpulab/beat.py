@@ -110,6 +110,15 @@ def start(path: str | os.PathLike) -> threading.Thread:
         return _thread
 
 
+def _forget() -> None:
+    """A fork() child has no beat thread (only the forking thread survives): let start() make one."""
+    global _thread, _lock
+    _thread, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
 def start_from_env() -> threading.Thread | None:
     """Start the beat when $GPULAB_BEAT names a file (taken out of the environment, so that the program's
     own Python children do not write the same file); otherwise do nothing."""

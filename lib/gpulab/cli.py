@@ -25,6 +25,8 @@ commands:
                                  gpulab bisect --json b.json --space seq=128:1 -- python x.py --seq {{seq}}
   fixes    each fix scenario on the ladder, its cost and numerics against the baseline, a recommendation
                                  gpulab fixes --json f.json --scenario auto -- python train.py
+  merge    one cross-process verdict from the watch folders of a job's nodes
+                                                                     gpulab merge --json job.json node0/ node1/
 """
 
 
@@ -60,6 +62,11 @@ def _bisect(session: proc.Session, argv: list[str]) -> int:
     return commands.bisect_main(argv)
 
 
+def _merge(session: proc.Session, argv: list[str]) -> int:
+    from gpulab.hang import merge
+    return merge.main(argv)
+
+
 def _fixes(session: proc.Session, argv: list[str]) -> int:
     from gpulab.fixes import commands
     return commands.main(argv)
@@ -68,7 +75,7 @@ def _fixes(session: proc.Session, argv: list[str]) -> int:
 # Commands are imported when called: `gpulab --help` must not pay for torch, psutil and pandas.
 COMMANDS: dict[str, Callable[[proc.Session, list[str]], int]] = {
     "run": _run, "env": _env, "watch": _watch, "params": _params, "ladder": _ladder, "bisect": _bisect,
-    "fixes": _fixes,
+    "fixes": _fixes, "merge": _merge,
 }
 
 

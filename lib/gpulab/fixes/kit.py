@@ -150,3 +150,32 @@ def cap_gpu_memory() -> None:
         fraction = float(os.environ.get("GPULAB_MEMORY_FRACTION", "0.8"))
         for i in range(torch.cuda.device_count()):
             torch.cuda.set_per_process_memory_fraction(fraction, i)
+
+
+def dataloader_defaults(**changes: Any) -> Callable[[], None]:
+    """apply(): every DataLoader the program builds with worker processes gets these arguments instead
+    (num_workers=0, multiprocessing_context='spawn'); a loader without workers is left as it is."""
+    def apply() -> None:
+        import functools
+
+        from torch.utils.data import DataLoader
+
+        init = DataLoader.__init__
+        if getattr(init, "__gpulab_fix__", False):
+            return
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            if kwargs.get("num_workers", args[6] if len(args) > 6 else 0):
+                kwargs.update(changes)
+                if len(args) > 6 and "num_workers" in changes:
+                    args = args[:6] + (changes["num_workers"],) + args[7:]
+                    kwargs.pop("num_workers")
+                if not kwargs.get("num_workers", 1):
+                    kwargs.pop("multiprocessing_context", None)
+                    kwargs.pop("prefetch_factor", None)
+                    kwargs.pop("persistent_workers", None)
+            init(self, *args, **kwargs)
+        __init__.__gpulab_fix__ = True
+        DataLoader.__init__ = __init__
+    return apply

@@ -1,6 +1,7 @@
 """Evidence -> failure class, citing the facts used. Pure: no processes, no files, no torch.
 
-Classes (DESIGN.md): gemm, softmax, layout, sync, library_load, host_lock, collective, unknown.
+Classes (DESIGN.md): gemm, softmax, layout, sync, library_load, host_lock, collective, unknown; a job of
+several processes adds collective_mismatch, rank_stuck, worker_stuck (gpulab.hang.job judges those).
 The rules go from the most specific observation to the least: frames that only appear in one situation
 (NCCL waits, the dynamic loader running a constructor, a host thread parked on a mutex) beat the op's name,
 and the op's name and layouts beat generic hints. Every rule that fires says, in words, what it saw.
@@ -13,7 +14,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from gpulab.hang.capture import Thread, parse_native, parse_python
 from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vocabulary
 
-CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown")
+CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown",
+           "collective_mismatch", "rank_stuck", "worker_stuck")
 PHASES = ("startup", "ops")
 
 _GEMM = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm", "addmv", "mv",

@@ -55,6 +55,12 @@ class Verdict:
     # the fixes whose declared evidence this verdict shows (gpulab.fixes.answers.suggest): {"fix", "because",
     # "facts", "apply"}; what the report tells the user to try, and what `gpulab fixes --scenario auto` runs first
     suggested: tuple[dict, ...] = ()
+    # a job of several processes (gpulab.hang.job): the per-process table, the first divergence of a process
+    # group's collectives ({"group", "seq", "op", "waiting", "missing", "instead", "mismatch"}), and the role of
+    # the process the finding names
+    processes: tuple[dict, ...] = ()
+    divergence: dict | None = None
+    culprit: str | None = None
 
     @property
     def drill(self) -> bool:
@@ -71,7 +77,7 @@ class Verdict:
     def from_dict(cls, d: Mapping[str, Any]) -> "Verdict":
         kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         kw["cls"] = d.get("class")
-        for k in ("evidence", "command", "open_ops", "oplog_tail", "notes", "left_running", "suggested"):
+        for k in ("evidence", "command", "open_ops", "oplog_tail", "notes", "left_running", "suggested", "processes"):
             kw[k] = tuple(d.get(k) or ())
         return cls(**kw)
 

@@ -30,10 +30,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import beat, proc, trace, workloads
 from gpulab.args import BadInput, json_target, parser, positive, writable_dir
-from gpulab.hang import capture, faults
+from gpulab.hang import capture, faults, job, jobread
 from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_line
 from gpulab.report import write_json, write_text
-from gpulab.trace import liveness
+from gpulab.trace import follow, liveness, native
 from gpulab.trace.liveness import POLL_S, Progress  # noqa: F401 - watch.Progress, as before
 from gpulab.trace.run import keep_recorded, recorder_args
 
@@ -119,6 +119,11 @@ class Launch:
         return self.out / "faulthandler.txt"
 
     @property
+    def procs(self) -> Path:
+        """The job folder: every followed process's files (gpulab.trace.follow)."""
+        return self.out / "procs"
+
+    @property
     def stdout(self) -> Path:
         return self.out / "stdout.txt"
 
@@ -128,7 +133,8 @@ class Launch:
 
 
 def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, fault: faults.FaultSpec | None,
-                env: Mapping[str, str] | None, coredump: bool, fixes: Sequence[str] = ()) -> Launch:
+                env: Mapping[str, str] | None, coredump: bool, fixes: Sequence[str] = (),
+                follow_children: bool = True) -> Launch:
     python = python_command(command)
     pyc = python if record else None
     if fault is not None and pyc is None:
@@ -145,29 +151,96 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
         child_env.update(capture.coredump_env(out))
     if python is not None:  # python -m gpulab.trace (or gpulab.fixes.child) starts it; a plain script cannot
         child_env[beat.ENV] = str(out / "beat")
+    procs = out / "procs"
+    if record and follow_children:   # every Python process the command starts is recorded into procs/
+        procs.mkdir(parents=True, exist_ok=True)
+        child_env = follow.child_env(child_env, procs, mode)
+        native.ensure()   # the followed processes' hot path is built here, never inside the job
     if pyc is None:
         return Launch(tuple(command), child_env, False, out)
+    child_env.pop(follow.ENV, None)   # the recorded root follows its children itself (--follow)
     interp, flags, rest = pyc
     interp = workloads.fix_interpreter(interp, child_env.get(workloads.PYTHON_ENV))
     child_env = proc.python_env(child_env)
     # the recorder's C hot path is built in here (never inside the watched program)
-    argv = [interp, *flags, *recorder_args(out / "ops.log", mode, out / "faulthandler.txt", fault and str(fault))]
+    argv = [interp, *flags, *recorder_args(out / "ops.log", mode, out / "faulthandler.txt", fault and str(fault),
+                                           follow=procs if follow_children else None)]
     return Launch(tuple(argv + ["--", *rest]), child_env, True, out)
 
 
 # ------------------------------------------------------------------------------------ progress
 
 def _wait(child: proc.Child, launch: Launch, stall_s: float, timeout_s: float, t0: float,
-          say: Callable[[str], None]) -> tuple[str | None, float | None]:
-    """Poll until the child ends (None, None), stalls ('hang', last progress) or runs out ('timeout', None)."""
+          say: Callable[[str], None]) -> tuple[str | None, float | None, Any]:
+    """Poll until the child ends (None, None), stalls ('hang', last progress) or runs out ('timeout', None);
+    and the progress tracker (a JobProgress when the command's processes are followed)."""
     tracker = Progress(child.pid, launch.log if launch.recorded else None, launch.beat,
                        (launch.stdout, launch.stderr))
+    if launch.procs.is_dir():
+        tracker = liveness.JobProgress(tracker, launch.procs)
     stopped, last = liveness.wait(child, tracker, stall_s=stall_s, timeout_s=timeout_s, t0=t0, poll_s=POLL_S)
     if stopped == "hang":
         say(f"no progress for {stall_s:g} s: capturing evidence")
     elif stopped == "timeout":
         say(f"timeout after {timeout_s:g} s: capturing evidence")
-    return stopped, last
+    return stopped, last, tracker
+
+
+# ------------------------------------------------------------------------------------ a job of processes
+
+def _followed(launch: Launch) -> dict[int, dict]:
+    """The processes of the job other than the recorded root; empty when it started none."""
+    if not launch.procs.is_dir():
+        return {}
+    return {pid: m for pid, m in follow.metas(launch.procs).items() if not m.get("root")}
+
+
+def _job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, native_tools: Sequence[str],
+                 stacks: bool) -> tuple[list, Any, dict]:
+    """Every followed process's Python stacks (at once), the views, the cross-process finding, and the
+    native stacks of the process the finding names. Before the stop: the processes are still stuck."""
+    metas = follow.metas(launch.procs)
+    pythons = {pid: c.text for pid, c in jobread.capture_python(launch.procs, metas).items()} if stacks else {}
+    if root_python and not pythons.get(root_pid):
+        pythons[root_pid] = root_python
+    views = jobread.views(launch.procs, pythons, getattr(tracker, "last", None))
+    finding = job.analyse(views)
+    natives: dict = {}
+    culprit = next((p for p in views if p.role == finding.culprit), None)
+    if stacks and culprit is not None and culprit.pid != root_pid:
+        natives = {pid: c.text for pid, c in jobread.capture_native([culprit.pid], native_tools).items()}
+    return views, finding, {"python": pythons, "native": natives}
+
+
+def _with_job(v: Verdict, launch: Launch, root: int, views: list, finding: Any, stacks: Mapping[str, dict]) -> Verdict:
+    """The verdict of a job: the finding's class, culprit and evidence first, the per-process table, and every
+    process's stacks as files in the job folder."""
+    for kind, by_pid in stacks.items():
+        for pid, text in by_pid.items():
+            if text:
+                write_text(launch.procs / f"{pid}.stacks_{kind}.txt", text)
+    rows = []
+    for row in finding.processes:
+        files = {k: f"procs/{row['pid']}.stacks_{k}.txt" for k in stacks if stacks[k].get(row["pid"])}
+        rows.append({**row, "stacks": files})
+    culprit = next((p for p in views if p.role == finding.culprit), None)
+    changes: dict = {"processes": tuple(rows), "culprit": finding.culprit,
+                     "divergence": finding.to_dict()["divergence"]}
+    if any(p.ops_completed or p.collectives for p in views):
+        changes["phase"] = "ops"
+    if finding.cls is None:
+        changes["evidence"] = tuple(v.evidence) + tuple(finding.evidence)
+        return dataclasses.replace(v, **changes)
+    # the job's finding first; what the watchdog saw of the process it started (often a launcher that
+    # waits for its children) after it, said to be about that process
+    who = next((p.role for p in views if p.pid == root), "the process the watchdog started")
+    own = tuple(e if e.startswith(("the watchdog", "exit code", "planted")) else f"{who}: {e}" for e in v.evidence
+                if e != "no rule matched the evidence" and not e.startswith("status "))
+    changes.update(cls=finding.cls, evidence=tuple(finding.evidence) + own, host_blocked_in=None)
+    if culprit is not None and culprit.open_op:
+        changes["in_flight_op"] = {**culprit.open_op, "process": culprit.role}
+    return dataclasses.replace(v, **changes)
+
 
 
 # ------------------------------------------------------------------------------------ evidence
@@ -264,12 +337,17 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     caps: dict[str, capture.Capture] = {}
     with proc.Child(launch.argv, stdout=launch.stdout, stderr=launch.stderr, env=launch.env, cwd=cwd,
                     label="watched") as child:
-        stalled, hang_started = _wait(child, launch, stall_s, timeout_s, t0, say)
+        stalled, hang_started, tracker = _wait(child, launch, stall_s, timeout_s, t0, say)
         if stalled and stacks:
             caps = _capture(child, launch, capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
                             native_tools=native_tools)
         elif stalled:
             caps = {"python": capture.Capture("python", "", None, 0.0, False, "not taken (stack capture off)")}
+        jobbed = None
+        if stalled and _followed(launch):
+            t_job = time.monotonic()
+            jobbed = _job_capture(launch, tracker, child.pid, caps["python"].text, native_tools, stacks)
+            caps["processes"] = capture.Capture("processes", "", "faulthandler", time.monotonic() - t_job, True)
         t_log = time.monotonic()
         snap, log_notes = _read_log(launch)  # last, before the stop: the op-log tail as the hang left it
         caps["oplog"] = capture.Capture("oplog", "", "gpulab.trace" if snap is not None else None,
@@ -278,6 +356,10 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     rc = child.returncode
     if launch.recorded:
         keep_recorded(launch.log)   # the finished op log cut to what was recorded (gpulab.trace.ring.shrink)
+    for meta in _followed(launch).values():
+        if meta.get("log"):
+            keep_recorded(launch.procs / meta["log"])
+
     status = stalled or ("ok" if rc == 0 else ("crash" if rc is not None and rc < 0 else "error"))
     py_text = caps["python"].text if "python" in caps else ""
     if status == "crash" and launch.faulthandler.exists():
@@ -298,6 +380,11 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
         mode=mode if launch.recorded else None, stall_s=stall_s, timeout_s=timeout_s, hang_started_s=hang_started,
         verdict_at_s=time.monotonic() - t0, pid=child.pid, notes=tuple(log_notes), left_running=left, tail=tail)
     v = judge(obs)
+    if jobbed is None and status != "ok" and _followed(launch):   # ended by itself: who ended how
+        views = jobread.views(launch.procs, {})
+        jobbed = (views, job.analyse(views), {})
+    if jobbed is not None:
+        v = _with_job(v, launch, child.pid, *jobbed)
     v = dataclasses.replace(v, log={"dir": str(out), **_products(launch, v)})
     if finish is not None:
         v = finish(v, log_device(launch.log if launch.recorded else None))

@@ -1,7 +1,7 @@
 """Run a Python program under the recorder, exactly as `python` would run it.
 
   python -m gpulab.trace --log LOG [--mode ops|sync|gpu|stats|auto] [--gpu-mechanism M] [--faulthandler FILE]
-                         [--fault SPEC] [--capacity N] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
+                         [--fault SPEC] [--capacity N] [--follow DIR] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
 
 Order matters (the watchdog relies on it): the heartbeat starts first ($GPULAB_BEAT, gpulab.beat), so
 Python that computes before the first op is told from a host spinning in a driver call; the log exists
@@ -37,6 +37,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--faulthandler", default=None)
     p.add_argument("--fault", default=None)
     p.add_argument("--capacity", type=int, default=None)
+    p.add_argument("--follow", default=None, metavar="DIR",
+                   help="record the program's Python child processes too, each into DIR (gpulab.trace.follow)")
     ns = p.parse_args(argv[:i])
     target = argv[i + 1:]
     if not target or (target[0] == "-m" and len(target) < 2):
@@ -45,6 +47,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    beat_path = os.environ.get(beat.ENV)
     beat.start_from_env()
     ns, target = _parse(sys.argv[1:] if argv is None else argv)
 
@@ -63,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     install_from_env()  # the scenario's fixes ($GPULAB_FIXES): above a planted fault, below the recorder
     rec = recorder.Recorder(ns.log, ns.mode, create_log=False, gpu_mechanism=ns.gpu_mechanism)
     rec.install()
+    if ns.follow:
+        from gpulab.trace import follow
+
+        def rel(p: str | None) -> str | None:
+            return os.path.relpath(os.path.abspath(p), os.path.abspath(ns.follow)) if p else None
+        follow.adopt(ns.follow, ns.mode, {"log": rel(ns.log), "beat": rel(beat_path), "faulthandler": rel(ns.faulthandler)})
     code = 0
     try:
         if target[0] == "-m":

@@ -64,15 +64,17 @@ class Progress:
         self.last_size = -1
         self.last_beat: bytes | None = None
         self.cpu_prev = {"tree": 0.0, "children": 0.0, "self": 0.0}
+        self.followed: frozenset[int] = frozenset()   # processes of a job judged by their own Progress
 
     def _cpu_grew(self, which: str) -> bool:
-        """Did the main threads of the tree (or of the child's children only) burn CPU since the last poll?"""
+        """Did the main threads of the tree (or of the child's children only) burn CPU since the last poll?
+        A followed process of the job is left out: its own beat and op log say whether it progresses."""
         try:
             procs = ([] if which == "self" else self.ps.children(recursive=True)) + \
                 ([self.ps] if which in ("tree", "self") else [])
         except psutil.Error:
             procs = []
-        cpu = sum(main_thread_cpu(p.pid) for p in procs)
+        cpu = sum(main_thread_cpu(p.pid) for p in procs if which == "self" or p.pid not in self.followed)
         grew, self.cpu_prev[which] = cpu > self.cpu_prev[which], cpu
         return grew
 
@@ -109,6 +111,42 @@ class Progress:
         size = sum(p.stat().st_size for p in self.outputs if p.exists())
         grew, self.last_size = size != self.last_size, size
         return STRONG if grew else idle
+
+
+class JobProgress:
+    """A job of several processes (ranks, DataLoader workers, subprocesses) followed into one folder
+    (gpulab.trace.follow): each process is judged by the rule above over its own beat and op log, and the
+    job advances when any of its processes does. `last[pid]` is when each was last seen advancing."""
+
+    def __init__(self, root: Progress, folder: str | os.PathLike):
+        from gpulab.trace import follow   # the recorder's side of the folder; no torch
+
+        self.root, self.folder, self._metas = root, Path(folder), follow.metas
+        self.procs: dict[int, Progress] = {}
+        self.last: dict[int, float] = {}
+
+    def _discover(self) -> None:
+        for pid, meta in self._metas(self.folder).items():
+            if pid in self.procs or meta.get("root") or pid == self.root.ps.pid:
+                continue
+            try:
+                self.procs[pid] = Progress(pid, self.folder / meta["log"] if meta.get("log") else None,
+                                           self.folder / meta["beat"] if meta.get("beat") else None)
+            except (psutil.Error, KeyError):
+                continue   # it ended before it was seen
+        followed = frozenset(self.procs)
+        for p in (self.root, *self.procs.values()):
+            p.followed = followed
+
+    def advanced(self) -> int:
+        self._discover()
+        now, best = time.monotonic(), NONE
+        for pid, p in ((self.root.ps.pid, self.root), *self.procs.items()):
+            level = p.advanced()
+            if level:
+                self.last[pid] = now
+            best = max(best, level)
+        return best
 
 
 def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeout_s: float, t0: float,

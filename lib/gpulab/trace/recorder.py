@@ -19,6 +19,7 @@ torch is imported when a recorder is installed, never at import.
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import sys
@@ -28,7 +29,7 @@ import weakref
 from pathlib import Path
 
 from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the program uses it
-from gpulab.trace import native, ring
+from gpulab.trace import collectives, native, ring
 from gpulab.trace.ring import (_IDS, _MEM, _OFF_COMPLETED, _OFF_DEVICE, _OFF_FLAGS, _OFF_IDS, _OFF_GPU_SINCE, _OFF_MECHANISM,
                                _OFF_MEMCOUNT, _OFF_NONFINITE, _OFF_STARTED, _OFF_STATS, _OFF_STREAM, _OFF_TEND,
                                _SLOT, _STATS, _UNINITIALIZED, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
@@ -138,6 +139,7 @@ class Recorder:
         self._mode_obj.__enter__()
         self._orig_sdpa = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = self._mode_obj.sdpa_wrapper(self._orig_sdpa)
+        self._restore_dist = collectives.install(self._mode_obj.call_wrapper, on_init=_note_dist)
         self._installed = True
         _INSTALLED.add(self)
         self._stop.clear()
@@ -151,6 +153,7 @@ class Recorder:
         import torch.nn.functional as F
 
         F.scaled_dot_product_attention = self._orig_sdpa
+        self._restore_dist()
         self._mode_obj.__exit__(None, None, None)
         self._installed = False
         _INSTALLED.discard(self)
@@ -254,6 +257,12 @@ class Recorder:
 _INSTALLED: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
 
 
+def _note_dist(dist) -> None:
+    from gpulab.trace import follow  # follow imports this module
+
+    follow.note_dist(dist)
+
+
 def _leave_forked_child() -> None:
     """In a child made by fork() (a DataLoader worker): stop recording there. The child inherits the
     dispatch-mode stack and the shared mapping, and its copy of the counters would write slots over the
@@ -270,6 +279,7 @@ def _leave_forked_child() -> None:
                     if m is not rec._mode_obj:
                         _push_mode(m)
             F.scaled_dot_product_attention = rec._orig_sdpa
+            rec._restore_dist()
         except Exception:  # noqa: BLE001 - a child that cannot be cleaned up still must run
             pass
         rec._installed = False
@@ -783,6 +793,31 @@ def _make_mode(rec: Recorder):
                 hot.release()
             for v in (mv_q, mv_d, mv_h, mv_b):
                 v.release()
+
+        def call_wrapper(self, orig, name: bytes, describe):
+            """A Python-level call (a torch.distributed collective) as one composite record around what the
+            dispatcher runs inside it: its wait is inside the record, so an open record is a call that never
+            returned. describe(args, kwargs) gives the record's arguments, or None to run it unrecorded."""
+            def wrapper(*args, **kwargs):
+                what = describe(args, kwargs)
+                if what is None:
+                    return orig(*args, **kwargs)
+                seq, off = begin(name, what, 1, call_site())
+                tid = get_ident()
+                d0 = depths.get(tid, 0)
+                depths[tid] = d0 + 1
+                raised = True
+                try:
+                    out = orig(*args, **kwargs)
+                    raised = False
+                finally:
+                    if d0:
+                        depths[tid] = d0
+                    else:
+                        depths.pop(tid, None)
+                    end(seq, off, raised)
+                return out
+            return functools.update_wrapper(wrapper, orig)
 
         def sdpa_wrapper(self, orig):
             def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

@@ -84,7 +84,8 @@ def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "auto"
 
 
 def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str | os.PathLike | None = None,
-                  fault: str | None = None, gpu_mechanism: str | None = None) -> list[str]:
+                  fault: str | None = None, gpu_mechanism: str | None = None,
+                  follow: str | os.PathLike | None = None) -> list[str]:
     """`-m gpulab.trace` and its options, up to the `--` (the interpreter is the caller's: the watchdog keeps
     a program's own interpreter and flags). Builds the native hot path on the launcher's side."""
     _check_mode(mode)
@@ -96,6 +97,8 @@ def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str 
         args += ["--faulthandler", str(faulthandler)]
     if fault:
         args += ["--fault", str(fault)]
+    if follow:
+        args += ["--follow", str(follow)]
     return args
 
 

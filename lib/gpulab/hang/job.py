@@ -1,0 +1,361 @@
+"""Many processes, one verdict: which process of a job is stuck, where, and why the others wait. Pure: the
+per-process views in (read from the job's folder by gpulab.hang.jobread), the cross-process finding out.
+
+A collective is matched across ranks by (process group, per-group sequence number): every rank of a group
+calls the group's collectives in the same order, so the n-th call of each rank must be the same op with the
+same shapes. The first sequence number where the ranks differ is the divergence: the ranks that reached it
+wait, the ranks that did not are doing something else (named from their open op or their Python frame).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+# classes this module adds to gpulab.hang.classify's vocabulary
+CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One torch.distributed call of one process, as its op log recorded it."""
+    op: str                    # all_reduce, broadcast, barrier, send, recv, all_gather_object, new_group, ...
+    group: str                 # the process group: "default" or its ranks "0,1"
+    seq: int | None            # per-group sequence number (1-based) of collectives; None for p2p and new_group
+    shapes: str = ""           # tensor shapes and dtypes, as the op log prints them: "f32[4, 4]"
+    call_site: str = ""        # "train.py:42"
+    done: bool = False         # completed (host call returned; NCCL: its GPU work completed)
+    peer: int | None = None    # p2p: the other rank
+    t_start: float = 0.0       # seconds, the process's op-log clock (comparable across processes of one host)
+    t_end: float | None = None
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """What the watchdog knows of one process of the job."""
+    pid: int
+    ppid: int | None
+    role: str                  # "rank 1/4", "DataLoader worker 0 of rank 1", "pid 123: python x.py"
+    kind: str                  # "rank" | "worker" | "launcher" | "main" | "process"
+    state: str                 # "running" | "exited 0" | "exited 1" | "killed by SIGSEGV" | "unknown"
+    rank: int | None = None
+    world: int | None = None
+    worker: int | None = None  # DataLoader worker id
+    node: str = ""             # host name (a multi-node job merged from several folders)
+    open_op: dict | None = None          # innermost op started and never completed: {"name", "args", "call_site"}
+    collectives: tuple[Collective, ...] = ()
+    ops_completed: int = 0
+    last_progress_s: float | None = None  # seconds between its last progress and the stall (None: unknown)
+    frame: str | None = None              # innermost Python frame of its main thread: "worker.py:12 in __getitem__"
+    wait: str | None = None               # what its stacks show it waits in: lock | queue | collective | cuda_sync | io
+    log: str | None = None                # its op log, relative to the job folder
+
+
+@dataclass(frozen=True)
+class Divergence:
+    group: str
+    seq: int
+    op: str | None                         # the collective the waiting ranks are in
+    waiting: tuple[str, ...]               # roles that reached seq and wait there
+    missing: tuple[str, ...]               # roles that never reached seq
+    instead: dict = field(default_factory=dict)   # role -> what it is doing instead (a sentence)
+    mismatch: str | None = None            # "op" | "shape" when the ranks are at seq with different calls
+    t_start: float | None = None           # when the first waiting call started (op-log clock): the timeline's mark
+
+
+@dataclass(frozen=True)
+class JobFinding:
+    cls: str | None                        # one of CLASSES, or None when nothing cross-process explains it
+    culprit: str | None                    # the role of the process the finding names
+    divergence: Divergence | None
+    evidence: tuple[str, ...]
+    processes: tuple[dict, ...]            # the per-process table (DESIGN.md: role, pid, state, open_op, collective, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["class"] = d.pop("cls")
+        return d
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+
+_WAITS = {"lock": "blocked on a lock", "queue": "waiting on a queue", "collective": "waiting in a collective",
+          "cuda_sync": "waiting for the GPU (CUDA sync)", "io": "blocked on I/O"}
+_LOADER_FRAMES = ("_get_data", "queue", "dataloader")   # "_try_get_data" contains "_get_data"
+_BLOCKED = ("lock", "io", "cuda_sync", "collective")
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """One group's comparison: its divergence (or None), and the sentences that back it."""
+    divergence: Divergence | None
+    culprit: str | None
+    evidence: tuple[str, ...]
+    t_first: float = math.inf
+
+
+def analyse(views: Sequence[ProcessView]) -> JobFinding:
+    """The job's verdict. A collective divergence comes first: a rank that never reaches a collective stalls
+    every rank of its group, whatever their DataLoader workers do; a stuck worker explains a hang only when
+    the collectives agree."""
+    order = _sorted(views)
+    rows = tuple(_row(v) for v in order)
+    gaps = _world_gaps(order)
+    walks = [_walk(g, ms) for g, ms in _groups(order).items() if len(ms) >= 2]
+    diverged = [w for w in walks if w.divergence is not None]
+    if diverged:
+        w = min(diverged, key=lambda w: w.t_first)
+        cls = "collective_mismatch" if w.divergence.mismatch else "rank_stuck"
+        return JobFinding(cls, w.culprit, w.divergence, w.evidence + _loader_links(order, w) + gaps, rows)
+    agreed = tuple(s for w in walks for s in w.evidence) or (
+        "no process group has two or more members in these views: no collective to compare",)
+    stuck = _stuck_worker(order)
+    if stuck is None:
+        return JobFinding(None, None, None, agreed + gaps, rows)
+    worker, waiter = stuck
+    what = "data" if worker.kind == "worker" else "its child process"
+    evidence = (f"{waiter.role} waits for {what}: {_instead(waiter)}",
+                f"{worker.role} (pid {worker.pid}) is running, {_progress(worker)}: {_instead(worker)}")
+    return JobFinding("worker_stuck", worker.role, None, evidence + agreed + gaps, rows)
+
+
+# ---------------------------------------------------------------------------------------- order and groups
+
+def _sorted(views: Sequence[ProcessView]) -> list[ProcessView]:
+    """Ranks by rank, then workers by their rank and id, then the rest by pid: the order a person reads."""
+    by_pid = {(v.node, v.pid): v for v in views}
+
+    def key(v: ProcessView) -> tuple:
+        if v.kind == "rank":
+            return (0, _num(v.rank), 0, v.pid)
+        if v.kind == "worker":
+            parent = by_pid.get((v.node, v.ppid))
+            rank = v.rank if v.rank is not None else parent.rank if parent is not None else None
+            return (1, _num(rank), _num(v.worker), v.pid)
+        return (2, 0, 0, v.pid)
+    return sorted(views, key=key)
+
+
+def _num(x: int | None) -> float:
+    return math.inf if x is None else x
+
+
+def _groups(order: list[ProcessView]) -> dict[str, list[ProcessView]]:
+    """group -> its members, in reading order: every process with a call in it (all ranks for 'default')."""
+    groups: dict[str, list[ProcessView]] = {}
+    for v in order:
+        names = dict.fromkeys(c.group for c in v.collectives)
+        if v.kind == "rank":
+            names.setdefault("default")
+        for g in names:
+            groups.setdefault(g, []).append(v)
+    return groups
+
+
+def _calls(v: ProcessView, group: str) -> dict[int, Collective]:
+    calls: dict[int, Collective] = {}
+    for c in v.collectives:
+        if c.group == group and c.seq is not None:
+            calls.setdefault(c.seq, c)
+    return calls
+
+
+# ------------------------------------------------------------------------------------------- one group
+
+def _walk(group: str, members: list[ProcessView]) -> _Walk:
+    """The first seq where the members part: one missing it, or calls that differ in op or shapes."""
+    calls = {m.role: _calls(m, group) for m in members}
+    seqs, matched = sorted(set().union(*calls.values())), 0
+    for s in seqs:
+        at = {m.role: calls[m.role][s] for m in members if s in calls[m.role]}
+        if len(at) < len(members):
+            if any(not c.done for c in at.values()):
+                return _missing(group, s, members, at, matched)
+            continue   # everyone who called it completed it: a record lost, not a divergence
+        kind = "op" if len({c.op for c in at.values()}) > 1 else (
+            "shape" if len({c.shapes for c in at.values()}) > 1 else None)
+        if kind:
+            return _mismatch(group, s, members, at, kind)
+        matched += 1
+    return _Walk(None, None, (_agreed(group, members, calls, seqs),))
+
+
+def _missing(group: str, s: int, members: list[ProcessView], at: dict, earlier: int) -> _Walk:
+    waiting = [m for m in members if m.role in at and not at[m.role].done]
+    missing = [m for m in members if m.role not in at]
+    instead = {m.role: _instead(m) for m in missing}
+    op = Counter(at[m.role].op for m in waiting).most_common(1)[0][0]
+    t = min(at[m.role].t_start for m in waiting)
+    div = Divergence(group, s, op, _roles(waiting), _roles(missing), instead, t_start=t)
+    head = f"group {group}, seq {s}: {_who(waiting, at, 'wait in')}" + "".join(
+        f"; {m.role} never called it: {instead[m.role]}" for m in missing)
+    lines = [head] + ([f"group {group}: {earlier} earlier collective(s) matched on all {len(members)} members"]
+                      if earlier else [])
+    lines += [f"{m.role}: last call in group {group}: {_last_call(m, group)}; {_progress(m)}" for m in missing]
+    return _Walk(div, missing[0].role, tuple(lines), t)
+
+
+def _mismatch(group: str, s: int, members: list[ProcessView], at: dict, kind: str) -> _Walk:
+    """The most common call is the reference; the members that differ from it are the culprits. On a tie
+    nobody is: the first member's side is listed first and both sides are named."""
+    key = (lambda m: at[m.role].op) if kind == "op" else (lambda m: at[m.role].shapes)
+    ranked = Counter(key(m) for m in members).most_common()
+    tie = ranked[0][1] == ranked[1][1]
+    top = {k for k, n in ranked if n == ranked[0][1]}
+    ref = next(key(m) for m in members if key(m) in top)
+    same = [m for m in members if key(m) == ref]
+    other = [m for m in members if key(m) != ref]
+    waiting = [m for m in same if not at[m.role].done]
+    instead = {m.role: _in_call(at[m.role]) for m in other}
+    t = min(at[m.role].t_start for m in (waiting or members))
+    div = Divergence(group, s, at[same[0].role].op, _roles(waiting), (), instead, kind, t_start=t)
+    culprit = None if tie else ", ".join(_roles(other))
+    what = "ops" if kind == "op" else "shapes"
+    head = f"group {group}, seq {s}: the members call different {what}: {_who(same + other, at, 'call', True)}"
+    why = (f"no call is the most common ({' vs '.join(str(n) for _, n in ranked)} members): neither side is "
+           "named the culprit" if tie else
+           f"{culprit} differ(s) from the call of {len(same)} of {len(members)} members: {_call(at[same[0].role])}")
+    return _Walk(div, culprit, (head, why), t)
+
+
+def _agreed(group: str, members: list[ProcessView], calls: dict, seqs: list[int]) -> str:
+    n = len(members)
+    if not seqs:
+        return f"group {group}: no numbered collective recorded on its {n} members"
+    last = {m.role: calls[m.role].get(seqs[-1]) for m in members}
+    open_ = [c for c in last.values() if c is not None and not c.done]
+    if not open_:
+        return f"group {group}: all {n} members called seq {seqs[0]} to {seqs[-1]} alike and all completed"
+    return (f"group {group}, seq {seqs[-1]}: all {n} members are in {_call(open_[0])}, {len(open_)} not "
+            "completed: the calls match, so no member is missing from it")
+
+
+# -------------------------------------------------------------------------------------------- sentences
+
+def _roles(ms: list[ProcessView]) -> tuple[str, ...]:
+    return tuple(m.role for m in ms)
+
+
+def _at(site: str | None) -> str:
+    return f" at {site}" if site else " (call site not recorded)"
+
+
+def _call(c: Collective, state: bool = False) -> str:
+    text = c.op + (f" ({c.shapes})" if c.shapes else "") + _at(c.call_site)
+    return text + (", completed" if c.done else ", not completed") if state else text
+
+
+def _in_call(c: Collective) -> str:
+    peer = f"rank {c.peer}" if c.peer is not None else "unknown"
+    where = f"group {c.group}, seq {c.seq}" if c.seq is not None else f"group {c.group}, peer {peer}"
+    of = f" of {c.shapes}" if c.shapes else ""
+    return f"{'in' if not c.done else 'completed'} {c.op}{of} ({where}){_at(c.call_site)}"
+
+
+def _who(ms: list[ProcessView], at: dict, verb: str, state: bool = False) -> str:
+    """'rank 0/4, rank 2/4 wait in all_reduce (f32[4]) at train.py:10; ...': members grouped by their call."""
+    by: dict[str, list[str]] = {}
+    for m in ms:
+        by.setdefault(_call(at[m.role], state), []).append(m.role)
+    first, _, rest = verb.partition(" ")
+    return "; ".join(f"{', '.join(rs)} {first if len(rs) > 1 else first + 's'}{' ' + rest if rest else ''} {call}"
+                     for call, rs in by.items())
+
+
+def _op_text(op: dict) -> str:
+    return f"{op.get('name') or 'an unnamed op'}{_at(op.get('call_site'))}"
+
+
+def _state(state: str) -> str:
+    return f"exited with code {state[7:]}" if state.startswith("exited ") else state
+
+
+def _instead(v: ProcessView) -> str:
+    """What a process does instead, from the strongest evidence: its end, its open call, its frame."""
+    if v.state not in ("running", "unknown"):
+        return _state(v.state)
+    c = _latest([c for c in v.collectives if not c.done])
+    if c is not None:
+        return _in_call(c)
+    if v.open_op:
+        return f"in {_op_text(v.open_op)} (started, never completed)"
+    if v.wait:
+        where = f" at {v.frame}" if v.frame else " (no Python frame captured)"
+        return _WAITS.get(v.wait, f"waiting ({v.wait})") + where
+    if v.frame:
+        return f"at {v.frame} (no op open)"
+    return "unknown (no op open, no Python frame captured)"
+
+
+def _latest(cs: Sequence[Collective]) -> Collective | None:
+    return max(reversed(cs), key=lambda c: c.t_start) if cs else None   # a tie: the later record
+
+
+def _last_call(v: ProcessView, group: str) -> str:
+    c = _latest(list(_calls(v, group).values()))
+    return f"seq {c.seq} {_call(c, True)}" if c else "none recorded"
+
+
+def _progress(v: ProcessView) -> str:
+    s = v.last_progress_s
+    return "last progress unknown" if s is None else f"no progress for {s:.1f} s before the stall"
+
+
+def _world_gaps(order: list[ProcessView]) -> tuple[str, ...]:
+    """Ranks the world size promises but no view shows: their state is unknown, and is said to be."""
+    seen = {v.rank for v in order if v.kind == "rank" and v.rank is not None}
+    world = max((v.world for v in order if v.kind == "rank" and v.world), default=0)
+    absent = [r for r in range(world) if r not in seen]
+    return (f"world size {world}, but no view of rank(s) {', '.join(map(str, absent))}: their state is "
+            "unknown (on other nodes? `gpulab merge` the watch folders of every node)",) if absent else ()
+
+
+# ------------------------------------------------------------------------------------------ workers
+
+def _waits_on_loader(v: ProcessView) -> bool:
+    frame = (v.frame or "").lower()
+    return v.wait == "queue" or any(f in frame for f in _LOADER_FRAMES)
+
+
+def _stuck_worker(order: list[ProcessView]) -> tuple[ProcessView, ProcessView] | None:
+    """(worker, the process that waits for it): a worker under a waiting parent first, a blocked one (lock,
+    I/O, an open op) before one idle on its own queue. A child process that is no DataLoader worker (a
+    subprocess, a multiprocessing child) counts only when its own parent waits for its children."""
+    by_pid = {(v.node, v.pid): v for v in order}
+    waiters = [v for v in order if v.kind in ("rank", "main") and _waits_on_loader(v)]
+    found = []
+    for i, w in enumerate(order):
+        if w.kind not in ("worker", "process") or w.state != "running" or (w.last_progress_s or 0) < 0:
+            continue
+        parent = by_pid.get((w.node, w.ppid))
+        if w.kind == "process":
+            waiter = parent if parent is not None and parent.wait == "children" else None
+        else:
+            waiter = parent if parent is not None and _waits_on_loader(parent) else (waiters or [None])[0]
+        if waiter is not None:
+            blocked = bool(w.open_op) or w.wait in _BLOCKED
+            found.append(((waiter is not parent, not blocked, i), w, waiter))
+    return min(found, key=lambda f: f[0])[1:] if found else None
+
+
+def _loader_links(order: list[ProcessView], w: _Walk) -> tuple[str, ...]:
+    """A culprit rank that itself waits on its DataLoader: name the worker it waits for."""
+    culprits = set((w.culprit or "").split(", "))
+    lines = []
+    for r in (v for v in order if v.role in culprits and _waits_on_loader(v)):
+        stuck = _stuck_worker([r] + [v for v in order if v.kind == "worker" and (v.node, v.ppid) == (r.node, r.pid)])
+        if stuck is not None:
+            lines.append(f"{r.role} waits for its DataLoader; {stuck[0].role} (pid {stuck[0].pid}) is "
+                         f"{_instead(stuck[0])}, {_progress(stuck[0])}")
+    return tuple(lines)
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+def _row(v: ProcessView) -> dict[str, Any]:
+    c = _latest(v.collectives)
+    coll = {"group": c.group, "seq": c.seq, "op": c.op, "shapes": c.shapes, "done": c.done} if c else None
+    return {"role": v.role, "pid": v.pid, "node": v.node, "kind": v.kind, "state": v.state,
+            "open_op": _op_text(v.open_op) if v.open_op else None, "collective": coll,
+            "last_progress_s": v.last_progress_s, "wait": v.wait, "frame": v.frame, "log": v.log}

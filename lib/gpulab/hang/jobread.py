@@ -1,0 +1,231 @@
+"""A job's folder (gpulab.trace.follow: each process's <pid>.json, op log, beat, faulthandler file) -> the
+per-process views gpulab.hang.job judges; and the capture of every live process of the job on a stall.
+
+File and process handling only; the judgement is gpulab.hang.job's."""
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import psutil
+
+from gpulab import trace
+from gpulab.hang import capture
+from gpulab.hang.job import Collective, ProcessView
+from gpulab.hang.verdict import localize
+from gpulab.trace import collectives, follow
+
+LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+HELPERS = {"multiprocessing.resource_tracker": "multiprocessing resource tracker",
+           "multiprocessing.forkserver": "multiprocessing fork server"}
+_LOADER_WAITS = ("_try_get_data ", "_get_data ", "_next_data ")
+_QUEUE_FRAMES = ("_try_get_data", "_get_data", "_next_data", "queues.py", "connection.py", "queue.py")
+_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64",
+           "int32": "i32", "uint8": "u8", "bool": "b8"}
+
+
+# ------------------------------------------------------------------------------------ capture
+
+def live(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def capture_python(folder: Path, metas: Mapping[int, dict], timeout_s: float = 2.0) -> dict[int, capture.Capture]:
+    """Every live followed process's Python stacks at once (its faulthandler on SIGUSR1; in parallel, so the
+    job costs one process's time, not the sum)."""
+    todo = {pid: folder / m["faulthandler"] for pid, m in metas.items()
+            if m.get("faulthandler") and not m.get("root") and live(pid)}
+    if not todo:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(todo))) as ex:
+        futs = {pid: ex.submit(capture.python_stacks, pid, fh, timeout_s) for pid, fh in todo.items()}
+        return {pid: f.result() for pid, f in futs.items()}
+
+
+def capture_native(pids: Sequence[int], tools: Sequence[str], timeout_s: float = 10.0) -> dict[int, capture.Capture]:
+    """Native stacks of a few processes (the ones the finding names), in parallel."""
+    pids = [p for p in pids if live(p)]
+    if not pids or not tools:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(4, len(pids))) as ex:
+        futs = {pid: ex.submit(capture.native_stacks, pid, timeout_s, tuple(tools)) for pid in pids}
+        return {pid: f.result() for pid, f in futs.items()}
+
+
+# ------------------------------------------------------------------------------------ who is who
+
+def _env_int(meta: Mapping[str, Any], key: str) -> int | None:
+    v = (meta.get("env") or {}).get(key)
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def rank_of(meta: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(rank, world): what init_process_group said, else torchrun's environment."""
+    if meta.get("rank") is not None:
+        return meta["rank"], meta.get("world")
+    return _env_int(meta, "rank"), _env_int(meta, "world_size")
+
+
+def command_text(meta: Mapping[str, Any], width: int = 60) -> str:
+    """The command as the user gave it: the recorded root's `python -m gpulab.trace ... --` left out."""
+    argv = list(meta.get("argv") or ())
+    if "gpulab.trace" in argv and "--" in argv:
+        argv = argv[:1] + argv[argv.index("--") + 1:]
+    argv = [os.path.basename(a) if i == 0 or a.endswith(".py") else a for i, a in enumerate(argv)]
+    text = " ".join(argv)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def role_of(meta: Mapping[str, Any], metas: Mapping[int, Mapping[str, Any]]) -> tuple[str, str]:
+    """(role, kind) of one process, named the way a user thinks of it."""
+    argv = " ".join(meta.get("argv") or ())
+    if meta.get("worker") is not None:
+        parent = metas.get(meta.get("ppid")) or {}
+        prank, pworld = rank_of(parent)
+        of = f"rank {prank}" if prank is not None else "main" if parent.get("root") else f"pid {meta.get('ppid')}"
+        return f"DataLoader worker {meta['worker']} of {of}", "worker"
+    rank, world = rank_of(meta)
+    if rank is not None:
+        return f"rank {rank}/{world if world is not None else '?'}", "rank"
+    for mark, name in HELPERS.items():
+        if mark in argv:
+            return f"{name} (pid {meta.get('pid')})", "helper"
+    if any(re.search(rf"(^|[/ ]){re.escape(m)}( |$)", argv) for m in LAUNCHERS):
+        return f"launcher (pid {meta.get('pid')}: {command_text(meta)})", "launcher"
+    if meta.get("root"):
+        return f"main (pid {meta.get('pid')})", "main"
+    return f"pid {meta.get('pid')}: {command_text(meta)}", "process"
+
+
+def state_of(pid: int, meta: Mapping[str, Any]) -> str:
+    if live(pid):
+        return "running"
+    if meta.get("exception"):
+        return f"exited after an uncaught {meta['exception']}"
+    return "exited" if meta.get("ended") else "ended (killed or exited without a word)"
+
+
+# ------------------------------------------------------------------------------------ what it was doing
+
+def shapes_text(args: Sequence[Any]) -> str:
+    ts = [a for a in args if isinstance(a, Mapping) and "shape" in a]
+    return ", ".join(f"{_DTYPES.get(a.get('dtype'), a.get('dtype'))}{list(a.get('shape') or [])}" for a in ts)
+
+
+def collectives_of(records: Sequence[Any]) -> tuple[Collective, ...]:
+    out = []
+    for r in records:
+        if not r.name.startswith(collectives.PREFIX):
+            continue
+        tags = collectives.parse(r.args)
+        out.append(Collective(op=r.name[len(collectives.PREFIX):], group=tags["group"] or collectives.DEFAULT_GROUP,
+                              seq=tags["seq"], shapes=shapes_text(r.args), call_site=r.call_site or "",
+                              done=r.t_end is not None and not r.raised, peer=tags["peer"], t_start=r.t_start,
+                              t_end=r.t_end))
+    return tuple(out)
+
+
+def main_frame(text: str) -> tuple[str | None, tuple[str, ...]]:
+    """(innermost frame of the main thread with its source line, all its frames) from a faulthandler dump."""
+    threads = capture.parse_python(text or "")
+    main = next((t for t in threads if t.main), None)
+    if main is None or not main.frames:
+        return None, ()
+    inner = main.frames[0]
+    m = re.match(r"(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$", inner)
+    if not m:
+        return inner, main.frames
+    src = linecache.getline(m.group("file"), int(m.group("line"))).strip()
+    parts = m.group("file").split(os.sep)
+    where = f"{os.sep.join(parts[-2:])}:{m.group('line')} in {m.group('func')}"
+    return (f"{where}: `{src[:80]}`" if src else where), main.frames
+
+
+def wait_of(frame: str | None, frames: Sequence[str], open_op: Mapping[str, Any] | None) -> str | None:
+    """What the main thread waits in, from the open op and the Python frames (None when nothing says)."""
+    name = (open_op or {}).get("name") or ""
+    if name.startswith(collectives.PREFIX):
+        return "collective"
+    if name and ("synchronize" in name or "_local_scalar_dense" in name):
+        return "cuda_sync"
+    src = (frame or "").split("`")[1] if frame and "`" in frame else ""
+    if ".acquire(" in src or re.search(r"\bwith\b.*\block\b", src, re.I) or re.search(r"lock\w*\(", src, re.I):
+        return "lock"
+    if any(f.startswith(_LOADER_WAITS) for f in frames[:8]):
+        return "queue"
+    if any(f.startswith(("join ", "_try_wait ", "wait (", "communicate ")) and (
+            "multiprocessing" in f or "subprocess" in f) for f in frames[:8]):
+        return "children"
+    if any(q in f for f in frames[:6] for q in _QUEUE_FRAMES):
+        return "queue"
+    return None
+
+
+def _open_op(records: Sequence[Any]) -> dict | None:
+    inflight = localize(records)[0] if records else None
+    if inflight is None:
+        return None
+    return {"name": inflight.name, "args": shapes_text(inflight.args), "call_site": inflight.call_site or "",
+            "gpu": inflight.t_end is not None and inflight.gpu_done is False}
+
+
+def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: Mapping[int, float] | None = None,
+          now: float | None = None, seen: Mapping[int, Mapping[str, Any]] | None = None,
+          node: str | None = None) -> list[ProcessView]:
+    """One view per process that announced itself in the folder (the root included). Live: `last_progress`
+    (monotonic times) and the processes themselves say how far each got and whether it runs. From a folder
+    read later (gpulab merge): `seen`, the rows of the verdict written at the stall, say it instead."""
+    folder = Path(folder)
+    metas = follow.metas(folder)
+    now = time.monotonic() if now is None else now
+    out = []
+    for pid, meta in sorted(metas.items()):
+        records: Sequence[Any] = ()
+        log = folder / meta["log"] if meta.get("log") else None
+        snap = None
+        if log is not None and log.exists():
+            try:
+                snap = trace.read(log)
+                records = snap.records
+            except Exception:  # noqa: BLE001 - a torn log still leaves the process's role and stacks
+                snap = None
+        role, kind = role_of(meta, metas)
+        rank, world = rank_of(meta)
+        open_op = _open_op(records)
+        frame, frames = main_frame(pythons.get(pid, ""))
+        row = (seen or {}).get(pid)
+        if row is not None:
+            state, progress = row.get("state") or "unknown", row.get("last_progress_s")
+        else:
+            t = (last_progress or {}).get(pid)
+            state, progress = state_of(pid, meta), round(now - t, 2) if t is not None else None
+        out.append(ProcessView(
+            pid=pid, ppid=meta.get("ppid"), role=role, kind=kind, state=state, rank=rank, world=world,
+            worker=meta.get("worker"), node=node or meta.get("host") or socket.gethostname(), open_op=open_op,
+            collectives=collectives_of(records), ops_completed=snap.completed if snap is not None else 0,
+            last_progress_s=progress, frame=frame, wait=wait_of(frame, frames, open_op),
+            log=os.path.relpath(log, folder) if log is not None else None))
+    return out
+
+
+def stacks_files(folder: str | os.PathLike, kind: str = "python") -> dict[int, str]:
+    """The stacks the watchdog saved per process (<pid>.stacks_<kind>.txt) at the stall."""
+    out = {}
+    for p in Path(folder).glob(f"*.stacks_{kind}.txt"):
+        head = p.name.split(".", 1)[0]
+        if head.isdigit():
+            out[int(head)] = p.read_text(errors="replace")
+    return out

@@ -1,0 +1,181 @@
+"""torch.distributed calls as first-class records: each collective, p2p call, barrier and object collective
+of the program is one composite record `dist.<name>` around what the dispatcher runs inside it (the
+`c10d.*` ops and the wait), with its process group, its per-group sequence number, its peer and the shapes
+and dtypes of its tensors. The dispatcher alone shows `c10d.allreduce_` completing at launch, while the rank
+then waits outside any op: the Python call is what a rank is stuck in.
+
+The sequence number is counted here, per process and per group, in the order the program calls: every rank
+of a group must call the group's collectives in the same order, so the n-th call of each rank is the same
+collective (gpulab.hang.job matches them). A call made inside another recorded call (all_gather_object's
+all_gather) is not counted again. async_op calls are recorded until they return (the launch).
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, Callable
+
+# name -> kind: counted collectives get a sequence number; p2p names a peer; "group" is bookkeeping
+CALLS = {
+    **dict.fromkeys(("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                     "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+                     "monitored_barrier", "all_gather_object", "broadcast_object_list", "gather_object",
+                     "scatter_object_list"), "collective"),
+    **dict.fromkeys(("send", "recv", "isend", "irecv", "batch_isend_irecv"), "p2p"),
+    "new_group": "group",
+}
+DEFAULT_GROUP = "default"
+PREFIX = "dist."
+
+
+class Tag(str):
+    """An argument of a record that prints as itself (the op log keeps repr() of non-tensors)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+_inside = threading.local()
+
+
+def group_key(dist: Any, group: Any) -> str:
+    """The group's name as every rank knows it: 'default' for the world, else its (deterministic) name."""
+    if group is None or group is getattr(dist.GroupMember, "WORLD", None):
+        return DEFAULT_GROUP
+    name = getattr(group, "group_name", None)
+    try:
+        if name == dist.distributed_c10d._get_default_group().group_name:
+            return DEFAULT_GROUP
+    except Exception:  # noqa: BLE001 - not initialized: a name is still a name
+        pass
+    return str(name) if name else f"pg@{id(group):x}"
+
+
+def _tensors(values: Any) -> list:
+    import torch
+
+    out: list = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+            out.extend(x for x in v if isinstance(x, torch.Tensor))
+    return out[:4]
+
+
+def describer(dist: Any, name: str, kind: str, orig: Callable, counters: dict) -> Callable:
+    """describe(args, kwargs) -> the record's arguments: tensors, then g=, seq= / peer=, async."""
+    try:
+        sig = inspect.signature(orig)
+    except (TypeError, ValueError):
+        sig = None
+
+    def describe(args: tuple, kwargs: dict):
+        if getattr(_inside, "depth", 0):
+            return None
+        try:
+            bound = sig.bind_partial(*args, **kwargs).arguments if sig is not None else dict(kwargs)
+        except TypeError:
+            bound = dict(kwargs)
+        group = bound.get("group")
+        if kind == "p2p" and group is None and name == "batch_isend_irecv":
+            ops = bound.get("p2p_op_list") or ()
+            group = getattr(ops[0], "group", None) if ops else None
+        key = group_key(dist, group)
+        tags = [Tag(f"g={key}")]
+        if kind == "collective":
+            counters[key] = counters.get(key, 0) + 1
+            tags.append(Tag(f"seq={counters[key]}"))
+        elif kind == "p2p":
+            peer = next((bound[k] for k in ("dst", "src", "group_dst", "group_src") if bound.get(k) is not None), None)
+            if peer is not None:
+                tags.append(Tag(f"peer={peer}"))
+        elif kind == "group" and bound.get("ranks") is not None:
+            tags.append(Tag("ranks=" + ",".join(map(str, bound["ranks"]))))
+        if bound.get("async_op"):
+            tags.append(Tag("async"))
+        return (*_tensors(bound.values()), *tags)
+    return describe
+
+
+def _nested(orig: Callable) -> Callable:
+    def call(*args, **kwargs):
+        _inside.depth = getattr(_inside, "depth", 0) + 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            _inside.depth -= 1
+    return call
+
+
+def install(call_wrapper: Callable, on_init: Callable[[Any], None] | None = None) -> Callable[[], None]:
+    """Wrap torch.distributed's calls with `call_wrapper(orig, name, describe)` (the recorder's composite
+    records); returns the function that puts the originals back. A torch without distributed: nothing."""
+    try:
+        import torch.distributed as dist
+        if not dist.is_available():
+            return lambda: None
+    except Exception:  # noqa: BLE001
+        return lambda: None
+    # both the package and the module that defines the calls: a library may call either, and the calls
+    # one collective makes inside (all_gather_object's all_gather) go through the module's globals
+    c10d = dist.distributed_c10d
+    saved: list[tuple[Any, str, Callable]] = []
+    counters: dict[str, int] = {}
+
+    def put(name: str, orig: Callable, wrapped: Callable) -> None:
+        for mod in (dist, c10d):
+            if getattr(mod, name, None) is orig:
+                saved.append((mod, name, orig))
+                setattr(mod, name, wrapped)
+
+    for name, kind in CALLS.items():
+        orig = getattr(c10d, name, None) or getattr(dist, name, None)
+        if orig is None or getattr(orig, "__gpulab_call__", False):
+            continue
+        wrapped = call_wrapper(_nested(orig), f"{PREFIX}{name}".encode(), describer(dist, name, kind, orig, counters))
+        wrapped.__gpulab_call__ = True
+        put(name, orig, wrapped)
+    init = getattr(dist, "init_process_group", None)
+    if on_init is not None and init is not None and not getattr(init, "__gpulab_call__", False):
+        def init_process_group(*args, **kwargs):
+            out = init(*args, **kwargs)
+            try:
+                on_init(dist)
+            except Exception:  # noqa: BLE001 - a role note must never break the program
+                pass
+            return out
+        init_process_group.__gpulab_call__ = True
+        put("init_process_group", init, init_process_group)
+
+    def restore() -> None:
+        for mod, n, f in reversed(saved):
+            setattr(mod, n, f)
+    return restore
+
+
+def parse(args: list) -> dict:
+    """The tags of a `dist.*` record's parsed arguments: {"group", "seq", "peer", "async", "ranks"}."""
+    out: dict = {"group": None, "seq": None, "peer": None, "async": False}
+    for a in args:
+        v = a.get("value") if isinstance(a, dict) else None
+        if not isinstance(v, str):
+            continue
+        if v.startswith("g="):
+            out["group"] = v[2:]
+        elif v.startswith("seq="):
+            out["seq"] = _int(v[4:])
+        elif v.startswith("peer="):
+            out["peer"] = _int(v[5:])
+        elif v.startswith("ranks="):
+            out["ranks"] = v[6:]
+        elif v == "async":
+            out["async"] = True
+    return out
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None

@@ -1,0 +1,15 @@
+"""Load data in the main process (num_workers=0): a diagnostic more than a fix.
+
+If the hang goes away, it lives in the workers' processes (a lock or a thread pool inherited at fork,
+shared memory, a worker's own deadlock); if it stays, the dataset itself blocks. Costs the overlap of
+data loading with the step.
+"""
+from gpulab.fixes.answers import Answer
+from gpulab.fixes.fix import Fix
+from gpulab.fixes.kit import dataloader_defaults
+
+FIX = Fix("dataloader_no_workers", "DataLoader with num_workers=0 (data loaded in the main process)",
+          targets=("worker_stuck",), apply=dataloader_defaults(num_workers=0),
+          answers=(Answer("a DataLoader worker is blocked while its loader waits for data", cls="worker_stuck"),),
+          apply_yourself="DataLoader(..., num_workers=0)",
+          source="https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading")
