@@ -110,6 +110,12 @@ def analyse(views: Sequence[ProcessView]) -> JobFinding:
         return JobFinding(cls, w.culprit, w.divergence, w.evidence + _loader_links(order, w) + gaps, rows)
     agreed = tuple(s for w in walks for s in w.evidence) or (
         "no process group has two or more members in these views: no collective to compare",)
+    gpu = _gpu_stuck(order)
+    if gpu is not None:
+        culprit, waiting, c, evidence = gpu
+        div = Divergence(c.group, c.seq, c.op, _roles(waiting), (), {culprit.role: evidence[0]},
+                         t_start=c.t_start) if c is not None and c.seq is not None else None
+        return JobFinding("rank_stuck", culprit.role, div, evidence + agreed + gaps, rows)
     stuck = _stuck_worker(order)
     if stuck is None:
         return JobFinding(None, None, None, agreed + gaps, rows)
@@ -309,6 +315,30 @@ def _world_gaps(order: list[ProcessView]) -> tuple[str, ...]:
     absent = [r for r in range(world) if r not in seen]
     return (f"world size {world}, but no view of rank(s) {', '.join(map(str, absent))}: their state is "
             "unknown (on other nodes? `gpulab merge` the watch folders of every node)",) if absent else ()
+
+
+# ------------------------------------------------------------------------------------------ GPU work
+
+def _gpu_stuck(order: list[ProcessView]):
+    """Every rank called the same collectives, but one rank's GPU work queued *before* its latest collective
+    never completed: its collective never ran on its GPU (NCCL runs in stream order), so the others' copies
+    of it wait for ever. GPU work that never completed *after* the collective is the waiting, not a cause."""
+    ranks = [v for v in order if v.kind == "rank" and v.state in ("running", "unknown")]
+    culprits, waiting = [], []
+    for v in ranks:
+        c = _latest(v.collectives)
+        op = v.open_op or {}
+        before = op.get("gpu") and c is not None and op.get("t_start") is not None and op["t_start"] < c.t_start
+        (culprits if before else waiting).append(v)
+    if not culprits or not waiting:
+        return None
+    v = culprits[0]
+    c = _latest(v.collectives)
+    first = (f"its GPU work {_op_text(v.open_op)} never completed, and its {c.op} (group {c.group}, seq {c.seq}) "
+             "was queued on the GPU behind it: the collective never ran there")
+    evidence = (f"{v.role}: {first}",
+                f"{', '.join(_roles(waiting))} wait in {c.op} (group {c.group}, seq {c.seq}) for {v.role}")
+    return v, waiting, c, evidence
 
 
 # ------------------------------------------------------------------------------------------ workers

@@ -179,7 +179,7 @@ def _open_op(records: Sequence[Any]) -> dict | None:
     if inflight is None:
         return None
     return {"name": inflight.name, "args": shapes_text(inflight.args), "call_site": inflight.call_site or "",
-            "gpu": inflight.t_end is not None and inflight.gpu_done is False}
+            "gpu": inflight.t_end is not None and inflight.gpu_done is False, "t_start": inflight.t_start}
 
 
 def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: Mapping[int, float] | None = None,

@@ -18,6 +18,7 @@ Exit codes: 0 ok, 1 error (non-zero exit), 3 hang, 4 crash, 5 timeout, 2 bad usa
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -224,8 +225,9 @@ def _with_job(v: Verdict, launch: Launch, root: int, views: list, finding: Any, 
         files = {k: f"procs/{row['pid']}.stacks_{k}.txt" for k in stacks if stacks[k].get(row["pid"])}
         rows.append({**row, "stacks": files})
     culprit = next((p for p in views if p.role == finding.culprit), None)
+    plain = json.loads(json.dumps(finding.to_dict()))   # as verdict.json holds it (lists, not tuples)
     changes: dict = {"processes": tuple(rows), "culprit": finding.culprit,
-                     "divergence": finding.to_dict()["divergence"]}
+                     "divergence": plain["divergence"]}
     if any(p.ops_completed or p.collectives for p in views):
         changes["phase"] = "ops"
     if finding.cls is None:

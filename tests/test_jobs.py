@@ -1,0 +1,169 @@
+"""Many processes, one verdict: real jobs (gloo ranks by mp.spawn and torchrun, DataLoader workers by fork
+and spawn, a Python subprocess, two "nodes" on one host, NCCL ranks on two GPUs) under the watchdog. Every
+process of the job is recorded with no change to it; the verdict names the process, the group, the
+collective and its sequence number; nothing is left running (conftest checks every test)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpulab.hang import merge, watch
+
+FIX = Path(__file__).parent / "fixtures"
+DIST, NCCL = str(FIX / "dist_job.py"), str(FIX / "nccl_job.py")
+STALL = 3.0
+
+
+def watched(tmp_path: Path, *command: str, name: str = "w", stall: float = STALL):
+    """As `gpulab watch` runs it: the verdict with the fixes it points at."""
+    from gpulab.fixes import suggest
+
+    return watch.run(list(command), stall_s=stall, timeout_s=120, out_dir=tmp_path / name, progress=lambda m: None,
+                     finish=suggest.with_suggestions)
+
+
+def roles(v) -> dict[str, dict]:
+    return {p["role"]: p for p in v.processes}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_rank_that_skips_a_collective_is_named_with_both_calls(tmp_path, world):
+    v = watched(tmp_path, sys.executable, DIST, "skip", "--world", str(world))
+    assert (v.status, v.cls, v.phase) == ("hang", "collective_mismatch", "ops")
+    d = v.divergence
+    assert (d["group"], d["seq"], d["mismatch"]) == ("default", 2, "op")
+    bad = f"rank {world - 1}/{world}"
+    assert "barrier" in d["instead"][bad] and "dist_job.py:" in d["instead"][bad]
+    if world > 2:   # the majority calls all_reduce: the one rank in the barrier is the culprit
+        assert v.culprit == bad and v.in_flight_op["name"] == "dist.barrier"
+    p = roles(v)
+    assert {f"rank {r}/{world}" for r in range(world)} <= set(p)
+    assert p["rank 0/2" if world == 2 else "rank 0/4"]["collective"] == {
+        "group": "default", "seq": 2, "op": "all_reduce", "shapes": "f32[4]", "done": False}
+    assert any(r["kind"] == "main" for r in v.processes)
+    # every process's evidence is in the folder: its op log, its stacks
+    out = Path(v.log["dir"])
+    for row in v.processes:
+        if row["kind"] == "rank":
+            assert (out / "procs" / row["log"]).stat().st_size < 1 << 20   # cut to what was recorded
+            assert "work.wait()" in (out / row["stacks"]["python"]).read_text() or row["frame"]
+
+
+def test_a_shape_mismatch_of_the_same_collective(tmp_path):
+    v = watched(tmp_path, sys.executable, DIST, "shape")
+    assert v.cls == "collective_mismatch" and v.divergence["mismatch"] == "shape"
+    assert any("f32[8]" in e for e in v.evidence) and any("f32[4]" in e for e in v.evidence)
+
+
+def test_a_rank_stuck_in_a_deadlocked_op_while_the_others_wait_in_all_reduce(tmp_path):
+    v = watched(tmp_path, sys.executable, DIST, "stuck", "--world", "3")
+    assert (v.status, v.cls, v.culprit) == ("hang", "rank_stuck", "rank 2/3")
+    assert v.divergence["missing"] == ["rank 2/3"] and v.divergence["op"] == "all_reduce"
+    assert set(v.divergence["waiting"]) == {"rank 0/3", "rank 1/3"}
+    assert v.in_flight_op["name"] == "aten.mm.default" and v.in_flight_op["process"] == "rank 2/3"
+    assert roles(v)["rank 2/3"]["wait"] == "lock"   # its frame: pthread_mutex_lock in the fixture's kernel
+
+
+def test_torchrun_ranks_are_followed_and_the_launcher_is_named(tmp_path):
+    port = _free_port()
+    v = watched(tmp_path, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(port), DIST, "stuck")
+    assert (v.cls, v.culprit) == ("rank_stuck", "rank 1/2")
+    kinds = {r["kind"] for r in v.processes}
+    assert {"rank", "launcher"} <= kinds
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_dataloader_worker_blocked_in_getitem(tmp_path, start):
+    script = FIX / "loader_selflock.py"
+    v = watched(tmp_path, sys.executable, str(script), start)
+    assert (v.status, v.cls) == ("hang", "worker_stuck")
+    assert v.culprit.startswith("DataLoader worker ") and v.culprit.endswith(" of main")
+    worker = roles(v)[v.culprit]
+    assert worker["wait"] == "lock" and "loader_selflock.py" in worker["frame"]
+    assert any("dataloader_spawn" in s["fix"] for s in v.suggested)
+
+
+def test_a_worker_that_inherited_a_held_lock_at_fork_is_fixed_by_spawn(tmp_path):
+    from gpulab.fixes import commands
+
+    rc = commands.main(["--scenario", "auto", "--repeats", "1", "--stall", str(STALL), "--json", str(tmp_path / "f.json"),
+                        "--out", str(tmp_path / "fx"), "--", sys.executable, DIST, "loader", "--start", "fork"])
+    res = json.loads((tmp_path / "f.json").read_text())
+    got = {s["name"]: s["verdict"] for s in res["scenarios"]}
+    assert rc == 0 and got["baseline"] == "baseline" and got["dataloader_spawn"] == "fixes"
+    assert res["recommendation"]["fix"] == "dataloader_spawn" if isinstance(res["recommendation"], dict) else \
+        res["recommendation"].startswith("dataloader_spawn")
+
+
+def test_a_python_subprocess_that_hangs(tmp_path):
+    v = watched(tmp_path, sys.executable, DIST, "child")
+    assert (v.status, v.cls) == ("hang", "worker_stuck")
+    assert v.culprit.startswith("pid ") and "python -c" in v.culprit
+    assert roles(v)[next(r for r in roles(v) if r.startswith("main"))]["wait"] == "children"
+
+
+def test_a_job_that_passes_is_ok_and_keeps_small_logs(tmp_path):
+    v = watched(tmp_path, sys.executable, DIST, "ok")
+    assert v.status == "ok" and v.processes == ()
+    logs = list((Path(v.log["dir"]) / "procs").glob("*.log"))
+    assert len(logs) >= 2 and all(p.stat().st_size < 1 << 20 for p in logs)
+
+
+def test_two_nodes_each_watched_where_it_runs_and_merged(tmp_path, capsys):
+    port, verdicts = _free_port(), {}
+
+    def node(i: int) -> None:
+        verdicts[i] = watched(tmp_path, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                              "--node-rank", str(i), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                              "--master-port", str(port), DIST, "stuck", name=f"node{i}", stall=6.0)
+    threads = [threading.Thread(target=node, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(v.status == "hang" for v in verdicts.values())
+    assert any("gpulab merge" in e for e in verdicts[0].evidence)   # a node alone sees half the world
+    rc = merge.main(["--json", str(tmp_path / "job.json"), str(tmp_path / "node0"), str(tmp_path / "node1")])
+    assert rc == 3
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert (job["class"], job["culprit"]) == ("rank_stuck", "rank 1/2")
+    assert job["divergence"]["waiting"] == ["rank 0/2"] and job["divergence"]["seq"] == 2
+    assert len({p["node"] for p in job["processes"]}) == 2
+
+
+def test_merge_refuses_a_folder_without_processes(tmp_path, capsys):
+    assert merge.main([str(tmp_path)]) == 2
+    assert "no followed processes" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+@pytest.mark.parametrize("scenario,cls", [("skip", "collective_mismatch"), ("spin", "rank_stuck")])
+def test_ranks_on_gpus(tmp_path, scenario, cls, backend):
+    import torch
+
+    if backend == "nccl" and torch.cuda.device_count() < 2:
+        pytest.skip("NCCL needs two GPUs (one rank each)")
+    v = watched(tmp_path, sys.executable, NCCL, scenario, "--world", "2", "--backend", backend, stall=5.0)
+    assert v.status == "hang" and v.cls == cls, v.evidence
+    assert v.divergence["seq"] == 2 and v.divergence["group"] == "default"
+    if scenario == "spin":
+        assert v.culprit == "rank 1/2" and "never completed" in v.divergence["instead"]["rank 1/2"]
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # ranks on a 2-core machine
