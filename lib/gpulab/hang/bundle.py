@@ -130,6 +130,9 @@ def write(out_dir: str | Path, *, verdict_dir: str | Path | None = None, ladder_
     vdir = Path(verdict_dir) if verdict_dir else None
     add(vdir, ("verdict.json", "stacks_python.txt", "stacks_native.txt", "stacks_gpu.txt", "oplog_tail.txt",
                "stderr.txt", "stdout.txt"), "failure")
+    if vdir is not None and (vdir / "procs").is_dir():   # a job: every process's role, stacks and op-log tail
+        add(vdir, sorted(f"procs/{p.name}" for p in (vdir / "procs").iterdir()
+                         if p.suffix == ".json" or ".stacks_" in p.name or p.name.endswith(".oplog_tail.txt")), "failure")
     add(ladder_dir, ("ladder.json", "ladder_table.csv"), "ladder")
     add(bisect_dir, ("bisect.json", "repro.sh"), "bisect")
     add(repro_dir, ("repro.py", "repro.json"), "repro")

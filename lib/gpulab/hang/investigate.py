@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 from gpulab import device, report, trace, workloads
 from gpulab.hang import bisect, bundle, faults, ladder, repro
-from gpulab.hang.verdict import Verdict, op_brief
+from gpulab.hang.verdict import Verdict, job_where, op_brief
 
 
 def rungs(cfg: workloads.WorkloadConfig) -> list[ladder.Rung]:
@@ -91,6 +91,8 @@ def _what(v: Verdict | None) -> str:
     """What failed, in words: the op for a hang in an op, else how the process ended and its last words."""
     if v is None:
         return "a failure"
+    if v.culprit or v.divergence:   # a job: the process and the collective
+        return f"{v.status} ({v.cls}) {job_where(v)}"
     if v.in_flight_op:
         return f"{v.status} ({v.cls}) in {op_brief(v.in_flight_op)}"
     last = next((ln.strip() for ln in reversed(v.stderr_tail.splitlines()) if ln.strip()), "")

@@ -18,7 +18,7 @@ import psutil
 from gpulab import trace
 from gpulab.hang import capture
 from gpulab.hang.job import Collective, ProcessView
-from gpulab.hang.verdict import localize
+from gpulab.trace.analysis import localize
 from gpulab.trace import collectives, follow
 
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")

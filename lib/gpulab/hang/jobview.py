@@ -31,9 +31,10 @@ def _progress_text(s: float | None) -> str:
     return "unknown" if s is None else f"{s:.1f} s before the stall"
 
 
-def plot_timeline(views: Sequence[ProcessView], finding: JobFinding, ax: Any = None):
+def plot_timeline(views: Sequence[ProcessView], finding: JobFinding, ax: Any = None, t_capture: float | None = None):
     """A lane per process, a bar per collective: the call some lanes wait in while another lane never
-    reaches it is the hang, and the dashed line marks where it starts."""
+    reaches it is the hang, and the dashed line marks where it starts. t_capture (the op-log clock at the
+    stall's capture): open calls are drawn up to it, so the bar's length is how long they waited."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
     from matplotlib.lines import Line2D
@@ -47,6 +48,8 @@ def plot_timeline(views: Sequence[ProcessView], finding: JobFinding, ax: Any = N
     seen = max((max(c.t_start, c.t_end or c.t_start) for c in calls), default=t0)
     span = seen - t0 if seen - t0 > 1e-6 else 1.0
     t_last = seen + 0.12 * span   # open calls run past the latest time seen: the stall, its length unknown
+    if t_capture is not None and t_capture > t_last:
+        t_last, span = t_capture, t_capture - t0
     for y, role in enumerate(roles):
         v = by_role.get(role)
         if v is not None:
@@ -113,3 +116,26 @@ def finding_md(finding: JobFinding) -> str:
     culprit = e(finding.culprit) if finding.culprit else "none named"
     lead = f" {e(finding.evidence[0])}." if finding.evidence else ""
     return f"**Job finding:** {cls}; **culprit:** {culprit}.{lead}"
+
+
+def show_job(v: Any) -> None:
+    """Notebook 03's view of a job's verdict: the finding, one row per process, every process on one time
+    axis with the divergence marked. Read back from the verdict's folder (procs/), as `gpulab merge` does."""
+    from pathlib import Path
+
+    from IPython.display import Markdown, display
+
+    from gpulab.hang import job, merge
+
+    try:
+        views = merge.node_views(Path(v.log["dir"]))
+    except Exception as exc:  # noqa: BLE001 - the table in the verdict is still shown
+        display(Markdown(f"*The job's folder could not be read again ({report.esc(str(exc))}); its table:*"))
+        import pandas as pd
+        display(pd.DataFrame(list(v.processes)))
+        return
+    finding = job.analyse(views)
+    display(Markdown(f"**{len(views)} processes in this job.** " + finding_md(finding)))
+    display(process_table(finding))
+    taken = [p.stat().st_mtime for p in (Path(v.log["dir"]) / "procs").glob("*.stacks_python.txt")]
+    plot_timeline(views, finding, t_capture=min(taken) if taken else None)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from gpulab.hang import capture, classify
+from gpulab.trace.analysis import localize  # noqa: F401 - hang.verdict.localize, as before
 from gpulab.trace.liveness import STATUSES
 
 EXIT_CODES = {"ok": 0, "error": 1, "hang": 3, "crash": 4, "timeout": 5}
@@ -144,21 +145,6 @@ def op_dict(rec: Any) -> dict | None:
         "gpu_done": _get(rec, "gpu_done"),
         "stream": _get(rec, "stream"),   # the op's CUDA stream (an index into the log's streams) when tracked
     }
-
-
-def localize(records: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
-    """(in-flight record, host-blocked-in record, all open records).
-
-    When earlier ops finished on the host but their GPU work never completed, the earliest of those is
-    the culprit and the op the host is still inside (a sync) is reported apart."""
-    open_host = [r for r in records if _get(r, "t_end") is None]
-    gpu_pending = [r for r in records if _get(r, "t_end") is not None and _get(r, "gpu_done") is False]
-    host = max(open_host, key=lambda r: _get(r, "seq")) if open_host else None
-    if gpu_pending:
-        first = min(gpu_pending, key=lambda r: _get(r, "seq"))
-        blocked = host if host is not None and _get(host, "seq") > _get(first, "seq") else None
-        return first, blocked, open_host
-    return host, None, open_host
 
 
 _DRIVER_API = re.compile(r"^(cu|cuda|hip|hsa)[A-Z_]\w*$")
@@ -335,12 +321,31 @@ def headline(v: Verdict) -> str:
     """One sentence for the index. A drill says so first: it tests the watchdog, not the workload."""
     if v.status == "ok":
         text = f"the program finished (ok, {v.ops_completed} ops recorded)"
+    elif v.culprit or v.divergence:
+        text = f"{v.status} ({v.cls}) {job_where(v)}"
     else:
         where = op_brief(v.in_flight_op) if v.in_flight_op else f"phase {v.phase}"
         site = f" at {v.in_flight_op['call_site']}" if v.in_flight_op and v.in_flight_op.get("call_site") else ""
         blocked = f"; host blocked in {v.host_blocked_in['name']}" if v.host_blocked_in else ""
         text = f"{v.status} ({v.cls}) in {where}{site}{blocked}"
     return f"self-test of the watchdog with a planted {v.planted}: {text}" if v.drill else text
+
+
+def job_where(v: Verdict) -> str:
+    """Where a job of several processes is stuck: the collective (group, seq), who waits, who does what."""
+    d = v.divergence or {}
+    coll = f"at {d['op']} (group {d['group']}, seq {d['seq']})" if d.get("op") else ""
+    instead = dict(d.get("instead") or {})
+    if v.culprit and v.culprit not in instead and v.in_flight_op:
+        instead[v.culprit] = f"in {op_brief(v.in_flight_op)}"
+    if v.culprit and v.culprit not in instead:
+        row = next((p for p in v.processes if p.get("role") == v.culprit), {})
+        instead[v.culprit] = f"at {row.get('frame')}" if row.get("frame") else "no progress"
+    waiting = ", ".join(d.get("waiting") or ())
+    parts = [f"{who}: {what}" for who, what in instead.items()]
+    if waiting and d.get("op"):
+        parts.append(f"{waiting} wait{'s' if len(d['waiting']) == 1 else ''} in it")
+    return ": ".join(x for x in (coll, "; ".join(parts)) if x)
 
 
 def finding(v: Verdict) -> tuple[str, dict]:
@@ -350,4 +355,6 @@ def finding(v: Verdict) -> tuple[str, dict]:
         "status": v.status, "phase": v.phase, "class": v.cls, "in_flight_op": op.get("name"),
         "call_site": op.get("call_site"), "host_blocked_in": (v.host_blocked_in or {}).get("name"),
         "localized": v.localized, "planted": v.planted, "drill": v.drill, "time_to_verdict_s": v.time_to_verdict_s,
-        "capture_s": v.capture_s.get("total"), "ops_completed": v.ops_completed, "elapsed_s": v.elapsed_s}
+        "capture_s": v.capture_s.get("total"), "ops_completed": v.ops_completed, "elapsed_s": v.elapsed_s,
+        "processes": len(v.processes), "culprit": v.culprit,
+        "divergence": {k: (v.divergence or {}).get(k) for k in ("group", "seq", "op")} if v.divergence else None}

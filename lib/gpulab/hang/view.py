@@ -21,6 +21,8 @@ def verdict_table(v: Verdict):
             ("strides", " x ".join(str(tuple(s)) for s in op.get("strides") or ()) or "-"),
             ("device", op.get("device") or "-"), ("call site", op.get("call_site") or "-"),
             ("host blocked in", (v.host_blocked_in or {}).get("name", "-")),
+            ("process", v.culprit or "-"),
+            ("collective", "group {group}, seq {seq}: {op}".format(**v.divergence) if v.divergence else "-"),
             ("last completed op", op_brief(v.last_completed_op)), ("ops completed", v.ops_completed),
             ("signal / exit code", f"{v.signal or '-'} / {v.exit_code}"), ("elapsed", f"{v.elapsed_s:.2f} s"),
             ("time to verdict", f"{v.time_to_verdict_s:.2f} s" if v.time_to_verdict_s is not None else "-"),
@@ -233,6 +235,9 @@ def show_verdict(v: Verdict | None, out_dir: str | Path) -> None:
         return
     table = verdict_table(v)
     display(table[table["value"].astype(str) != "-"])  # rows that say nothing are left out
+    if v.processes:   # a job of several processes: which one, where, and why the others wait
+        from gpulab.hang import jobview
+        jobview.show_job(v)
     display(Markdown("**Evidence the class rests on:**\n\n" + "\n".join(f"- {report.esc(f)}" for f in v.evidence)))
     folder = Path(v.log.get("dir", "."))
     links = [f'<a href="{report.url(Path(folder).relative_to(Path(out_dir)) / name)}">{_text(name)}</a>'

@@ -5,11 +5,10 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from gpulab import report
 from gpulab.hang import classify
-from gpulab.hang.verdict import localize
 from gpulab.trace.ring import OpRecord, Snapshot
 
 
@@ -330,3 +329,22 @@ def overhead_table(ov):
     cols = {"variant": "recording mode", "ops": "ops", "median_s": "run s (median)", "baseline_s": "no recorder s",
             "us_per_op": "us per op over no recorder", "ratio": "x pass-through"}
     return _reader_table(_overhead_rows(ov), cols, "recording mode")
+
+
+def _field(rec: Any, key: str, default: Any = None) -> Any:
+    return rec.get(key, default) if isinstance(rec, Mapping) else getattr(rec, key, default)
+
+
+def localize(records: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
+    """(in-flight record, host-blocked-in record, all open records).
+
+    When earlier ops finished on the host but their GPU work never completed, the earliest of those is
+    the culprit and the op the host is still inside (a sync) is reported apart."""
+    open_host = [r for r in records if _field(r, "t_end") is None]
+    gpu_pending = [r for r in records if _field(r, "t_end") is not None and _field(r, "gpu_done") is False]
+    host = max(open_host, key=lambda r: _field(r, "seq")) if open_host else None
+    if gpu_pending:
+        first = min(gpu_pending, key=lambda r: _field(r, "seq"))
+        blocked = host if host is not None and _field(host, "seq") > _field(first, "seq") else None
+        return first, blocked, open_host
+    return host, None, open_host
