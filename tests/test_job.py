@@ -232,7 +232,8 @@ def test_p2p_records_alone_never_diverge():
 
 def test_missing_rank_view_is_said_to_be_unknown():
     f = analyse([rank(0, 3, call("all_reduce", 1, done=False)), rank(1, 3)])
-    assert f.evidence[-1] == "world size 3, but no view of rank(s) 2: their state is unknown"
+    assert f.evidence[-1] == ("world size 3, but no view of rank(s) 2: their state is unknown (on other nodes? "
+                              "`gpulab merge` the watch folders of every node)")
 
 
 def test_process_rows_and_json():
@@ -289,3 +290,9 @@ def test_finding_md_escapes():
     assert "f32\\[4\\]" in md and md.count("[") == md.count("\\[")
     assert jobview.finding_md(analyse([rank(0, 1)])).startswith("**Job finding:** no cross-process finding; "
                                                                 "**culprit:** none named.")
+
+
+def test_the_job_classes_are_the_vocabularys():
+    from gpulab.hang import classify
+
+    assert job.CLASSES == classify.JOB_CLASSES and set(job.CLASSES) <= set(classify.ALL_CLASSES)

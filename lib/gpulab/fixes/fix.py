@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from gpulab.fixes.answers import Answer
-from gpulab.hang.classify import CLASSES
+from gpulab.hang.classify import ALL_CLASSES as CLASSES
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 

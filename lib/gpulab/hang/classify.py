@@ -14,8 +14,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from gpulab.hang.capture import Thread, parse_native, parse_python
 from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vocabulary
 
-CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown",
-           "collective_mismatch", "rank_stuck", "worker_stuck")
+CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown")
+JOB_CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck")   # gpulab.hang.job.CLASSES: across processes
+ALL_CLASSES = CLASSES + JOB_CLASSES
 PHASES = ("startup", "ops")
 
 _GEMM = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm", "addmv", "mv",

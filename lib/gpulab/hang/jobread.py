@@ -229,3 +229,24 @@ def stacks_files(folder: str | os.PathLike, kind: str = "python") -> dict[int, s
         if head.isdigit():
             out[int(head)] = p.read_text(errors="replace")
     return out
+
+
+def write_tails(folder: str | os.PathLike, n: int = 15) -> None:
+    """Each process's last n ops as text beside its log (<pid>.oplog_tail.txt): what the bundle carries of
+    a process whose binary log stays behind."""
+    from gpulab.hang.verdict import op_dict, oplog_line
+    from gpulab.report import write_text
+
+    folder = Path(folder)
+    for pid, meta in follow.metas(folder).items():
+        log = folder / meta["log"] if meta.get("log") else None
+        if log is None or not log.exists() or meta.get("root"):
+            continue
+        try:
+            records = trace.read(log).records[-n:]
+        except Exception:  # noqa: BLE001 - a torn log: no tail, the rest stands
+            continue
+        lines = [oplog_line(op_dict(r)) + "".join(f" {a['value']}" for a in r.args if isinstance(a, dict)
+                                                   and str(a.get("value", "")).startswith(("g=", "seq=", "peer=")))
+                 for r in records]
+        write_text(folder / f"{pid}.oplog_tail.txt", "\n".join(lines) + "\n")

@@ -220,6 +220,7 @@ def _with_job(v: Verdict, launch: Launch, root: int, views: list, finding: Any, 
         for pid, text in by_pid.items():
             if text:
                 write_text(launch.procs / f"{pid}.stacks_{kind}.txt", text)
+    jobread.write_tails(launch.procs)
     rows = []
     for row in finding.processes:
         files = {k: f"procs/{row['pid']}.stacks_{k}.txt" for k in stacks if stacks[k].get(row["pid"])}
@@ -456,6 +457,9 @@ def main(argv: Sequence[str] | None = None,
     print(f"status {v.status}  phase {v.phase}  class {v.cls}  in-flight {op['name'] if op else None}"
           + (f" at {op['call_site']}" if op and op.get('call_site') else "")
           + (f"  host blocked in {v.host_blocked_in['name']}" if v.host_blocked_in else "")
+          + (f"  process {v.culprit}" if v.culprit else "")
+          + (f"  collective {v.divergence['op']} (group {v.divergence['group']}, seq {v.divergence['seq']})"
+             if v.divergence else "")
           + (f"  SELF-TEST (planted {v.planted})" if v.planted else ""))
     for fact in v.evidence:
         print(f"  - {fact}")

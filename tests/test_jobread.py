@@ -1,0 +1,65 @@
+"""Who a process of a job is, and what it waits in, from its <pid>.json and its Python frames; the tags of a
+torch.distributed record. Pure functions, recorded inputs."""
+from __future__ import annotations
+
+import pytest
+
+from gpulab.hang import jobread
+from gpulab.trace import collectives
+
+PY = "/usr/bin/python3"
+
+
+@pytest.mark.parametrize("meta,metas,role,kind", [
+    ({"pid": 11, "ppid": 10, "argv": [PY, "-c", "spawn_main()"], "rank": 1, "world": 4}, {}, "rank 1/4", "rank"),
+    ({"pid": 11, "ppid": 10, "argv": [PY, "-u", "train.py"], "env": {"rank": "3", "world_size": "8"}}, {},
+     "rank 3/8", "rank"),
+    ({"pid": 12, "ppid": 11, "argv": [PY, "train.py"], "worker": 0, "env": {}},
+     {11: {"pid": 11, "rank": 2, "world": 4}}, "DataLoader worker 0 of rank 2", "worker"),
+    ({"pid": 12, "ppid": 10, "argv": [PY, "train.py"], "worker": 1}, {10: {"pid": 10, "root": True}},
+     "DataLoader worker 1 of main", "worker"),
+    ({"pid": 13, "ppid": 10, "argv": [PY, "-B", "-c", "from multiprocessing.resource_tracker import main;main(7)"]},
+     {}, "multiprocessing resource tracker (pid 13)", "helper"),
+    ({"pid": 14, "ppid": 1, "argv": [PY, "/venv/bin/torchrun", "--nproc-per-node", "2", "train.py"]}, {},
+     "launcher (pid 14: python3 torchrun --nproc-per-node 2 train.py)", "launcher"),
+    ({"pid": 15, "ppid": 1, "root": True, "argv": [PY, "-m", "gpulab.trace", "--log", "x", "--", "-m",
+                                                   "torch.distributed.run", "t.py"]}, {},
+     "launcher (pid 15: python3 -m torch.distributed.run t.py)", "launcher"),
+    ({"pid": 16, "ppid": 1, "root": True, "argv": [PY, "-m", "gpulab.trace", "--", "train.py"]}, {},
+     "main (pid 16)", "main"),
+    ({"pid": 17, "ppid": 16, "argv": [PY, "tools/prep.py", "--fast"]}, {}, "pid 17: python3 prep.py --fast", "process"),
+])
+def test_roles(meta, metas, role, kind):
+    assert jobread.role_of(meta, metas) == (role, kind)
+
+
+@pytest.mark.parametrize("frame,frames,open_op,wait", [
+    (None, (), {"name": "dist.all_reduce"}, "collective"),
+    (None, (), {"name": "aten._local_scalar_dense.default"}, "cuda_sync"),
+    ("ds.py:12 in __getitem__: `LOCK.acquire()`", ("__getitem__ (ds.py:12)",), None, "lock"),
+    ("ds.py:12 in __getitem__: `with self.lock:`", ("__getitem__ (ds.py:12)",), None, "lock"),
+    ("k.py:3 in deadlock: `libc.pthread_mutex_lock(m)`", ("deadlock (k.py:3)",), None, "lock"),
+    ("selectors.py:415 in select", ("select (selectors.py:415)", "wait (/py/multiprocessing/connection.py:947)",
+                                    "poll (/py/multiprocessing/connection.py:257)", "get (/py/multiprocessing/queues.py:113)",
+                                    "_try_get_data (/t/utils/data/dataloader.py:1133)"), None, "queue"),
+    ("selectors.py:415 in select", ("select (selectors.py:415)", "wait (/py/multiprocessing/connection.py:947)",
+                                    "join (/t/multiprocessing/spawn.py:118)"), None, "children"),
+    ("subprocess.py:2004 in _try_wait", ("_try_wait (/py/subprocess.py:2004)", "_wait (/py/subprocess.py:2046)"), None,
+     "children"),
+    ("train.py:40 in step: `loss = model(x)`", ("step (train.py:40)",), None, None),
+])
+def test_waits(frame, frames, open_op, wait):
+    assert jobread.wait_of(frame, frames, open_op) == wait
+
+
+def test_collective_tags_read_back():
+    args = [{"shape": [4], "dtype": "float32"}, {"value": "g=default"}, {"value": "seq=12"}, {"value": "async"}]
+    assert collectives.parse(args) == {"group": "default", "seq": 12, "peer": None, "async": True}
+    assert collectives.parse([{"value": "g=3"}, {"value": "peer=1"}])["peer"] == 1
+    assert jobread.shapes_text(args) == "f32[4]"
+    assert repr(collectives.Tag("seq=3")) == "seq=3"   # the op log keeps repr(): no quotes
+
+
+def test_every_call_kind_is_known():
+    assert set(collectives.CALLS.values()) == {"collective", "p2p", "group"}
+    assert {"all_reduce", "barrier", "send", "recv", "all_gather_object", "new_group"} <= set(collectives.CALLS)
