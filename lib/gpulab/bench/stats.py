@@ -11,7 +11,6 @@ import warnings
 from typing import Sequence
 
 import numpy as np
-from scipy import stats as _scipy
 
 VERDICTS = ("faster", "slower", "tie")
 
@@ -51,6 +50,8 @@ def _bootstrap(data: tuple, statistic, confidence: float, n_resamples: int, seed
     for method in (("percentile",) if big else ("BCa", "percentile")):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            from scipy import stats as _scipy  # 0.4 s to import: only where a bootstrap runs
+
             res = _scipy.bootstrap(data, statistic, n_resamples=n_resamples, confidence_level=confidence,
                                    method=method, paired=paired, vectorized=True,
                                    batch=max(1, 2_000_000 // max(len(d) for d in data)) if big else None,
@@ -135,4 +136,6 @@ def mann_whitney_p(candidate: Sequence[float], baseline: Sequence[float]) -> flo
     b = np.asarray(baseline, dtype=float)
     if a.size < 1 or b.size < 1:
         return float("nan")
+    from scipy import stats as _scipy
+
     return float(_scipy.mannwhitneyu(a, b, alternative="two-sided").pvalue)

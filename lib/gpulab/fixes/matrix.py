@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import device as gdevice
 from gpulab import proc, report, workloads
-from gpulab.fixes import answers, cost, numerics, platform, registry, scenarios, verdict
+from gpulab.fixes import answers, cost, platform, registry, scenarios, verdict
 from gpulab.fixes.compose import FIXES_VAR, clean_env, compose, scenario_env
 from gpulab.fixes.fix import not_applicable
 from gpulab.fixes.scenarios import Scenario
@@ -412,6 +412,8 @@ class _Matrix:
             num = None if self.target.compares_outputs else {"ok": None, "note": PLAIN}
             if r.fixes and self.target.compares_outputs:
                 got = self._outputs(timings[r.name])
+                from gpulab.fixes import numerics   # torch: only where outputs are compared
+
                 num = (numerics.compare_files(base_out, got, self.target.dtype({}),
                                               self.target.dtype(self.arms[r.name].params))
                        if base_out and got else {"ok": None, "note": "no finished timing run of "

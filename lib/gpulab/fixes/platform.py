@@ -5,14 +5,14 @@ anything here (cuDNN or an allocator setting on a CPU) is reported not_applicabl
 """
 from __future__ import annotations
 
-import torch
-from torch.nn.attention import SDPBackend
-
 
 def facts(device: str, sdpa_mask: bool | None = None) -> dict:
     """{"device": cpu|cuda[:N], "gpu": cuda|rocm|None, "cudnn": bool, "torch": version, "sdpa_mask": the
     workload's attention call carries an explicit mask (True/False for the built-in workload, None when
-    unknown: a user's program)}."""
+    unknown: a user's program)}. torch is imported here, when the facts are asked for (not for --help)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
     gpu = "rocm" if getattr(torch.version, "hip", None) else ("cuda" if torch.version.cuda else None)
     on_gpu = str(device).startswith("cuda") and torch.cuda.is_available()
     return {"device": str(device), "gpu": gpu if on_gpu else None,

@@ -84,7 +84,8 @@ def command_text(meta: Mapping[str, Any], width: int = 60) -> str:
     argv = list(meta.get("argv") or ())
     if "gpulab.trace" in argv and "--" in argv:
         argv = argv[:1] + argv[argv.index("--") + 1:]
-    argv = [os.path.basename(a) if i == 0 or a.endswith(".py") else a for i, a in enumerate(argv)]
+    argv = [os.path.basename(a) if i == 0 or (os.sep in a and not a.startswith("-")) else a
+            for i, a in enumerate(argv)]
     text = " ".join(argv)
     return text if len(text) <= width else text[:width - 3] + "..."
 
