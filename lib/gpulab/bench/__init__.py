@@ -12,30 +12,15 @@ implementation to ship.
 """
 from __future__ import annotations
 
-# Each name is loaded from its module on first use: `gpulab.bench.stats` (what a fix's cost needs) must not pull
-# in the benchmark child, the oracle and torch, nor the notebook's plots, for a command's --help.
-_FROM = {
-    "child": ("RunResult", "Spec", "load_gate", "make_spec", "run"),
-    "decision": ("Decision", "Gate", "Row", "choose", "decision_from_dict", "parse_gate"),
-    "measure": ("BenchConfig", "Comparison", "Measurement", "compare", "comparison_from", "comparison_from_dict",
-                "measure", "measurement_from_dict", "summarize"),
-    "overhead": ("scenario_overhead",),
-    "stats": ("decide", "flag_throttled", "hedges_g", "is_stable", "mann_whitney_p", "median_ci", "ratio_ci"),
-    "view": ("Chart", "Note", "candidates_table", "comparisons", "decision_table", "finding", "finding_text",
-             "histogram_widget", "latency_figure", "overhead_note", "overhead_table", "recorded_table", "run_note",
-             "spec_note", "sweep_figure", "sweep_note", "sweep_table", "workload_note"),
-}
-_MODULE_OF = {name: mod for mod, names in _FROM.items() for name in names}
-
-
-def __getattr__(name: str):
-    mod = _MODULE_OF.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'gpulab.bench' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"gpulab.bench.{mod}"), name)
-
+from gpulab.bench.child import RunResult, Spec, load_gate, make_spec, run
+from gpulab.bench.decision import Decision, Gate, Row, choose, decision_from_dict, parse_gate
+from gpulab.bench.measure import (BenchConfig, Comparison, Measurement, compare, comparison_from,
+                                  comparison_from_dict, measure, measurement_from_dict, summarize)
+from gpulab.bench.overhead import scenario_overhead
+from gpulab.bench.stats import decide, flag_throttled, hedges_g, is_stable, mann_whitney_p, median_ci, ratio_ci
+from gpulab.bench.view import (Chart, Note, candidates_table, comparisons, decision_table, finding, finding_text,
+                               histogram_widget, latency_figure, overhead_note, overhead_table, recorded_table,
+                               run_note, spec_note, sweep_figure, sweep_note, sweep_table, workload_note)
 
 __all__ = [
     "BenchConfig", "Chart", "Comparison", "Decision", "Gate", "Measurement", "Note", "Row", "RunResult", "Spec",

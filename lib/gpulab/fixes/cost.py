@@ -14,7 +14,6 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Callable, Mapping, Sequence
 
-from gpulab.bench.stats import ratio_ci
 from gpulab.fixes.target import Target
 from gpulab.hang import watch
 from gpulab import proc, workloads
@@ -49,6 +48,8 @@ def overhead(candidate: Sequence[float], baseline: Sequence[float]) -> dict[str,
     95% interval (None with fewer than 3 samples a side). Pure."""
     if not candidate or not baseline:
         return {"overhead": None, "overhead_ci": None, "samples": [len(candidate), len(baseline)], "method": "none"}
+    from gpulab.bench.stats import ratio_ci   # gpulab.bench loads the benchmark child and torch: not for --help
+
     (lo, hi), method = ratio_ci(sorted(candidate), sorted(baseline))
     ci = [lo - 1, hi - 1] if math.isfinite(lo) and math.isfinite(hi) else None
     mc, mb = median(candidate), median(baseline)
