@@ -21,9 +21,11 @@ run: setup
 smoke: setup
 	$(PY) -m gpulab run --params params/smoke.yaml $(ARGS)
 
-## test: set up, then the whole test suite (GPU tests skip without a GPU)
+## test: set up, then the whole test suite (GPU tests skip without a GPU), two tests at a time: most of the
+## suite waits on stall windows of real hangs, so two workers halve it even on CI's two cores
+TEST_WORKERS ?= 2
 test: setup-test
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
 
 ## lab: JupyterLab on the notebooks, for interactive work (set interactive = True in a notebook)
 lab:
