@@ -29,6 +29,7 @@ from gpulab.trace.ring import progress as log_progress
 
 POLL_S = 0.1
 SPIN_WINDOWS = 4    # stall windows of weak progress only (CPU, no bytecode) before it is a hang
+SPIN_SHARE = 0.2    # weak progress: the main thread busy at least this share of the time (a polling loop is ~1%)
 STRONG, WEAK, NONE = 2, 1, 0
 STATUSES = ("ok", "hang", "crash", "error", "timeout")
 
@@ -63,18 +64,18 @@ class Progress:
         self.last_ops: Any = None
         self.last_size = -1
         self.last_beat: bytes | None = None
-        self.cpu_prev = {"tree": 0.0, "children": 0.0, "self": 0.0}
+        self.cpu_prev = {"tree": 0.0, "children": 0.0}
+        self.own = (time.monotonic(), 0.0)   # (when, main-thread CPU) at the last poll
         self.followed: frozenset[int] = frozenset()   # processes of a job judged by their own Progress
 
     def _cpu_grew(self, which: str) -> bool:
         """Did the main threads of the tree (or of the child's children only) burn CPU since the last poll?
         A followed process of the job is left out: its own beat and op log say whether it progresses."""
         try:
-            procs = ([] if which == "self" else self.ps.children(recursive=True)) + \
-                ([self.ps] if which in ("tree", "self") else [])
+            procs = self.ps.children(recursive=True) + ([self.ps] if which == "tree" else [])
         except psutil.Error:
             procs = []
-        cpu = sum(main_thread_cpu(p.pid) for p in procs if which == "self" or p.pid not in self.followed)
+        cpu = sum(main_thread_cpu(p.pid) for p in procs if p.pid not in self.followed)
         grew, self.cpu_prev[which] = cpu > self.cpu_prev[which], cpu
         return grew
 
@@ -95,8 +96,14 @@ class Progress:
         if record is None:
             return STRONG if self._cpu_grew("tree") else NONE
         beat_moved, self.last_beat = record != self.last_beat, record
-        own_cpu = self._cpu_grew("self")
-        return STRONG if self._cpu_grew("children") or beat_moved else WEAK if own_cpu else NONE
+        return STRONG if self._cpu_grew("children") or beat_moved else WEAK if self._busy() else NONE
+
+    def _busy(self) -> bool:
+        """The child's own main thread burnt CPU for at least SPIN_SHARE of the time since the last poll: a
+        computation or a spin, not a loop that wakes now and then (a launcher polling its workers)."""
+        now, cpu = time.monotonic(), main_thread_cpu(self.ps.pid)
+        (then, before), self.own = self.own, (now, cpu)
+        return cpu - before >= SPIN_SHARE * (now - then)
 
     def advanced(self) -> int:
         """STRONG, WEAK or NONE progress since the last poll."""
