@@ -66,8 +66,7 @@ def params_main(argv: list[str]) -> int:
         if args.scenario is None:
             print(params.schema_text(schema))
             return 0
-        params.check_scenarios(root, [args.scenario])
-        layered = params.resolve(root, args.scenario, args.params, args.overrides)
+        layered = params.resolve(root, args.scenario, args.params, args.overrides)   # checks the name first
         values = params.validate(layered, schema)
     except (params.ParamError, FileNotFoundError) as exc:
         print(f"gpulab params: {exc}", file=sys.stderr)

@@ -276,17 +276,15 @@ def for_notebook(values: Mapping[str, Any], schema: Mapping[str, ParamSpec], not
 
 def resolve(root: str | Path, scenario: str, param_files: Iterable[str | Path] = (),
             overrides: Iterable[str] = ()) -> Layered:
-    """Read the layers for one scenario (no validation; see `validate`)."""
+    """Read the layers for one scenario (its name checked by `check_scenarios`; the values are not: see
+    `validate`)."""
     root = Path(root)
+    check_scenarios(root, [scenario])
     layers: list[tuple[str, Mapping[str, Any]]] = []
     base = root / "params" / "base.yaml"
     if base.exists():
         layers.append(("params/base.yaml", read_yaml(base)))
-    scen = root / "params" / "scenarios" / f"{scenario}.yaml"
-    if not scen.exists():
-        raise ParamError(f"unknown scenario {scenario!r}; valid scenarios: "
-                         f"{', '.join(list_scenarios(root)) or '(none in params/scenarios/)'}")
-    layers.append((f"params/scenarios/{scenario}.yaml", read_yaml(scen)))
+    layers.append((f"params/scenarios/{scenario}.yaml", read_yaml(root / "params" / "scenarios" / f"{scenario}.yaml")))
     for f in param_files:
         layers.append((str(f), read_yaml(f)))
     layers.append(("-p", dict(parse_override(o) for o in overrides)))

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import runpy
 import sys
 import time
 
-from gpulab import beat
+from gpulab import beat, program
 from gpulab.fixes.install import install_from_env
 
 
@@ -31,18 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(raw[:raw.index("--")])
     target = raw[raw.index("--") + 1:]
     install_from_env()
-    module = target[1] if target[0] == "-m" else None
-    sys.argv = [module, *target[2:]] if module else list(target)
-    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(target[0]))
     t0 = time.perf_counter()
-    code = 0
-    try:
-        if module:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target[0], run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    code = program.run(target)
     if ns.time and code == 0:
         with open(ns.time, "w") as fh:
             json.dump({"seconds": time.perf_counter() - t0}, fh)

@@ -207,16 +207,14 @@ def rows(m: MatrixResult) -> list[dict]:
     for s in m.scenarios:
         ci = s.fail_rate_ci
         oci = s.overhead_ci
-        growth = (s.memory_growth or {}).get("series", {})
         out.append({
             "scenario": s.name, "fixes": ", ".join(s.fixes) or "-", "verdict": s.verdict or "not run",
             "failed": f"{s.failures}/{s.trials}" if s.trials else "-",
-            "fail rate 95%": f"{ci[0]:.0%}-{ci[1]:.0%}" if ci and s.trials else "-",
+            "fail rate 95%": ladder.interval_text(*ci) if ci and s.trials else "-",
             "cost": (f"{s.overhead:+.1%}" + (f" ({oci[0]:+.0%}..{oci[1]:+.0%})" if oci else "")
                      if s.overhead is not None else "-"),
             "numerics": "ok" if s.numerics_ok else "CHANGED" if s.numerics_ok is False else "-",
-            "memory/step": ", ".join(f"{k} {v['bytes_per_step'] / 2**20:+.2f} MiB" + (" LEAK" if v["leak"] else "")
-                                     for k, v in growth.items()) or "-",
+            "memory/step": ladder.growth_text(s.memory_growth, unit="MiB") or "-",
             "why": s.verdict_why if s.applicable else s.not_applicable,
         })
     return out

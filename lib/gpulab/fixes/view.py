@@ -10,7 +10,7 @@ from typing import Any
 from gpulab import report
 from gpulab.fixes import registry
 from gpulab.fixes.matrix import MatrixConfig, MatrixResult, ScenarioResult, rows
-from gpulab.hang import faults
+from gpulab.hang import faults, ladder
 from gpulab.workloads import WorkloadConfig
 
 COLOURS = {"baseline": "#eaeef2", "fixes": "#aceebb", "partial": "#fff1b8", "no_effect": "#ffffff",
@@ -100,11 +100,8 @@ def _numerics(s: ScenarioResult) -> str:
 
 
 def _memory(s: ScenarioResult) -> str:
-    series = (s.memory_growth or {}).get("series") or {}
-    if not series:
-        return "no per-step trend (fewer than 3 steps on the top rung)"
-    return ", ".join(f"{k} {v['bytes_per_step'] / 2**20:+.2f} MiB/step" + (" (LEAK)" if v["leak"] else "")
-                     for k, v in series.items())
+    return (ladder.growth_text(s.memory_growth, leak="(LEAK)")
+            or "no per-step trend (fewer than 3 steps on the top rung)")
 
 
 def details_md(m: MatrixResult) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpulab import proc, report
+from gpulab.hang.ladder import interval_text
 
 COLLECT_ENV_TIMEOUT_S = 180.0
 
@@ -81,8 +82,8 @@ def issue_md(*, verdict: Mapping[str, Any] | None, ladder: Mapping[str, Any] | N
         for r in ladder["rungs"]:
             n = r["trials"]
             k = n - r["counts"].get("pass", 0)
-            lo, hi = r["fail_rate_ci"]
-            lines.append(f"- `{r['name']}`: {k} of {n} trials failed (95% interval {lo:.0%}-{hi:.0%})")
+            ci = interval_text(*r["fail_rate_ci"])
+            lines.append(f"- `{r['name']}`: {k} of {n} trials failed (95% interval {ci})")
     if bisect and bisect.get("minimal"):
         lines += ["", "Smallest failing configuration found by bisection ("
                   f"{len(bisect.get('probes') or ())} probes, {bisect.get('repeats')} trial(s) each): "

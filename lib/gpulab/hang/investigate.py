@@ -119,9 +119,9 @@ def finding(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, v: Verdict 
                     f"{top.median_s:.1f} s)" if top else "nothing ran")
     else:
         k = failing.trials - failing.counts["pass"]
-        lo, hi = failing.fail_rate_ci
+        ci = ladder.interval_text(*failing.fail_rate_ci)
         headline = (f"{drill}{_what(v)} on the "
-                    f"{failing.name} rung, {k} of {failing.trials} runs (95% interval {lo:.0%}-{hi:.0%})"
+                    f"{failing.name} rung, {k} of {failing.trials} runs (95% interval {ci})"
                     + (f"; smallest failing config {', '.join(f'{a}={b}' for a, b in bis.minimal.items())}" if bis else "")
                     + ("; a verified repro.py" if rep and rep.verified else ""))
     metrics = {

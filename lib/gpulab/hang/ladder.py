@@ -44,6 +44,11 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def interval_text(lo: float, hi: float) -> str:
+    """A rate's interval as every report writes it: '44%-100%'."""
+    return f"{lo:.0%}-{hi:.0%}"
+
+
 def trials_to_detect(rate: float, confidence: float = 0.95) -> int | None:
     """Trials needed to see at least one failure of a flake with this rate, with this confidence."""
     if not 0 < rate < 1:
@@ -73,6 +78,13 @@ def memory_growth(per_step: Sequence[Mapping[str, float]]) -> dict | None:
                               "bytes_per_step": slope, "rising_fraction": round(rising, 3), "leak": leak}
     out["leak"] = any(s["leak"] for s in out["series"].values())
     return out
+
+
+def growth_text(growth: Mapping[str, Any] | None, unit: str = "MiB/step", leak: str = "LEAK") -> str:
+    """memory_growth()'s series as the reports write them, 'rss +1.25 MiB/step LEAK, cuda_allocated +0.00
+    MiB/step' ('' when there is none): the tables name the unit in their header, hence `unit`."""
+    return ", ".join(f"{k} {v['bytes_per_step'] / 2**20:+.2f} {unit}" + (f" {leak}" if v["leak"] else "")
+                     for k, v in ((growth or {}).get("series") or {}).items())
 
 
 # ------------------------------------------------------------------------------------ configs, results
@@ -311,7 +323,7 @@ def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: floa
         rr = summarize(rung, trials, time.monotonic() - t0)
         results.append(rr)
         say(f"{rung.name}: {rr.trials - rr.counts['pass']} of {rr.trials} failed "
-            f"(rate {rr.fail_rate:.0%}, 95% interval {rr.fail_rate_ci[0]:.0%}-{rr.fail_rate_ci[1]:.0%})")
+            f"(rate {rr.fail_rate:.0%}, 95% interval {interval_text(*rr.fail_rate_ci)})")
         save(results)
         if stop_at_first_failure and rr.failed:
             break
@@ -350,11 +362,9 @@ def table_rows(lr: LadderResult) -> list[dict]:
         op = (ff.get("in_flight_op") or {}).get("name")
         where = (f"in {op}" if op else f"exit code {ff.get('exit_code')}" if ff.get("status") == "error" else
                  f"signal {ff.get('signal')}" if ff.get("status") == "crash" else f"phase {ff.get('phase')}")
-        growth = (r.memory_growth or {}).get("series", {})
         rows.append({"rung": r.name, "trials": r.trials, **{o: r.counts.get(o, 0) for o in OUTCOMES},
-                     "fail rate": round(r.fail_rate, 3), "95% interval": f"{r.fail_rate_ci[0]:.0%}-{r.fail_rate_ci[1]:.0%}",
+                     "fail rate": round(r.fail_rate, 3), "95% interval": interval_text(*r.fail_rate_ci),
                      "first failure": f"{ff.get('status')} ({ff.get('class')}) {where}" if ff else "-",
-                     "memory growth": ", ".join(f"{k} {v['bytes_per_step'] / 2**20:+.2f} MiB/step"
-                                                + (" LEAK" if v["leak"] else "") for k, v in growth.items()) or "-",
+                     "memory growth": growth_text(r.memory_growth) or "-",
                      "seconds": r.seconds})
     return rows

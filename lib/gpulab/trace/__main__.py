@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
-import traceback
 
-from gpulab import beat
+from gpulab import beat, program
 from gpulab.fixes import install_from_env
 from gpulab.hang import faults
 from gpulab.trace import gpu, recorder, ring  # no torch yet
@@ -72,25 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         def rel(p: str | None) -> str | None:
             return os.path.relpath(os.path.abspath(p), os.path.abspath(ns.follow)) if p else None
         follow.adopt(ns.follow, ns.mode, {"log": rel(ns.log), "beat": rel(beat_path), "faulthandler": rel(ns.faulthandler)})
-    code = 0
     try:
-        if target[0] == "-m":
-            sys.argv = [target[1], *target[2:]]  # run_module(alter_sys=True) puts the module's path in argv[0]
-            sys.path[0] = os.getcwd()
-            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
-        else:
-            script = target[0]
-            sys.argv = list(target)
-            sys.path[0] = os.path.dirname(os.path.abspath(script))
-            runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        c = exc.code
-        code = 0 if c is None else c if isinstance(c, int) else 1
-        if not isinstance(c, (int, type(None))):
-            print(c, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - as python does: traceback, exit 1
-        traceback.print_exc()
-        code = 1
+        code = program.run(target)
     finally:
         rec.close()
         if fh is not None:

@@ -29,63 +29,21 @@ import weakref
 from pathlib import Path
 
 from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the program uses it
-from gpulab.trace import collectives, native, ring
-from gpulab.trace.ring import (_IDS, _MEM, _OFF_COMPLETED, _OFF_DEVICE, _OFF_FLAGS, _OFF_IDS, _OFF_GPU_SINCE, _OFF_MECHANISM,
+from gpulab.trace import collectives, native, ring, texts
+from gpulab.trace.prefault import Prefault
+from gpulab.trace.ring import (_MEM, _OFF_COMPLETED, _OFF_FLAGS, _OFF_GPU_SINCE, _OFF_MECHANISM,
                                _OFF_MEMCOUNT, _OFF_NONFINITE, _OFF_STARTED, _OFF_STATS, _OFF_STREAM, _OFF_TEND,
-                               _SLOT, _STATS, _UNINITIALIZED, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
+                               _SLOT, _STATS, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
                                DEFAULT_STRING_CAPACITY, F_NONFINITE, F_RAISED, F_STATS, GPU_PAGE_OFF, HEADER_SIZE,
                                MAX_STREAMS, MEM_SIZE, PAGE, STREAM_SIZE, Layout, StringWriter, _check_mode, _Q, _q, create)
 
-_HERE = str(Path(__file__).resolve().parent)
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
-# how far ahead of each region's write frontier pages are kept mapped writable (see Prefault)
-_AHEAD = {"slots": 256 << 10, "strings": 64 << 10, "memory": 16 << 10}
 _TRACK_PLAIN, _TRACK_GPU, _TRACK_SYNC, _TRACK_STATS, _TRACK_WAIT_CUDA = 0, 1, 2, 3, 4
 _GPU_POLL_S = 0.001
-_WRAP_TAIL = 4096  # newest records whose texts survive a wrap of the string table
 
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm", "rb") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class Prefault:
-    """Keeps the pages just ahead of each region's write frontier mapped writable, so that the hot path
-    never takes a page fault, while the file only takes disk space for what was (nearly) recorded.
-
-    The first store to a page of a fresh sparse file mapping faults into the kernel (block allocation,
-    page-cache page, page-table entry): ~5 us per 4 KiB page, i.e. ~0.1 us per op over a page's 64 slots.
-    The recorder's background thread calls `step` every poll; MADV_POPULATE_WRITE maps a chunk in one
-    call. Kernels without it: no prefault (faults then happen on the hot path, correct but slower)."""
-
-    def __init__(self, mm: mmap.mmap, lay: Layout):
-        self.mm, self.lay = mm, lay
-        self.ok = True
-        self.regions = {"memory": (lay.mem_off, lay.mem_capacity * MEM_SIZE),
-                        "strings": (lay.strings_off, lay.string_capacity),
-                        "slots": (lay.slots_off, lay.capacity * lay.slot_size)}
-        self.end = {name: 0 for name in self.regions}
-        self._populate(0, HEADER_SIZE)
-
-    def _populate(self, start: int, end: int) -> None:
-        start -= start % PAGE
-        end = min(len(self.mm), -(-end // PAGE) * PAGE)
-        if not self.ok or end <= start:
-            return
-        try:
-            self.mm.madvise(_MADV_POPULATE_WRITE, start, end - start)
-        except (OSError, ValueError, AttributeError):
-            self.ok = False
-
-    def step(self, frontiers: dict[str, int]) -> None:
-        """frontiers: bytes written so far into each region (>= its size once a ring wrapped)."""
-        for name, used in frontiers.items():
-            off, size = self.regions[name]
-            want = min(size, used + _AHEAD[name])
-            if want > self.end[name]:
-                self._populate(off + self.end[name], off + want)
-                self.end[name] = want
 
 
 class Recorder:
@@ -336,198 +294,26 @@ def _make_mode(rec: Recorder):
     get_ident = threading.get_ident
     getframe = sys._getframe
     Tensor = torch.Tensor
-    torch_dir = str(Path(torch.__file__).resolve().parent)
-    internal_dirs = (torch_dir, _HERE, os.path.dirname(threading.__file__) + os.sep + "threading")
     mode_name = rec.mode
     cuda = torch.cuda
     cuda_mod = sys.modules["torch.cuda"]
     track = {"ops": _TRACK_PLAIN, "sync": _TRACK_SYNC, "stats": _TRACK_STATS}.get(mode_name, _TRACK_WAIT_CUDA)
 
-    # string ids, interned once. names: id(op) -> id; codes: id(code) -> True (torch / the recorder /
-    # threading: skipped by the call-site walk) or, for user code, a dict f_lasti -> site id (f_lasti is
-    # O(1); f_lineno decodes the line table on every read); threads: tid -> id; texts: text -> id.
-    names: dict = {}
-    codes: dict = {}
-    threads: dict = {}
-    texts: dict = {}
-    keep: list = []
-    reprs: dict = {}
-    tensors: dict = {}
-    simple = (int, float, bool, type(None), str)
-    # whole-argument-list cache: flat key (per tensor: dtype, shape, stride, device; per scalar: type, value)
-    # -> (string id of the summary, device: CUDA index, -1 no CUDA tensor, -2 no tensor). Building the key
-    # is the unavoidable cost (4 attribute reads per tensor); a hit skips everything else.
-    arg_cache: dict = {}
-    ARG_CACHE_MAX = 1 << 14
-    # scalars whose text is repr(value) and that are hashable with value equality (floats: nonzero only)
-    scalar_cls = frozenset((int, bool, type(None), str, torch.dtype, torch.device, torch.layout,
-                            torch.memory_format))
-    uninitialized: set = set()  # ids of ops whose output holds garbage (empty()): NaNs there are not a fault
     depths: dict = {}  # tid -> nesting depth, only set inside the SDPA wrapper (a TLS getattr costs ~0.7 us)
-    state = {"nonfinite_set": False, "device_unset": True}
-    lock = threading.RLock()
     walk = (None, None, None)
-    gen = [0]  # bumped when the string table wraps: ids looked up before are stale
 
-    def forget_strings() -> None:
-        """The string table wrapped: cached ids may be overwritten from now on, so intern again."""
+    def forget_walk() -> None:
+        """The string table wrapped (gpulab.trace.texts): the hot paths' cached ids are stale too."""
         nonlocal walk
-        for d in (names, codes, threads, texts, arg_cache):
-            d.clear()
         walk = (None, None, None)
-        gen[0] += 1
         if hot is not None:
             hot.forget()
 
-    def intern(text: bytes) -> int:
-        with lock:
-            sid = texts.get(text)
-            if sid is None:
-                sid = texts[text] = strings.add(text)
-            return sid
-
-    def on_wrap() -> None:
-        """The string table starts a new lap and will overwrite its oldest texts: copy forward the texts of
-        the newest records (up to half the table) and point their slots at the copies, so that a wrap never
-        costs the tail of the log its names; older records may show evicted texts."""
-        started = _Q.unpack_from(mm, _OFF_STARTED)[0]
-        seqs = range(max(0, started - min(cap, _WRAP_TAIL)), started)
-        keep_texts: dict = {}
-        budget = lay.string_capacity // 2
-        for seq in reversed(seqs):  # newest first: they matter most when the budget runs out
-            off = lay.slot(seq)
-            if _q.unpack_from(mm, off)[0] != seq:
-                continue
-            for p in _IDS.unpack_from(mm, off + _OFF_IDS):
-                if p and p not in keep_texts and budget > 0:
-                    text = ring.string_at(mm, lay, p)
-                    if text is not None:
-                        keep_texts[p] = text
-                        budget -= len(text) + 16
-        notes = _Q.unpack_from(mm, ring._OFF_GPU_NOTES)[0]
-        notes_text = ring.string_at(mm, lay, notes) if notes else None
-        forget_strings()
-        moved = {p: strings.add(t) for p, t in keep_texts.items()}
-        texts.update({t: moved[p] for p, t in keep_texts.items()})
-        for seq in seqs:
-            off = lay.slot(seq)
-            if _q.unpack_from(mm, off)[0] == seq:
-                _IDS.pack_into(mm, off + _OFF_IDS, *(moved.get(p, p) for p in _IDS.unpack_from(mm, off + _OFF_IDS)))
-        if notes_text is not None:
-            _Q.pack_into(mm, ring._OFF_GPU_NOTES, strings.add(notes_text))
-
-    strings.on_wrap = on_wrap
-
-    def name_of(func) -> int:
-        text = str(func).encode()
-        sid = intern(text)
-        names[id(func)] = sid
-        if text.startswith(_UNINITIALIZED):
-            uninitialized.add(id(func))
-        keep.append(func)
-        return sid
-
-    def code_kind(code):
-        """True for internal code, else the per-code dict of call sites (created here)."""
-        fn = code.co_filename
-        v = fn.startswith(internal_dirs) or fn.startswith("<frozen runpy") or fn.startswith("<frozen importlib")
-        v = True if v else {}
-        codes[id(code)] = v
-        keep.append(code)  # ids stay valid: the code object cannot be freed and its id reused
-        return v
-
-    def site_text(f, d: dict, lasti: int | None = None) -> int:
-        """The site's string id, cached in the code's dict under f_lasti (or the native path's key)."""
-        c = f.f_code
-        fn = c.co_filename
-        parts = fn.split(os.sep)
-        short = os.sep.join(parts[-2:]) if len(parts) > 2 else fn
-        sid = intern(f"{short}:{f.f_lineno} in {c.co_name}".encode()[-255:])
-        d[f.f_lasti if lasti is None else lasti] = sid
-        return sid
-
-    def call_site() -> int:
-        """Innermost frame outside torch and the recorder; cached per (code, instruction): no inspect.stack()."""
-        f = getframe(2)
-        while f is not None:
-            d = codes.get(id(f.f_code))
-            if d is None:
-                d = code_kind(f.f_code)
-            if d is not True:
-                return d.get(f.f_lasti) or site_text(f, d)
-            f = f.f_back
-        return 0
-
-    def thread_name(tid: int) -> int:
-        t = threading._active.get(tid)
-        name = t.name if t is not None else "native"  # autograd engine workers are not Python threads
-        sid = intern(f"{name[:63]} ({tid})".encode())
-        threads[tid] = sid
-        return sid
-
-    def tensor_text(t, key) -> str:
-        s = "T|%s|%s|%s|%s" % (str(t.dtype).replace("torch.", ""), ",".join(map(str, t.shape)),
-                               ",".join(map(str, t.stride())), t.device)
-        tensors[key] = s
-        return s
-
-    def other_text(a) -> str:
-        try:
-            key = (type(a), a)
-            s = reprs.get(key)
-        except TypeError:  # unhashable (a list of ints): not cached
-            key, s = None, None
-        if s is None:
-            s = repr(a)[:32].replace(";", ",").replace("|", "/")
-            if key is not None and len(reprs) < 4096 and not (key[0] is float and not a):  # -0.0 == 0.0
-                reprs[key] = s
-        return s
-
-    def device_of(t, dev: int) -> int:
-        if dev >= 0:
-            return dev
-        d = t.device
-        return (d.index or 0) if d.type == "cuda" else -1
-
-    def args_slow(args) -> tuple[int, int]:
-        """(string id of the argument summary, device; see arg_cache): per-arg text, cached per tensor."""
-        if state["device_unset"]:
-            set_device(args)
-        parts, dev = [], -2
-        for a in args:
-            ta = a.__class__
-            if ta is Tensor or (ta not in simple and isinstance(a, Tensor)):
-                k = (a.dtype, a.shape, a.stride(), a.device)
-                parts.append(tensors.get(k) or tensor_text(a, k))
-                dev = device_of(a, dev)
-            elif (ta is list or ta is tuple) and a and isinstance(a[0], Tensor):
-                parts.append(f"L{len(a)}")
-                for j, x in enumerate(a):
-                    if isinstance(x, Tensor):
-                        if j < 4:
-                            k = (x.dtype, x.shape, x.stride(), x.device)
-                            parts.append(tensors.get(k) or tensor_text(x, k))
-                        dev = device_of(x, dev)
-                        if j >= 4 and dev >= 0:
-                            break
-            else:
-                parts.append(other_text(a))
-        return intern(";".join(parts).encode()[:1023]), dev
-
-    def args_miss(args, key) -> tuple[int, int]:
-        v = args_slow(args)
-        if len(arg_cache) >= ARG_CACHE_MAX:
-            arg_cache.clear()  # scalars that change every step (lr, bias corrections) must not fill it for good
-        arg_cache[key] = v
-        return v
-
-    def set_device(args) -> None:
-        for a in args:
-            if isinstance(a, Tensor):
-                dev = a.device.type.encode()[:31]
-                mm[_OFF_DEVICE:_OFF_DEVICE + 32] = dev.ljust(32, b"\0")
-                state["device_unset"] = False
-                return
+    t = texts.op_texts(mm, lay, strings, torch, forget_walk)
+    names, codes, threads, arg_cache, scalar_cls = t.names, t.codes, t.threads, t.arg_cache, t.scalar_cls
+    uninitialized, state, gen, intern = t.uninitialized, t.state, t.gen, t.intern
+    name_of, code_kind, site_text, call_site, thread_name = t.name_of, t.code_kind, t.site_text, t.call_site, t.thread_name
+    args_slow, args_miss = t.args_slow, t.args_miss
 
     def compute_stats(out, off: int, seq: int) -> None:
         """min/max/mean and NaN/+Inf/-Inf counts of floating outputs. Only NaN or +Inf flag an op: -Inf is
