@@ -565,6 +565,19 @@ def _make_mode(rec: Recorder):
             mm[off + _OFF_FLAGS] = F_RAISED
         mv_q[i_completed] = next_done()
 
+    def deeper() -> tuple[int, int]:
+        """Ops dispatched inside a composite record are one level deeper (the thread's depth before)."""
+        tid = get_ident()
+        d0 = depths.get(tid, 0)
+        depths[tid] = d0 + 1
+        return tid, d0
+
+    def back(tid: int, d0: int) -> None:
+        if d0:
+            depths[tid] = d0
+        else:
+            depths.pop(tid, None)
+
     class _Base(TorchDispatchMode):
         def forget_frames(self) -> None:
             """Drop the cached frames (they keep their locals alive) once uninstalled."""
@@ -589,18 +602,13 @@ def _make_mode(rec: Recorder):
                 if what is None:
                     return orig(*args, **kwargs)
                 seq, off = begin(name, what, 1, call_site())
-                tid = get_ident()
-                d0 = depths.get(tid, 0)
-                depths[tid] = d0 + 1
+                tid, d0 = deeper()
                 raised = True
                 try:
                     out = orig(*args, **kwargs)
                     raised = False
                 finally:
-                    if d0:
-                        depths[tid] = d0
-                    else:
-                        depths.pop(tid, None)
+                    back(tid, d0)
                     end(seq, off, raised)
                 return out
             return functools.update_wrapper(wrapper, orig)
@@ -622,9 +630,7 @@ def _make_mode(rec: Recorder):
                                                        enable_gqa=enable_gqa)) == 0
                 except Exception:  # noqa: BLE001 - the choice is informative only
                     pass
-                tid = get_ident()
-                d0 = depths.get(tid, 0)
-                depths[tid] = d0 + 1
+                tid, d0 = deeper()
                 inner = None
                 raised = True
                 try:
@@ -635,10 +641,7 @@ def _make_mode(rec: Recorder):
                     out = orig(query, key, value, **kw)
                     raised = False
                 finally:
-                    if d0:
-                        depths[tid] = d0
-                    else:
-                        depths.pop(tid, None)
+                    back(tid, d0)
                     if inner is not None:
                         end(*inner, raised)
                     end(seq, off, raised)
