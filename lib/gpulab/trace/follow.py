@@ -178,6 +178,8 @@ def adopt(folder: str | os.PathLike, mode: str, own: dict[str, str]) -> None:
     _write_meta()
     _watch_ending()
     os.environ[ENV], os.environ[MODE_ENV] = str(folder), mode
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
+    os.environ["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *path])   # every new interpreter runs site/
     label_workers()
 
 

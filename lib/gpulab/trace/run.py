@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpulab import proc, report
-from gpulab.trace import liveness, native
+from gpulab.trace import follow, liveness, native
 from gpulab.trace.ring import _check_mode, read, shrink
 from gpulab.workloads import WorkloadConfig, cli_args, command
 
@@ -35,6 +36,7 @@ class Recording:
     stderr_tail: str
     status: str = "ok"       # ok | hang (no progress for stall_s) | crash (a signal) | error (exit != 0) | timeout
     stall_s: float | None = None
+    processes: int = 0       # other Python processes the program started (each recorded in `<log>.procs/`)
 
     @property
     def ok(self) -> bool:
@@ -76,10 +78,10 @@ def _target(cfg_or_command) -> list[str]:
 
 def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "auto",
                       faulthandler: str | None = None, fault: str | None = None,
-                      gpu_mechanism: str | None = None) -> list[str]:
+                      gpu_mechanism: str | None = None, follow: str | os.PathLike | None = None) -> list[str]:
     """argv that runs the workload under the recorder (what `record` and the watchdog start). The native
     hot path is built here, on the launcher's side, when it is not built yet (gpulab.trace.native)."""
-    return [sys.executable, *recorder_args(log, mode, faulthandler, fault, gpu_mechanism), "--",
+    return [sys.executable, *recorder_args(log, mode, faulthandler, fault, gpu_mechanism, follow), "--",
             *_target(cfg_or_command)]
 
 
@@ -132,17 +134,25 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     out.mkdir(parents=True, exist_ok=True)
     stem = name or f"trace_{mode}"
     log = out / f"{stem}.log"
-    cmd = bootstrap_command(cfg_or_command, log, mode)
+    procs = out / f"{stem}.procs"   # the program's own Python children (ranks, workers), each recorded there
+    shutil.rmtree(procs, ignore_errors=True)
+    cmd = bootstrap_command(cfg_or_command, log, mode, follow=procs)
     if log.exists():
         log.unlink()
     end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log)
     keep_recorded(log)
+    children = [m for m in follow.metas(procs).values() if not m.get("root")]
+    for m in children:
+        if m.get("log"):
+            keep_recorded(procs / m["log"])
+    if not children:
+        shutil.rmtree(procs, ignore_errors=True)
     snap = read(log) if log.exists() else None
     tail = (out / f"{stem}.stderr.txt").read_text(errors="replace")[-4000:]
     stopped = end.status in ("hang", "timeout")
     sig = end.signal or (signal.SIGKILL if stopped else None)
     return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(log), tuple(cmd), tail,
-                     end.status, stall_s)
+                     end.status, stall_s, len(children))
 
 
 def stats_recording(first: Recording, cfg_or_command, *, out_dir: str | os.PathLike, timeout_s: float = 300.0,
