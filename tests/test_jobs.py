@@ -52,7 +52,8 @@ def test_a_rank_that_skips_a_collective_is_named_with_both_calls(tmp_path, world
     for row in v.processes:
         if row["kind"] == "rank":
             assert (out / "procs" / row["log"]).stat().st_size < 1 << 20   # cut to what was recorded
-            assert "work.wait()" in (out / row["stacks"]["python"]).read_text() or row["frame"]
+            assert "in all_reduce" in (out / row["stacks"]["python"]).read_text() or \
+                "in barrier" in (out / row["stacks"]["python"]).read_text()   # its own stacks, at the stall
 
 
 def test_a_shape_mismatch_of_the_same_collective(tmp_path):
@@ -98,8 +99,7 @@ def test_a_worker_that_inherited_a_held_lock_at_fork_is_fixed_by_spawn(tmp_path)
     res = json.loads((tmp_path / "f.json").read_text())
     got = {s["name"]: s["verdict"] for s in res["scenarios"]}
     assert rc == 0 and got["baseline"] == "baseline" and got["dataloader_spawn"] == "fixes"
-    assert res["recommendation"]["fix"] == "dataloader_spawn" if isinstance(res["recommendation"], dict) else \
-        res["recommendation"].startswith("dataloader_spawn")
+    assert res["recommendation"] == "dataloader_spawn"
 
 
 def test_a_python_subprocess_that_hangs(tmp_path):

@@ -10,6 +10,7 @@ import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -183,26 +184,45 @@ def _open_op(records: Sequence[Any]) -> dict | None:
             "gpu": inflight.t_end is not None and inflight.gpu_done is False, "t_start": inflight.t_start}
 
 
-def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: Mapping[int, float] | None = None,
-          now: float | None = None, seen: Mapping[int, Mapping[str, Any]] | None = None,
-          node: str | None = None) -> list[ProcessView]:
-    """One view per process that announced itself in the folder (the root included). Live: `last_progress`
-    (monotonic times) and the processes themselves say how far each got and whether it runs. From a folder
-    read later (gpulab merge): `seen`, the rows of the verdict written at the stall, say it instead."""
+@dataclass(frozen=True)
+class Left:
+    """What one process left in the job folder: its <pid>.json and its op log as read (None: none, or torn)."""
+    meta: dict
+    log: Path | None
+    snap: Any
+
+
+def read_job(folder: str | os.PathLike) -> dict[int, Left]:
+    """Every process's <pid>.json and op log, read once (the views and the op-log tails share them)."""
     folder = Path(folder)
-    metas = follow.metas(folder)
-    now = time.monotonic() if now is None else now
-    out = []
-    for pid, meta in sorted(metas.items()):
-        records: Sequence[Any] = ()
+    out = {}
+    for pid, meta in follow.metas(folder).items():
         log = folder / meta["log"] if meta.get("log") else None
         snap = None
         if log is not None and log.exists():
             try:
                 snap = trace.read(log)
-                records = snap.records
             except Exception:  # noqa: BLE001 - a torn log still leaves the process's role and stacks
                 snap = None
+        out[pid] = Left(meta, log, snap)
+    return out
+
+
+def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: Mapping[int, float] | None = None,
+          now: float | None = None, seen: Mapping[int, Mapping[str, Any]] | None = None,
+          node: str | None = None, left: Mapping[int, Left] | None = None) -> list[ProcessView]:
+    """One view per process that announced itself in the folder (the root included). Live: `last_progress`
+    (monotonic times) and the processes themselves say how far each got and whether it runs. From a folder
+    read later (gpulab merge): `seen`, the rows of the verdict written at the stall, say it instead.
+    `left`: the folder as read_job already read it."""
+    folder = Path(folder)
+    left = read_job(folder) if left is None else left
+    metas = {pid: lf.meta for pid, lf in left.items()}
+    now = time.monotonic() if now is None else now
+    out = []
+    for pid, lf in sorted(left.items()):
+        meta, snap = lf.meta, lf.snap
+        records: Sequence[Any] = snap.records if snap is not None else ()
         role, kind = role_of(meta, metas)
         rank, world = rank_of(meta)
         open_op = _open_op(records)
@@ -218,7 +238,7 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
             worker=meta.get("worker"), node=node or meta.get("host") or socket.gethostname(), open_op=open_op,
             collectives=collectives_of(records), ops_completed=snap.completed if snap is not None else 0,
             last_progress_s=progress, frame=frame, wait=wait_of(frame, frames, open_op),
-            log=os.path.relpath(log, folder) if log is not None else None))
+            log=os.path.relpath(lf.log, folder) if lf.log is not None else None))
     return out
 
 
@@ -232,22 +252,16 @@ def stacks_files(folder: str | os.PathLike, kind: str = "python") -> dict[int, s
     return out
 
 
-def write_tails(folder: str | os.PathLike, n: int = 15) -> None:
-    """Each process's last n ops as text beside its log (<pid>.oplog_tail.txt): what the bundle carries of
-    a process whose binary log stays behind."""
+def write_tails(folder: str | os.PathLike, left: Mapping[int, Left], n: int = 15) -> None:
+    """Each followed process's last n ops as text beside its log (<pid>.oplog_tail.txt): what the bundle
+    carries of a process whose binary log stays behind."""
     from gpulab.hang.verdict import op_dict, oplog_line
     from gpulab.report import write_text
 
-    folder = Path(folder)
-    for pid, meta in follow.metas(folder).items():
-        log = folder / meta["log"] if meta.get("log") else None
-        if log is None or not log.exists() or meta.get("root"):
-            continue
-        try:
-            records = trace.read(log).records[-n:]
-        except Exception:  # noqa: BLE001 - a torn log: no tail, the rest stands
+    for pid, lf in left.items():
+        if lf.snap is None or lf.meta.get("root"):
             continue
         lines = [oplog_line(op_dict(r)) + "".join(f" {a['value']}" for a in r.args if isinstance(a, dict)
                                                    and str(a.get("value", "")).startswith(("g=", "seq=", "peer=")))
-                 for r in records]
-        write_text(folder / f"{pid}.oplog_tail.txt", "\n".join(lines) + "\n")
+                 for r in lf.snap.records[-n:]]
+        write_text(Path(folder) / f"{pid}.oplog_tail.txt", "\n".join(lines) + "\n")

@@ -36,7 +36,7 @@ from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_l
 from gpulab.report import write_json, write_text
 from gpulab.trace import follow, liveness, native
 from gpulab.trace.liveness import POLL_S, Progress  # noqa: F401 - watch.Progress, as before
-from gpulab.trace.run import keep_recorded, recorder_args
+from gpulab.trace.run import keep_followed, keep_recorded, recorder_args
 
 MODES = trace.MODES
 _PY = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -189,22 +189,18 @@ def _wait(child: proc.Child, launch: Launch, stall_s: float, timeout_s: float, t
 
 # ------------------------------------------------------------------------------------ a job of processes
 
-def _followed(launch: Launch) -> dict[int, dict]:
-    """The processes of the job other than the recorded root; empty when it started none."""
-    if not launch.procs.is_dir():
-        return {}
-    return {pid: m for pid, m in follow.metas(launch.procs).items() if not m.get("root")}
-
-
 def _job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, native_tools: Sequence[str],
                  stacks: bool) -> tuple[list, Any, dict]:
     """Every followed process's Python stacks (at once), the views, the cross-process finding, and the
-    native stacks of the process the finding names. Before the stop: the processes are still stuck."""
-    metas = follow.metas(launch.procs)
+    native stacks of the process the finding names; each process's op-log tail written from the same read.
+    Before the stop: the processes are still stuck."""
+    left = jobread.read_job(launch.procs)
+    metas = {pid: lf.meta for pid, lf in left.items()}
     pythons = {pid: c.text for pid, c in jobread.capture_python(launch.procs, metas).items()} if stacks else {}
     if root_python and not pythons.get(root_pid):
         pythons[root_pid] = root_python
-    views = jobread.views(launch.procs, pythons, getattr(tracker, "last", None))
+    views = jobread.views(launch.procs, pythons, getattr(tracker, "last", None), left=left)
+    jobread.write_tails(launch.procs, left)
     finding = job.analyse(views)
     natives: dict = {}
     culprit = next((p for p in views if p.role == finding.culprit), None)
@@ -220,7 +216,6 @@ def _with_job(v: Verdict, launch: Launch, root: int, views: list, finding: Any, 
         for pid, text in by_pid.items():
             if text:
                 write_text(launch.procs / f"{pid}.stacks_{kind}.txt", text)
-    jobread.write_tails(launch.procs)
     rows = []
     for row in finding.processes:
         files = {k: f"procs/{row['pid']}.stacks_{k}.txt" for k in stacks if stacks[k].get(row["pid"])}
@@ -347,7 +342,7 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
         elif stalled:
             caps = {"python": capture.Capture("python", "", None, 0.0, False, "not taken (stack capture off)")}
         jobbed = None
-        if stalled and _followed(launch):
+        if stalled and getattr(tracker, "procs", None):   # the job has processes besides the one started
             t_job = time.monotonic()
             jobbed = _job_capture(launch, tracker, child.pid, caps["python"].text, native_tools, stacks)
             caps["processes"] = capture.Capture("processes", "", "faulthandler", time.monotonic() - t_job, True)
@@ -359,9 +354,7 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     rc = child.returncode
     if launch.recorded:
         keep_recorded(launch.log)   # the finished op log cut to what was recorded (gpulab.trace.ring.shrink)
-    for meta in _followed(launch).values():
-        if meta.get("log"):
-            keep_recorded(launch.procs / meta["log"])
+    followed = keep_followed(launch.procs) if launch.procs.is_dir() else []
 
     status = stalled or ("ok" if rc == 0 else ("crash" if rc is not None and rc < 0 else "error"))
     py_text = caps["python"].text if "python" in caps else ""
@@ -383,7 +376,7 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
         mode=mode if launch.recorded else None, stall_s=stall_s, timeout_s=timeout_s, hang_started_s=hang_started,
         verdict_at_s=time.monotonic() - t0, pid=child.pid, notes=tuple(log_notes), left_running=left, tail=tail)
     v = judge(obs)
-    if jobbed is None and status != "ok" and _followed(launch):   # ended by itself: who ended how
+    if jobbed is None and status != "ok" and followed:   # ended by itself: who ended how
         views = jobread.views(launch.procs, {})
         jobbed = (views, job.analyse(views), {})
     if jobbed is not None:

@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
 from gpulab import beat
 from gpulab.trace import recorder as _recorder  # its fork handler (leave the parent's log) runs before ours
@@ -47,19 +47,25 @@ def child_env(env: dict, folder: str | os.PathLike, mode: str) -> dict:
 
     out = proc.python_env(env)
     out[ENV], out[MODE_ENV] = str(folder), mode
-    out["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *[p for p in out["PYTHONPATH"].split(os.pathsep) if p != SITE_DIR]])
+    out["PYTHONPATH"] = site_first(out["PYTHONPATH"])
     return out
 
 
-def metas(folder: str | os.PathLike) -> dict[int, dict]:
-    """Every process that announced itself in the job folder: pid -> its <pid>.json."""
+def site_first(pythonpath: str) -> str:
+    """PYTHONPATH with site/ first (once): every new interpreter then runs its sitecustomize."""
+    return os.pathsep.join([SITE_DIR, *[p for p in pythonpath.split(os.pathsep) if p and p != SITE_DIR]])
+
+
+def metas(folder: str | os.PathLike, skip: Container[int] = ()) -> dict[int, dict]:
+    """Every process that announced itself in the job folder: pid -> its <pid>.json (those in `skip`
+    are not read again: a watcher polling for new processes)."""
     out: dict[int, dict] = {}
     try:
         names = os.listdir(folder)
     except OSError:
         return out
     for name in names:
-        if not name.endswith(".json") or not name[:-5].isdigit():
+        if not name.endswith(".json") or not name[:-5].isdigit() or int(name[:-5]) in skip:
             continue
         try:
             with open(os.path.join(folder, name)) as fh:
@@ -178,8 +184,7 @@ def adopt(folder: str | os.PathLike, mode: str, own: dict[str, str]) -> None:
     _write_meta()
     _watch_ending()
     os.environ[ENV], os.environ[MODE_ENV] = str(folder), mode
-    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
-    os.environ["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *path])   # every new interpreter runs site/
+    os.environ["PYTHONPATH"] = site_first(os.environ.get("PYTHONPATH", ""))
     label_workers()
 
 

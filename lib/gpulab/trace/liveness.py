@@ -130,17 +130,22 @@ class JobProgress:
 
         self.root, self.folder, self._metas = root, Path(folder), follow.metas
         self.procs: dict[int, Progress] = {}
+        self.seen: set[int] = set()   # every <pid>.json read once (the root's and those that ended too)
         self.last: dict[int, float] = {}
 
     def _discover(self) -> None:
-        for pid, meta in self._metas(self.folder).items():
-            if pid in self.procs or meta.get("root") or pid == self.root.ps.pid:
+        new = self._metas(self.folder, skip=self.seen)
+        for pid, meta in new.items():
+            self.seen.add(pid)
+            if meta.get("root") or pid == self.root.ps.pid:
                 continue
             try:
                 self.procs[pid] = Progress(pid, self.folder / meta["log"] if meta.get("log") else None,
                                            self.folder / meta["beat"] if meta.get("beat") else None)
             except (psutil.Error, KeyError):
                 continue   # it ended before it was seen
+        if not new:
+            return
         followed = frozenset(self.procs)
         for p in (self.root, *self.procs.values()):
             p.followed = followed

@@ -126,6 +126,18 @@ def keep_recorded(log: str | os.PathLike) -> None:
         pass
 
 
+def keep_followed(procs: str | os.PathLike) -> list[dict]:
+    """The <pid>.json of every process a finished job started (its root's left out), each op log cut to what
+    was recorded; a folder where the program started none is removed (nothing in it but the root's note)."""
+    children = [m for m in follow.metas(procs).values() if not m.get("root")]
+    for m in children:
+        if m.get("log"):
+            keep_recorded(Path(procs) / m["log"])
+    if not children:
+        shutil.rmtree(procs, ignore_errors=True)
+    return children
+
+
 def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outputs/trace",
            timeout_s: float = 300.0, name: str | None = None, stall_s: float | None = None) -> Recording:
     """Run the workload under the recorder in a child; whatever was recorded is kept, even when it was
@@ -141,12 +153,7 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
         log.unlink()
     end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log)
     keep_recorded(log)
-    children = [m for m in follow.metas(procs).values() if not m.get("root")]
-    for m in children:
-        if m.get("log"):
-            keep_recorded(procs / m["log"])
-    if not children:
-        shutil.rmtree(procs, ignore_errors=True)
+    children = keep_followed(procs)
     snap = read(log) if log.exists() else None
     tail = (out / f"{stem}.stderr.txt").read_text(errors="replace")[-4000:]
     stopped = end.status in ("hang", "timeout")
