@@ -63,3 +63,10 @@ def test_collective_tags_read_back():
 def test_every_call_kind_is_known():
     assert set(collectives.CALLS.values()) == {"collective", "p2p", "group"}
     assert {"all_reduce", "barrier", "send", "recv", "all_gather_object", "new_group"} <= set(collectives.CALLS)
+
+
+def test_a_frame_is_quoted_without_its_comment(tmp_path):
+    f = tmp_path / "ds.py"
+    f.write_text("x = 1\n        with LOG_LOCK:      # held by the parent's thread\n")
+    assert jobread.source_line(str(f), 2) == "with LOG_LOCK:"
+    assert jobread.source_line(str(f), 1) == "x = 1"

@@ -150,10 +150,16 @@ def main_frame(text: str) -> tuple[str | None, tuple[str, ...]]:
     m = re.match(r"(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$", inner)
     if not m:
         return inner, main.frames
-    src = linecache.getline(m.group("file"), int(m.group("line"))).strip()
+    src = source_line(m.group("file"), int(m.group("line")))
     parts = m.group("file").split(os.sep)
     where = f"{os.sep.join(parts[-2:])}:{m.group('line')} in {m.group('func')}"
     return (f"{where}: `{src[:80]}`" if src else where), main.frames
+
+
+def source_line(path: str, line: int) -> str:
+    """The code of a frame's line as a person quotes it: no trailing comment, one space between words."""
+    src = re.sub(r"\s+#.*$", "", linecache.getline(path, line).strip())
+    return " ".join(src.split())
 
 
 def wait_of(frame: str | None, frames: Sequence[str], open_op: Mapping[str, Any] | None) -> str | None:
