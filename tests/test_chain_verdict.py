@@ -57,3 +57,13 @@ def test_slow_under_a_fix_that_replaces_sdpa_does_not_name_a_backend(fixes, name
     assert ("runs on flash" in v.evidence) is names_backend
     if not names_backend:
         assert "decomposed_attention" in v.evidence and "04's cost column" in v.next_step
+
+
+@pytest.mark.parametrize("cls,says", [("collective_mismatch", "make every rank call the same collectives"),
+                                      ("rank_stuck", "upstream report")])
+def test_nothing_fixes_it_points_a_collective_mismatch_at_the_program(cls, says):
+    m = metrics(hang_status="hang")
+    m["03_bisect_hang"]["metrics"]["class"] = cls
+    m["04_fix_scenarios"] = {"metrics": {"tried": ["dataloader_spawn"], "not_tried": []}}
+    v = judge(ok(), m)
+    assert v.verdict == "hang" and v.next_step.startswith("nothing tried fixes it (dataloader_spawn)") and says in v.next_step

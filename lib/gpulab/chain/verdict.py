@@ -28,6 +28,12 @@ class ScenarioVerdict:
     next_step: str
 
 
+# ranks that call different collectives (or shapes) at one sequence number: the program's order, no platform bug
+PROGRAM_ORDER = (": the ranks call different collectives at the same point (03's divergence names both calls): make "
+                 "every rank call the same collectives in the same order with the same shapes; "
+                 "TORCH_DISTRIBUTED_DEBUG=DETAIL turns such a mismatch into an error that names it")
+
+
 def _m(metrics: Mapping[str, Any], nb: str) -> dict:
     return dict((metrics.get(nb) or {}).get("metrics") or {})
 
@@ -84,7 +90,8 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
             left = fixes.get("not_tried") or []
             step = ("nothing tried fixes it" + (f" ({', '.join(tried)})" if tried else " (no fix applied here)")
                     + (f"; {len(left)} more not tried within the time budget (gpulab fixes --budget)" if left else "")
-                    + ": attach bundle.zip (03) to an upstream report")
+                    + (PROGRAM_ORDER if hang.get("class") == "collective_mismatch" else
+                       ": attach bundle.zip (03) to an upstream report"))
         else:
             step = "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report"
         return ScenarioVerdict(kind, evidence, step)
