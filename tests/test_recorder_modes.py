@@ -88,15 +88,16 @@ def test_live_recording_survives_a_wrapping_string_table(tmp_path, native_path):
 # ------------------------------------------------------------------------------------------ another process
 
 WRITER = textwrap.dedent("""
-    import sys, torch
+    import sys, time, torch
     x = torch.ones(8)
     for i in range(int(sys.argv[1])):
         x = x + 1
         x = x * 1.0
         if i % 100 == 0:
             x = torch.relu(x)
+            time.sleep(0.005)   # paced (no op): the reader must see the log while it is written, whichever
+                                # hot path writes it (the native one wrote all 12k ops between two reads)
     open(sys.argv[2], "w").close()
-    import time
     time.sleep(600)   # stays alive until SIGKILLed
 """)
 
