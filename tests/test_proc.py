@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,59 @@ def test_guard_ends_the_tree_when_its_supervisor_is_killed():
         if sup.poll() is None:
             sup.kill()
             sup.wait()
+
+
+@pytest.mark.parametrize("attempt", range(4))
+def test_guard_ends_a_child_whose_exec_is_still_in_progress(attempt):
+    """The supervisor dies the moment Popen returns: the child may not show its environment (its token)
+    yet, because close-on-exec (which ends Popen's wait) comes before the kernel sets up the new image.
+    Each attempt hits that window about half the time here; the guard must look again."""
+    name, mark = new_marker()
+    code = ("import os, sys; from gpulab import proc; "
+            "proc.spawn([sys.executable, '-c', 'import time; time.sleep(300)']); os.kill(os.getpid(), 9)")
+    sup = subprocess.Popen([sys.executable, "-c", code],
+                           env={**os.environ, name: mark, "PYTHONPATH": str(Path(proc.__file__).parents[1])})
+    assert sup.wait(30) == -signal.SIGKILL
+    assert left_after(name, mark, grace_s=5) == []
+
+
+def test_a_young_process_with_no_environment_yet_is_unsure_not_unmarked():
+    """What an exec in progress looks like (an empty /proc/<pid>/environ) is held as unsure, so end_marked
+    and the guard look again instead of leaving it running; a carrier of the token is found."""
+    token = f"t{uuid.uuid4().hex[:12]}"
+    empty = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={})
+    carrier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                               env={**os.environ, proc.ENV_VAR: token}, start_new_session=True)
+    try:
+        time.sleep(0.3)
+        found, unsure = proc._scan(token, None, ())
+        assert carrier.pid in found and empty.pid in unsure and empty.pid not in found
+        t0 = time.monotonic()
+        assert proc.end_marked(token) == ()
+        assert not proc.alive(carrier.pid) and proc.alive(empty.pid)
+        assert time.monotonic() - t0 < proc._SETTLE_S + 1.0   # looked again for a while, then gave up
+    finally:
+        for k in (empty, carrier):
+            if k.poll() is None:
+                k.kill()
+            k.wait()
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_end_marked_waits_for_a_child_whose_exec_is_in_progress(attempt):
+    """end_marked right after Popen returns (no process group to fall back on): every child is ended."""
+    token = f"t{uuid.uuid4().hex[:12]}"
+    env = {**os.environ, proc.ENV_VAR: token}
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env,
+                             start_new_session=True) for _ in range(4)]
+    try:
+        assert proc.end_marked(token) == ()
+        assert [proc.alive(k.pid) for k in kids] == [False] * 4   # end_marked reaps its own children
+    finally:
+        for k in kids:
+            if k.poll() is None:
+                k.kill()
+                k.wait()
 
 
 def test_session_turns_signals_into_interrupted_and_stops_children():

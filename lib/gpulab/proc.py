@@ -39,6 +39,10 @@ EXIT_NOT_EXECUTABLE = 126
 PR_SET_CHILD_SUBREAPER = 36
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _KILL_ROUNDS = 50
+_SETTLE_S = 1.0        # how long a scan waits for environments that read empty (an exec in progress)
+_PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread (no environment, ever)
+_YOUNG_S = 10.0       # an empty environment in a process started this recently may be an exec in progress
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 LIB_DIR = str(Path(__file__).resolve().parents[1])   # the folder holding this gpulab package
 
 
@@ -133,21 +137,34 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgid) of a process, or None when it is gone."""
+def _stat(pid: int) -> tuple[str, int, int, int, int] | None:
+    """(state, ppid, pgid, flags, start time in clock ticks after boot) of a process, or None when gone."""
     raw = _read(f"/proc/{pid}/stat")
     if not raw:
         return None
     try:
         fields = raw.rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[1]), int(fields[2])
+        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[6]), int(fields[19])
     except (IndexError, ValueError):
         return None
 
 
+def _ticks_now() -> float:
+    """Clock ticks since boot (the unit of a process's start time in /proc/<pid>/stat)."""
+    try:
+        with open("/proc/uptime", "rb") as fh:
+            return float(fh.read().split()[0]) * _CLK_TCK
+    except (OSError, ValueError, IndexError):
+        return float("inf")
+
+
 def tokens_of(pid: int) -> tuple[str, ...]:
     """The gpulab tokens in a process's environment (as it was at exec)."""
-    for item in _read(f"/proc/{pid}/environ").split(b"\0"):
+    return _tokens(_read(f"/proc/{pid}/environ"))
+
+
+def _tokens(environ: bytes) -> tuple[str, ...]:
+    for item in environ.split(b"\0"):
         if item.startswith(ENV_VAR.encode() + b"="):
             return tuple(t for t in item.split(b"=", 1)[1].decode(errors="replace").split(":") if t)
     return ()
@@ -166,19 +183,37 @@ def info(pid: int) -> ProcInfo:
     return ProcInfo(pid, name or "?", cmd[:300])
 
 
-def marked(token: str, *, pgid: int | None = None, exclude: Sequence[int] = ()) -> set[int]:
-    """Live (not zombie) processes carrying `token`, or in process group `pgid`."""
+def _scan(token: str, pgid: int | None, exclude: Sequence[int]) -> tuple[set[int], set[int]]:
+    """(carriers of `token` or members of `pgid`, processes whose environment reads empty). The second are
+    not yet known: a process in the middle of exec shows an empty environment until the kernel has set up
+    its new image, and its parent's Popen has already returned by then (close-on-exec comes first)."""
     skip = {os.getpid(), *exclude}
-    found = set()
+    found, unsure = set(), set()
+    young = _ticks_now() - _YOUNG_S * _CLK_TCK
     for pid in _pids():
         if pid in skip:
             continue
         st = _stat(pid)
-        if st is None or st[0] in ("Z", "X"):
+        if st is None or st[0] in ("Z", "X") or st[3] & _PF_KTHREAD:
             continue
-        if (pgid is not None and st[2] == pgid) or token in tokens_of(pid):
+        if pgid is not None and st[2] == pgid:
             found.add(pid)
-    return found
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:   # gone, or another user's
+            continue
+        if token in _tokens(env):
+            found.add(pid)
+        elif not env and st[4] >= young:   # an old process with no environment (init, env -i) is settled
+            unsure.add(pid)
+    return found, unsure
+
+
+def marked(token: str, *, pgid: int | None = None, exclude: Sequence[int] = ()) -> set[int]:
+    """Live (not zombie) processes carrying `token`, or in process group `pgid`."""
+    return _scan(token, pgid, exclude)[0]
 
 
 def alive(pid: int) -> bool:
@@ -211,10 +246,14 @@ def end_marked(token: str, *, pgid: int | None = None, grace_s: float = 0.0, exc
             time.sleep(0.05)
             _reap(list(seen))
             pids = {p for p in pids if alive(p)}
+    settle = time.monotonic() + _SETTLE_S
     for _ in range(_KILL_ROUNDS):
-        pids = marked(token, pgid=pgid, exclude=exclude)
+        pids, unsure = _scan(token, pgid, exclude)
         if not pids:
-            break
+            if not unsure or time.monotonic() > settle:
+                break
+            time.sleep(0.02)   # an exec in progress: its environment (and token) shows in a moment
+            continue
         seen |= pids
         _signal_all(pids, pgid, signal.SIGKILL)
         time.sleep(0.01)
@@ -242,25 +281,31 @@ try:
         pass
 except OSError:
     pass
-def marked():
-    out = []
+tck = os.sysconf('SC_CLK_TCK')
+def scan():
+    out, unsure = [], []
+    young = float(open('/proc/uptime').read().split()[0]) * tck - 10 * tck
     for n in os.listdir('/proc'):
         if not n.isdigit() or int(n) == me:
             continue
         try:
             st = open('/proc/%s/stat' % n, 'rb').read().rsplit(b')', 1)[1].split()
-            if st[0] in (b'Z', b'X'):
+            if st[0] in (b'Z', b'X') or int(st[6]) & 0x00200000:
                 continue
-            env = open('/proc/%s/environ' % n, 'rb').read().split(b'\0')
-        except (OSError, IndexError):
+            started = int(st[19])
+            env = open('/proc/%s/environ' % n, 'rb').read()
+        except (OSError, IndexError, ValueError):
             continue
-        for item in env:
+        if not env and started >= young:   # an exec in progress: its environment shows in a moment
+            unsure.append(int(n))
+        for item in env.split(b'\0'):
             if item.startswith(b'GPULAB_PROC=') and token in item[12:].decode(errors='replace').split(':'):
                 out.append(int(n))
-    return out
-for _ in range(50):
-    pids = marked()
-    if not pids:
+    return out, unsure
+settle = time.monotonic() + 2.0
+for _ in range(200):
+    pids, unsure = scan()
+    if not pids and (not unsure or time.monotonic() > settle):
         break
     for pid in pids:
         try:
