@@ -187,6 +187,9 @@ def test_05_scope_follows_the_recording(logs, tmp_path):
     head, metrics = oracle.finding(gate)
     assert head == none.note and metrics["applies"] is False and metrics["reason"] == none.note
     assert oracle.scope_for("builtin", "auto", "cpu", tmp_path) == oracle.Scope(True, ("float32",))
+    on_gpu = oracle.scope_for("builtin", "auto", "cuda", tmp_path)   # the dtype the built-in workload runs in
+    assert on_gpu.dtypes == ("bfloat16",) and "bfloat16, float16" in on_gpu.note
+    assert oracle.scope_for("builtin", "float16", "cuda", tmp_path) == oracle.Scope(True, ("float16",))
 
 
 # ---------------------------------------------------------------------------------------- the chain

@@ -29,13 +29,12 @@ import weakref
 from pathlib import Path
 
 from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the program uses it
-from gpulab.trace import collectives, native, ring, texts
+from gpulab.trace import collectives, gpumarks, native, opstats, ring, texts
 from gpulab.trace.prefault import Prefault
-from gpulab.trace.ring import (_MEM, _OFF_COMPLETED, _OFF_FLAGS, _OFF_GPU_SINCE, _OFF_MECHANISM,
-                               _OFF_MEMCOUNT, _OFF_NONFINITE, _OFF_STARTED, _OFF_STATS, _OFF_STREAM, _OFF_TEND,
-                               _SLOT, _STATS, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
-                               DEFAULT_STRING_CAPACITY, F_NONFINITE, F_RAISED, F_STATS, GPU_PAGE_OFF, HEADER_SIZE,
-                               MAX_STREAMS, MEM_SIZE, PAGE, STREAM_SIZE, Layout, StringWriter, _check_mode, _Q, _q, create)
+from gpulab.trace.ring import (_MEM, _OFF_COMPLETED, _OFF_FLAGS, _OFF_MEMCOUNT, _OFF_STARTED, _OFF_TEND, _SLOT,
+                               DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY, DEFAULT_STRING_CAPACITY, F_RAISED,
+                               GPU_PAGE_OFF, HEADER_SIZE, MEM_SIZE, PAGE, Layout, StringWriter, _check_mode, _Q, _q,
+                               create)
 
 _TRACK_PLAIN, _TRACK_GPU, _TRACK_SYNC, _TRACK_STATS, _TRACK_WAIT_CUDA = 0, 1, 2, 3, 4
 _GPU_POLL_S = 0.001
@@ -129,7 +128,7 @@ class Recorder:
             return
         self.uninstall()
         self._closed = True
-        gpu_idle = self._gpu_idle()
+        gpu_idle = gpumarks.landed(self.tracker, self._mm)
         if self.tracker is not None and gpu_idle:
             self.tracker.close()
         if self._mode_obj is not None:
@@ -148,14 +147,6 @@ class Recorder:
             ring.trim(self.log)
         except (OSError, ValueError):
             pass
-
-    def _gpu_idle(self) -> bool:
-        """Every stream's newest marker has landed (or GPU tracking never started)."""
-        if self.tracker is None:
-            return True
-        self.tracker.poll()
-        n = _Q.unpack_from(self._mm, ring._OFF_NSTREAMS)[0]
-        return not any(s.pending for s in ring._streams(self._mm, n))
 
     def __enter__(self) -> "Recorder":
         return self.install()
@@ -278,7 +269,6 @@ def _dispatch_depth(torch, TorchDispatchMode) -> int:
 
 def _make_mode(rec: Recorder):
     """Build the TorchDispatchMode subclass (torch is imported here, not at module import)."""
-    import ctypes
     import itertools
 
     import torch
@@ -315,189 +305,17 @@ def _make_mode(rec: Recorder):
     name_of, code_kind, site_text, call_site, thread_name = t.name_of, t.code_kind, t.site_text, t.call_site, t.thread_name
     args_slow, args_miss = t.args_slow, t.args_miss
 
-    def compute_stats(out, off: int, seq: int) -> None:
-        """min/max/mean and NaN/+Inf/-Inf counts of floating outputs. Only NaN or +Inf flag an op: -Inf is
-        how attention masks are written (scalar_tensor(-inf), where(mask, 0, -inf)), not a fault."""
-        ts = [out] if isinstance(out, Tensor) else [x for x in out if isinstance(x, Tensor)] \
-            if isinstance(out, (list, tuple)) else []
-        mn, mx, tot, cnt, nan, inf, ninf = float("inf"), float("-inf"), 0.0, 0, 0, 0, 0
-        seen = False
-        for t in ts:
-            if not (t.is_floating_point() and t.numel() and t.device.type != "meta"):
-                continue
-            x = t.detach()
-            n_nan = int(torch.isnan(x).sum())
-            n_inf = int((x == float("inf")).sum())
-            n_ninf = int((x == float("-inf")).sum())
-            xf = x.float()
-            lo, hi = torch.aminmax(xf)
-            mn, mx = min(mn, float(lo)), max(mx, float(hi))
-            tot += float(xf.sum()); cnt += x.numel()
-            nan += n_nan; inf += n_inf; ninf += n_ninf
-            seen = True
-        if not seen:
-            return
-        bad = bool(nan or inf)
-        _STATS.pack_into(mm, off + _OFF_STATS, mn, mx, tot / cnt if cnt else 0.0, nan, inf, ninf)
-        mm[off + _OFF_FLAGS] = F_STATS | (F_NONFINITE if bad else 0)
-        if bad and not state["nonfinite_set"]:
-            state["nonfinite_set"] = True
-            pack_q(mm, _OFF_NONFINITE, seq)
-
-    # ------------------------------------------------------------------ GPU progress (auto and gpu modes)
-    # stream key (handle << 6 | device) -> [index, word index of its `enqueued` field, target, emit, device]
-    streams: dict = {}
-    entries: list = []
-    gstate = {"tracker": None, "driver": None, "first_device": None, "contexts": {}, "errors": 0, "multi": False}
-    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    current_device = getattr(torch._C, "_cuda_getDevice", None)
-    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
-
-    def header_text(off: int, text: str) -> None:
-        mm[off:off + 32] = text.encode()[:31].ljust(32, b"\0")
-
-    def start_gpu() -> None:
-        """First op after CUDA initialized: pick the mechanism (gpulab.trace.gpu.choose) or stay plain."""
-        nonlocal track
-        track = _TRACK_PLAIN
-        if raw_stream is None or current_device is None:
-            header_text(_OFF_MECHANISM, "none: torch without CUDA")
-            return
-        drv = gpu_mod.load()
-        if drv is None:
-            header_text(_OFF_MECHANISM, "none: libcuda not loadable")
-            return
-        dev = current_device()
-        try:
-            tracker, notes = gpu_mod.choose(drv, mm, rec.gpu_mechanism, dev)
-        except Exception as exc:  # noqa: BLE001 - recording must go on without GPU progress
-            tracker, notes = None, [f"{type(exc).__name__}: {exc}"]
-        rec.gpu_notes = tuple(notes)
-        if notes:
-            _Q.pack_into(mm, ring._OFF_GPU_NOTES, intern("; ".join(notes).encode()))
-        if tracker is None:  # the 32-byte header field says none; the log's notes say why
-            header_text(_OFF_MECHANISM, "none")
-            return
-        gstate.update(tracker=tracker, driver=drv, first_device=dev, contexts=tracker.contexts)
-        header_text(_OFF_MECHANISM, tracker.mechanism)
-        pack_q(mm, _OFF_GPU_SINCE, _Q.unpack_from(mm, _OFF_STARTED)[0] - 1)
-        rec.tracker = tracker
-        rec.gpu_path = "python"
-        track = _TRACK_GPU
-        if hot is not None and start_native(tracker, dev):
-            track = _TRACK_PLAIN   # hot.end() marks each op; nothing left for the Python side to do
-
-    def start_native(tracker, dev: int) -> bool:
-        """Hand the markers to the C hot path (one call less per op, events polled without the GIL)."""
-        kind, fns = tracker.native_spec()
-
-        def on_stream(d: int, handle: int):
-            claimed = claim_stream(d, handle)
-            if claimed is None:
-                return None
-            n, _ = claimed
-            target = tracker.target(n, d) if kind == gpu_mod.NATIVE_MEMOP else 0
-            return n, context_of(d), target, tracker.stream_pool(d) if kind == gpu_mod.NATIVE_EVENTS else ()
-
-        try:
-            hot.gpu_start(kind, fns, raw_stream, current_device, capturing, on_stream, stop_gpu, GPU_PAGE_OFF,
-                          STREAM_SIZE, gstate["contexts"].get(dev) or 0, mechanism_off=_OFF_MECHANISM)
-        except (TypeError, ValueError, OSError, RuntimeError) as exc:
-            rec.gpu_notes += (f"native markers: {exc}",)
-            _Q.pack_into(mm, ring._OFF_GPU_NOTES, intern("; ".join(rec.gpu_notes).encode()))
-            return False
-        tracker.attach(hot)
-        rec.gpu_path = "native"
-        return True
-
-    def context_of(dev: int) -> int:
-        ctxs = gstate["contexts"]
-        if dev not in ctxs:
-            ctxs[dev] = gstate["driver"].primary_context(dev)
-        return ctxs[dev]
-
-    def on_context(emit, ctx: int):
-        """emit with the device's context pushed: once a second device is in use, stream handle 0 (the
-        legacy default stream) would otherwise mean the current context's, maybe another device's."""
-        drv = gstate["driver"]
-        push, pop = drv.fn["cuCtxPushCurrent_v2"], drv.fn["cuCtxPopCurrent_v2"]
-        popped = ctypes.c_void_p()
-        ref = ctypes.byref(popped)
-
-        def emit_on(handle, target, seq, flags):
-            push(ctx)
-            try:
-                return emit(handle, target, seq, flags)
-            finally:
-                pop(ref)
-        return emit_on
-
-    def claim_stream(dev: int, handle: int) -> tuple[int, int] | None:
-        """The next GPU progress entry of the log for (device, stream): (index, its offset), or None when
-        the page is full (the stream's ops go untracked). Both hot paths claim through here."""
-        if len(entries) >= MAX_STREAMS - 1:
-            return None
-        n = len(entries)
-        if dev != gstate["first_device"]:
-            context_of(dev)   # before the tracker makes anything of that device's
-            gstate["multi"] = True
-        off = ring.add_stream(mm, n, handle, dev)
-        entries.append([n, (off + 8) >> 3, None, None, dev])
-        return n, off
-
-    def new_stream(dev: int, handle: int):
-        """Python hot path: claim an entry and give it the tracker's target and emit; None when full."""
-        key = handle << 6 | dev
-        claimed = claim_stream(dev, handle)
-        if claimed is None:
-            streams[key] = None
-            return None
-        tracker = gstate["tracker"]
-        entry = entries[claimed[0]]
-        entry[2:4] = [tracker.target(claimed[0], dev), tracker.emit]
-        streams[key] = entry
-        if gstate["multi"]:
-            try:
-                for e in entries:
-                    e[3] = on_context(tracker.emit, context_of(e[4]))
-            except gpu_mod.CudaError:
-                pass
-        return entry
-
-    def stop_gpu(why: str) -> None:
-        """GPU progress tracking failed: record on as plain ops, and say why in the log's header."""
-        nonlocal track
-        track = _TRACK_PLAIN
-        header_text(_OFF_MECHANISM, f"stopped: {why}")
-        _Q.pack_into(mm, ring._OFF_GPU_NOTES, intern(f"{'; '.join(rec.gpu_notes)}; stopped: {why}".lstrip("; ").encode()))
-
-    def gpu_retry(code: int, handle: int, entry, seq: int) -> int:
-        """A marker the driver refused: a thread without a current context gets the device's primary
-        context and one retry; other errors are counted, and tracking stops after 100 of them."""
-        drv = gstate["driver"]
-        if code == gpu_mod.CUDA_ERROR_INVALID_CONTEXT:
-            try:
-                drv.fn["cuCtxSetCurrent"](context_of(entry[4]))
-                code = entry[3](handle, entry[2], seq, 0)
-            except gpu_mod.CudaError:
-                pass
-        if code:
-            gstate["errors"] += 1
-            if gstate["errors"] >= 100:
-                stop_gpu(f"CUresult {code} {drv.error_name(code)}")
-        return code
+    compute_stats = opstats.stats_writer(mm, torch, state)
 
     # ------------------------------------------------------------------ counters and views
     # bound methods and module constants as closure cells: a cell read is cheaper than a global or attribute
     names_get, codes_get, threads_get, cache_get = names.get, codes.get, threads.get, arg_cache.get
-    streams_get = streams.get
     Parameter = torch.nn.Parameter
     # single fields are stored through typed memoryviews (an item store costs a third of a pack_into)
     mv_b = memoryview(mm)
     mv_q, mv_d, mv_h = mv_b.cast("q"), mv_b.cast("d"), mv_b.cast("h")
     i_started, i_completed = _OFF_STARTED // 8, _OFF_COMPLETED // 8
     i_tend = _OFF_TEND // 8
-    h_stream = _OFF_STREAM // 2
     off_flags = _OFF_FLAGS
     WAIT = _TRACK_WAIT_CUDA
     skip = _dispatch_depth(torch, TorchDispatchMode)
@@ -510,6 +328,14 @@ def _make_mode(rec: Recorder):
     else:
         next_seq, next_done = itertools.count().__next__, itertools.count(1).__next__
 
+    # ------------------------------------------------------------------ GPU progress (auto and gpu modes)
+    def track_gpu(on: bool) -> None:
+        """gpulab.trace.gpumarks switches the hot paths' `track` cell (started, handed to C, stopped)."""
+        nonlocal track
+        track = _TRACK_GPU if on else _TRACK_PLAIN
+
+    start_gpu, gpu_mark = gpumarks.gpu_marks(rec, torch, hot, intern, track_gpu, mv_q, mv_h)
+
     # ------------------------------------------------------------------ after the op (modes beyond ops)
     def after(token: int, func, out) -> None:
         """GPU marker, sync or stats for the op `token` (seq << 8 | device + 2) that just returned."""
@@ -517,29 +343,8 @@ def _make_mode(rec: Recorder):
             start_gpu()
         seq, dev = token >> 8, (token & 255) - 2
         if track == _TRACK_GPU:
-            # completion marker on the op's stream, after its work (never a host sync)
-            if dev == -1:
-                return
-            try:
-                if capturing():
-                    return
-                if dev < 0:
-                    dev = current_device()
-                h = raw_stream(dev)
-                e = streams_get(h << 6 | dev, 0)
-                if e == 0:
-                    e = new_stream(dev, h)
-                if e is None:
-                    return
-                code = e[3](h, e[2], seq, 0)
-                if code:
-                    code = gpu_retry(code, h, e, seq)
-            except Exception as exc:  # noqa: BLE001 - recording must never break the program
-                stop_gpu(f"{type(exc).__name__}: {exc}")
-                return
-            if not code:
-                mv_q[e[1]] = seq
-                mv_h[((slots + (seq % cap) * slot_size) >> 1) + h_stream] = e[0]
+            if dev != -1:  # -1: no CUDA tensor, no marker
+                gpu_mark(seq, dev)
         elif track == _TRACK_SYNC:
             if cuda_mod._initialized:
                 cuda.synchronize()
