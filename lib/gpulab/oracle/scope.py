@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpulab import recorded
 from gpulab.oracle.cases import resolve_dtypes
-from gpulab.workloads import WorkloadConfig, dtype_name
+from gpulab.workloads import WorkloadConfig, dtype_name, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,17 @@ class Scope:
 
 
 def scope_for(workload: str, dtype: str, device: str, out_dir: str | os.PathLike | None) -> Scope:
-    """The oracle's scope for this workload: dtype 'auto' means the dtypes a user program's recorded
-    attention calls use (when 02 saw any), else resolve_dtypes' rule for the device."""
+    """The oracle's scope for this workload: dtype 'auto' means the dtypes the workload's attention runs in
+    (the built-in workload's one dtype; a user program's recorded calls, when 02 saw any), else
+    resolve_dtypes' rule for the device. Every low-precision dtype at once is `gpulab oracle`'s platform
+    check, not the chain's question about this workload."""
     use = recorded.attention_use(WorkloadConfig(workload=workload), out_dir)
     asked = tuple(dtype_name(d) for d in resolve_dtypes(dtype, device))
     if use.seen == "builtin":
+        runs = resolve_dtype(dtype, device)
+        if dtype == "auto" and asked != (runs,):
+            return Scope(True, (runs,), f"Judged in {runs}, the dtype the built-in workload runs in on {device} "
+                                        f"(-p dtype=... for another; `gpulab oracle` judges {', '.join(asked)}).")
         return Scope(True, asked)
     if use.seen == "none":
         return Scope(False, (), f"05 does not apply to workload={workload}: {use.note}")
