@@ -39,8 +39,8 @@ def plan_note(scope, device: str, cases: str, candidates) -> None:
         display(Markdown(f"**{report.esc(scope.note)}**"))
         return
     names = ", ".join(report.code(c) for c in candidates)
-    display(Markdown(f"Device {report.code(device)}; dtypes {', '.join(scope.dtypes)} (auto: float32 on the CPU, "
-                     f"bfloat16 and float16 on CUDA, or the dtypes the recorded program calls); case set "
+    display(Markdown(f"Device {report.code(device)}; dtypes {', '.join(scope.dtypes)} (auto: the dtype "
+                     f"the built-in workload runs in, or the dtypes the recorded program calls); case set "
                      f"{report.code(cases)} ({len(case_set(cases))} cases per dtype); candidates {names}."
                      + (f" {report.esc(scope.note)}" if scope.note else "")))
 
