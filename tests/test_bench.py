@@ -233,6 +233,34 @@ def test_is_stable(samples, stable):
     assert stats.is_stable(samples, iqr_rel=0.01, std_rel=0.005) is stable
 
 
+_RNG = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("samples, precise", [
+    (_RNG.normal(100.0, 3.0, 500), True),     # 3% spread per sample, 500 samples: the median is within ~0.7%
+    (_RNG.normal(100.0, 10.0, 50), False),    # 10% spread, 50 samples: its CI is ~7% wide
+    ([20.0, 20.5] * 300, False),              # event-timer quantization split at the median: never pinned
+    ([5.0, 5.0], False),                      # too few samples to bound the median
+])
+def test_median_precise(samples, precise):
+    assert stats.median_precise(samples, ci_rel=0.01) is precise
+
+
+def test_sampling_stops_once_the_median_is_pinned():
+    """A spread that never gets under the per-sample rules still stops: on the median's CI, not the cap."""
+    rng = np.random.default_rng(1)
+    spin = matmul_loop(1, 16)
+
+    def noisy():
+        for _ in range(int(rng.integers(1, 4))):  # 1-3 calls: a ~50% spread per sample
+            spin()
+
+    m = bench.measure(noisy, device="cpu", iqr_rel=0.0, std_rel=0.0, ci_rel=0.25, min_time_s=0.05,
+                      max_time_s=30.0, max_samples=100000)
+    assert m.stopped == "stable" and m.timed_s < 30.0
+    assert stats.median_precise(m.samples_ms, ci_rel=0.25) and not stats.is_stable(m.samples_ms, 0.05, 0.05)
+
+
 # ---------------------------------------------------------------------------------------- flops
 
 

@@ -113,3 +113,20 @@ def test_a_gpu_hang_names_the_gpu_work_that_never_completed_not_the_sync():
     assert "made no progress for 30 s" in note and "<code>aten.mm.default</code>" in note
     assert note.count("**Not measured:**") == 1 and "hang again" in note
     assert analysis.last_ops_table(Recording(snap, 0, None, False, 1.0, "/o/ops.log", (), "")) is None   # ok: none
+
+
+def test_followups_answer_each_run_from_the_first_recording(tmp_path):
+    """02's GPU-profile and stats runs start together; each decides from the first recording whether to run."""
+    from types import SimpleNamespace
+
+    from gpulab.trace import followups
+    from gpulab.workloads import WorkloadConfig
+
+    hung = SimpleNamespace(ok=False, finished=False, status="hang")
+    later = followups.start(hung, WorkloadConfig(device="cpu"), tmp_path, timeout_s=30, stall_s=2.0)
+    later.wait()
+    gpu, gpu_note = later.gpu_times()
+    stats, stats_note = later.stats()
+    assert gpu is None and "runs on the CPU" in gpu_note
+    assert stats is None and stats_note.startswith("**NaN/Inf not checked:**") and "hang again" in stats_note
+    assert not list(tmp_path.iterdir())   # nothing ran

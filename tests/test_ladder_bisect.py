@@ -17,6 +17,7 @@ import pytest
 
 from gpulab import trace
 from gpulab.hang import bisect, bundle, ladder, repro, verdict, watch
+from gpulab.workloads import WorkloadConfig
 
 FIX = Path(__file__).parent / "fixtures"
 HANG = FIX / "threshold_hang.py"
@@ -239,3 +240,17 @@ def test_replay_grows_a_suffix_when_the_op_alone_does_not_fail(tmp_path):
     assert "gpulab_test.arm" in kept and "gpulab_test.gate" in kept
     assert [(c.ops, c.reproduces) for c in res.candidates[1:]] == [(1, False), (2, True)]  # arm, then gate
 
+
+
+@pytest.mark.parametrize("cfg, light", [
+    (WorkloadConfig(device="cuda"), True),                                     # the default: ~12 MB a trial
+    (WorkloadConfig(device="cuda", batch=64, text_tokens=2048, image_tokens=2048), False),
+    (WorkloadConfig(device="cuda", workload="script:train.py"), False),        # a user program: unknown needs
+])
+def test_light_trials_share_a_gpu_four_at_a_time(cfg, light):
+    from gpulab import device
+    from gpulab.hang import investigate
+
+    assert investigate.light(cfg) is light
+    assert device.trial_jobs(0, "cuda", investigate.light(cfg)) == (4 if light else 2)
+    assert device.trial_jobs(3, "cuda", light) == 3 and device.trial_jobs(0, "cpu", light) <= 4

@@ -29,12 +29,15 @@ def has_gpu() -> bool:
 
 
 GPU_TRIAL_JOBS = 2      # trials side by side on one GPU: they share it (reports say so)
+GPU_LIGHT_TRIAL_JOBS = 4  # ... when each needs little of it (the built-in workload at small sizes)
 CPU_TRIAL_JOBS_MAX = 4
 
 
-def trial_jobs(jobs: int, device: str = "auto") -> int:
+def trial_jobs(jobs: int, device: str = "auto", light: bool = False) -> int:
     """`jobs` as asked, or for 0 (auto) what the machine has room for: one trial per core for a CPU program
-    (a hung trial costs no CPU, a running one a core), capped at 4; two on a GPU, which they then share."""
+    (a hung trial costs no CPU, a running one a core), capped at 4; two on a GPU, which they then share, or
+    four for `light` trials (a program known to need little GPU memory: more could only crowd a user's
+    program out of memory and fail it for the wrong reason)."""
     if jobs and jobs > 0:
         return int(jobs)
     import os
@@ -42,4 +45,6 @@ def trial_jobs(jobs: int, device: str = "auto") -> int:
     dev = str(device)
     on_gpu = dev.startswith("cuda") or (dev == "auto" and has_gpu())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return GPU_TRIAL_JOBS if on_gpu else max(1, min(cores, CPU_TRIAL_JOBS_MAX))
+    if on_gpu:
+        return GPU_LIGHT_TRIAL_JOBS if light else GPU_TRIAL_JOBS
+    return max(1, min(cores, CPU_TRIAL_JOBS_MAX))

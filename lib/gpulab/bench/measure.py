@@ -3,8 +3,8 @@
 A loop of 100 calls around time.time() mixes launch overhead, warm caches and clock drift into one number
 with no error bar. Here every call is timed on its own (CUDA events on a GPU, perf_counter on the CPU), L2 is
 flushed before each timed GPU call (as triton's do_bench does), sampling stops when the spread is small
-enough or a hard cap is hit, raw samples are kept, and "faster" is decided from a bootstrap confidence
-interval of the ratio of medians (`gpulab.bench.stats`).
+enough, the median is pinned (its CI within ci_rel of it) or a hard cap is hit, raw samples are kept, and
+"faster" is decided from a bootstrap confidence interval of the ratio of medians (`gpulab.bench.stats`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 
 from gpulab import device as _device
 from gpulab.bench.stats import (check_delta, decide, flag_throttled, hedges_g, is_stable, mann_whitney_p,
-                                median_ci, ratio_ci)
+                                median_ci, median_precise, ratio_ci)
 
 TIMERS = ("auto", "cuda_event", "perf_counter")
 L2_FLUSH_MIN_BYTES = 256 * 1024 * 1024  # triton do_bench / KernelBench flush buffer
@@ -35,7 +35,8 @@ class BenchConfig:
     min_time_s: float = 0.1        # keep sampling at least this long (sum of sampling wall time)
     max_time_s: float = 2.0        # hard cap for the whole measurement, warm-up included
     iqr_rel: float = 0.01          # stop when IQR/median < this ...
-    std_rel: float = 0.005         # ... or std/mean < this
+    std_rel: float = 0.005         # ... or std/mean < this ...
+    ci_rel: float = 0.01           # ... or the median's 95% CI is narrower than this fraction of it (0: off)
     flush_l2: bool = True          # GPU only: zero a buffer >= 2x L2 (and >= 256 MB) before each timed call
     graph_calls: int = 0           # GPU only: >0 times a CUDA graph of this many calls per sample
     hold_gpu: bool = True          # GPU only: nvbench's blocking kernel - hold the GPU while the host queues a
@@ -58,6 +59,8 @@ class BenchConfig:
             raise ValueError(f"max_time_s={self.max_time_s!r} must be > 0")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence={self.confidence!r} must lie in (0, 1)")
+        if not self.ci_rel >= 0:
+            raise ValueError(f"ci_rel={self.ci_rel!r} must be >= 0 (0: stop on the spread rules only)")
         if self.graph_calls < 0:
             raise ValueError(f"graph_calls={self.graph_calls!r} must be >= 0 (0 = no CUDA graph)")
 
@@ -280,7 +283,8 @@ class _Sampler:
                 stopped = "max_time"
                 break
             if (n >= cfg.min_samples and now - t_sampling >= cfg.min_time_s
-                    and all(is_stable(s.samples, cfg.iqr_rel, cfg.std_rel) for s in series)):
+                    and all(is_stable(s.samples, cfg.iqr_rel, cfg.std_rel)
+                            or median_precise(s.samples, cfg.ci_rel, cfg.confidence) for s in series)):
                 stopped = "stable"
                 break
             # a batch fills ~1/10 of the minimum time, never runs past the deadline or max_samples

@@ -20,10 +20,24 @@ def rungs(cfg: workloads.WorkloadConfig) -> list[ladder.Rung]:
     return [ladder.Rung(cfg.kind, tuple(workloads.command(cfg)))]
 
 
+LIGHT_BYTES = 256 << 20  # a trial's rough activation bound under which trials share one GPU 4 at a time
+
+
+def light(cfg: workloads.WorkloadConfig) -> bool:
+    """The built-in workload at sizes whose attention scores and activations stay well under a GPU's memory
+    (the default needs ~12 MB): all of a rung's trials can run side by side. A user program's needs are
+    unknown, so it never is."""
+    if cfg.kind != "builtin":
+        return False
+    s = cfg.text_tokens + cfg.image_tokens
+    return cfg.batch * cfg.layers * s * (3 * cfg.heads * s + 64 * cfg.heads * cfg.head_dim) * 4 < LIGHT_BYTES
+
+
 def climb(cfg: workloads.WorkloadConfig, out_dir: str | Path, *, repeats: int, jobs: int, stall_s: float,
           timeout_s: float, mode: str, fault: str | None, progress: Callable[[str], None] | None = None
           ) -> ladder.LadderResult:
-    return ladder.run(rungs(cfg), repeats=repeats, jobs=device.trial_jobs(jobs, cfg.device), stall_s=stall_s,
+    return ladder.run(rungs(cfg), repeats=repeats, jobs=device.trial_jobs(jobs, cfg.device, light(cfg)),
+                      stall_s=stall_s,
                       timeout_s=timeout_s,
                       out_dir=Path(out_dir) / "ladder", mode=mode, fault=fault, stop_at_first_failure=True,
                       progress=progress)
@@ -54,7 +68,7 @@ def shrink(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, dims: Sequen
     template, ints = bisect.builtin_space(replace(cfg, rung=failing), dims)
     try:
         res = bisect.run(template, ints, out_dir=Path(out_dir) / "bisect", repeats=repeats,
-                         jobs=device.trial_jobs(jobs, cfg.device),
+                         jobs=device.trial_jobs(jobs, cfg.device, light(cfg)),
                          stall_s=stall_s, timeout_s=timeout_s, mode=mode, fault=fault, progress=progress)
     except bisect.NothingToBisect as exc:  # an intermittent failure that did not show again
         return None, str(exc)

@@ -1,0 +1,46 @@
+"""02's two further runs of the workload, started together as soon as the first recording is in: the
+profiler's GPU times (gpulab.trace.profile) and the stats-mode NaN/Inf recording (gpulab.trace.run). They
+are independent children that only count and check, so side by side they cost the longer of the two, not
+the sum (each pays interpreter, torch and device start-up). The recording-cost measurement is not one of
+them: it times, so it runs alone, after both have been collected."""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FollowUps:
+    """The runs in flight; each accessor waits for its own run (its exception, if any, is raised there)."""
+
+    _gpu: Future
+    _stats: Future
+
+    def gpu_times(self) -> tuple[Any, str]:
+        """gpulab.trace.profile.gpu_times's (table or None, sentence)."""
+        return self._gpu.result()
+
+    def stats(self) -> tuple[Any, str]:
+        """gpulab.trace.run.stats_recording's (Recording or None, sentence)."""
+        return self._stats.result()
+
+    def wait(self) -> None:
+        """Both done (before anything that times, such as the recording-cost table)."""
+        for f in (self._gpu, self._stats):
+            f.exception()
+
+
+def start(first: Any, cfg: Any, out_dir: str | Path, *, timeout_s: float = 300.0,
+          stall_s: float | None = None) -> FollowUps:
+    """Start both runs after 02's first Recording `first` (each decides from it whether to run at all)."""
+    from gpulab.trace import profile, run
+
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="02-followup")
+    try:
+        gpu = pool.submit(profile.gpu_times, cfg, out_dir, stall_s=stall_s, first=first)
+        stats = pool.submit(run.stats_recording, first, cfg, out_dir=out_dir, timeout_s=timeout_s, stall_s=stall_s)
+    finally:
+        pool.shutdown(wait=False)   # the threads end with their runs
+    return FollowUps(gpu, stats)
