@@ -29,7 +29,7 @@ import weakref
 from pathlib import Path
 
 from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the program uses it
-from gpulab.trace import collectives, dynamo, gpumarks, native, opstats, ring, texts
+from gpulab.trace import collectives, gpumarks, native, opstats, ring, texts
 from gpulab.trace.prefault import Prefault
 from gpulab.trace.ring import (_MEM, _OFF_COMPLETED, _OFF_FLAGS, _OFF_MEMCOUNT, _OFF_STARTED, _OFF_TEND, _SLOT,
                                DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY, DEFAULT_STRING_CAPACITY, F_RAISED,
@@ -242,13 +242,14 @@ os.register_at_fork(after_in_child=_leave_forked_child)
 
 def _dispatch_depth(torch, TorchDispatchMode) -> int:
     """sys._getframe(n) that is the op's caller inside a mode's __torch_dispatch__: torch wraps the method in
-    dynamo-disable wrappers (2 frames on torch 2.13, gpulab.trace.dynamo), counted once by dispatching a
-    probe op into a probe mode built the same way; the probe raises before anything runs (no mode below it
-    sees the op)."""
+    dynamo-disable wrappers (2 frames on torch 2.13), counted once by dispatching a probe op into a probe
+    mode built the same way; the probe raises before anything runs (no mode below it sees the op). Its first
+    dispatch also imports torch._dynamo (about 2 s), on purpose before the program starts: deferred, that
+    import lands inside the program's first op under any other dispatch mode or custom op (a fault, a fix,
+    the program's own), an op that then seems stuck for seconds (tried and undone on 11-25)."""
     class _Found(Exception):
         pass
 
-    @dynamo.lazy
     class _Probe(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             f, n = sys._getframe(1), 1
@@ -456,7 +457,6 @@ def _make_mode(rec: Recorder):
             scaled_dot_product_attention.__wrapped__ = orig
             return scaled_dot_product_attention
 
-    @dynamo.lazy
     class _PyMode(_Base):
         """The pure-Python hot path (no compiler needed)."""
 
@@ -532,7 +532,6 @@ def _make_mode(rec: Recorder):
         return _PyMode()
     hot_begin, hot_end, hot_fail = hot.begin, hot.end, hot.fail
 
-    @dynamo.lazy
     class _NativeMode(_Base):
         """The same records, written by gpulab.trace.native (one C call before the op, one after)."""
 
