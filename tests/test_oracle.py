@@ -403,3 +403,98 @@ def test_gpu_fault_message_is_an_error_not_unsupported():
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
     with pytest.raises(oracle.CandidateError, match=f"'faults' faulted on case {CASE[0].name}"):
         oracle.check(faults, CASE, "cpu", progress=False)
+
+
+# ------------------------------------------------------------------------------------------ workers side by side
+
+PIDMOD = """
+    import os
+    from gpulab.oracle import candidates
+    def attn(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        with open(os.environ["PIDMOD_FILE"], "a") as fh:  # which worker judged this case
+            fh.write(f"{os.getpid()}\\n")
+        return candidates.decomposed(q, k, v, attn_mask, is_causal, scale)
+"""
+
+
+def _verdicts(reps: dict) -> dict:
+    """Per candidate, per case: what is judged (status, rule results) and which cases keep tensors."""
+    return {n: [(r.case, r.dtype, r.status, r.rule, r.intermediates, r.tensors is not None) for r in rep.results]
+            for n, rep in reps.items()}
+
+
+def test_workers_side_by_side_judge_as_one_worker(broken, tmp_path, monkeypatch):
+    from procscan import left_after
+    (tmp_path / "pidmod.py").write_text(textwrap.dedent(PIDMOD))
+    specs = ["sdpa_math", "pidmod:attn", "bug_mask_ignored"]
+    reps, pids = {}, {}
+    for w in (1, 2):
+        monkeypatch.setenv("PIDMOD_FILE", str(tmp_path / f"pids-{w}"))
+        reps[w] = oracle.isolated(specs, "quick", "cpu", timeout_s=120, explain_budget=1, workers=w, progress=False)
+        pids[w] = set((tmp_path / f"pids-{w}").read_text().split())
+    assert len(pids[1]) == 1 and len(pids[2]) == 2  # one worker, then two side by side
+    assert _verdicts(reps[2]) == _verdicts(reps[1])
+    quick = len(oracle.case_set("quick"))
+    assert all(len(r.results) == quick and not r.error for r in reps[2].values())
+    assert reps[2]["sdpa_math"].passed and reps[2]["pidmod:attn"].passed
+    bug = {w: reps[w]["bug_mask_ignored"] for w in (1, 2)}
+    assert len(bug[1].failures) >= 2  # more failures than the explain budget of 1
+    named = {w: sum("mask_ignored" in {f.code for f in r.findings} for r in bug[w].failures) for w in (1, 2)}
+    assert named[1] == 1 and named[2] <= 1  # one explain budget per candidate, shared by the workers
+    assert left_after(*broken, exclude=(proc.guard_pid() or 0,)) == []
+
+
+def test_workers_side_by_side_lose_a_hung_and_a_crashed_worker_and_judge_the_rest(broken):
+    from procscan import left_after
+    specs = ["deadlockmod:attn", "sdpa_math", "abortmod:attn", "tiled"]
+    reps = oracle.isolated(specs, "quick", "cpu", timeout_s=20, workers=2, progress=False)
+    assert reps["deadlockmod:attn"].error == "hang: no result within 20s (child process group killed)"
+    assert reps["abortmod:attn"].error.startswith("crash (signal 6)") and "abortmod.py" in reps["abortmod:attn"].error
+    assert all(not reps[s].passed and not reps[s].results for s in specs if "mod:" in s)
+    quick = len(oracle.case_set("quick"))
+    same = oracle.check_many(["sdpa_math", "tiled"], "quick", "cpu", progress=False)
+    for name in ("sdpa_math", "tiled"):  # judged on every case, in case order, exactly as in one process
+        assert reps[name].passed and len(reps[name].results) == quick
+        assert reps[name].rows() == same[name].rows() and reps[name].findings == same[name].findings
+    assert left_after(*broken, exclude=(proc.guard_pid() or 0,)) == []
+
+
+def test_an_interrupt_stops_every_worker_side_by_side(broken):
+    import signal
+    import threading
+    import time
+    from procscan import left_after
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGALRM, interrupt)
+    t0 = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 4.0)  # both workers starting, or hung in the deadlock
+        with pytest.raises(KeyboardInterrupt):
+            oracle.isolated(["deadlockmod:attn"], "quick", "cpu", timeout_s=300, workers=2, progress=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - t0 < 60  # not the deadline of the hung jobs
+    assert left_after(*broken, exclude=(proc.guard_pid() or 0,)) == []
+
+
+def test_isolated_rejects_a_bad_worker_count():
+    with pytest.raises(oracle.OracleError, match="workers=-1"):
+        oracle.isolated(["sdpa_math"], CASE, "cpu", workers=-1)
+
+
+def test_oracle_workers_on_the_cpu_is_one():
+    from gpulab.device import oracle_workers
+    assert oracle_workers("cpu", 320) == 1 and oracle_workers("cpu", 320, cores=64) == 1
+
+
+@pytest.mark.parametrize("cores,n_cases,expected", [(16, 320, 3), (64, 320, 3), (8, 320, 2), (4, 320, 1),
+                                                    (2, 320, 1), (16, 2, 2), (16, 1, 1), (16, 0, 1)])
+def test_oracle_workers_on_a_gpu(cores, n_cases, expected):
+    from gpulab.device import oracle_workers
+    assert oracle_workers("cuda", n_cases, cores=cores) == expected
+    assert oracle_workers("cuda:1", n_cases, cores=cores) == expected

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 import subprocess
 import sys
 
 import pytest
 
+from conftest import ROOT
 from gpulab.chain import index, runner
 from nbfactory import RECORD, notebook, project
 
@@ -135,3 +138,27 @@ def test_a_scenario_whose_fix_cannot_apply_is_not_run_and_not_a_failure(tmp_path
     assert "sdpa_backend_cudnn needs" in sc["notebooks"][0]["error"] and "sdpa_backend_cudnn needs" in sc["evidence"]
     html = idx.read_text()
     assert "fixes <code>sdpa_backend_cudnn</code>" in html and "1 not run (their scenario&#x27;s fix cannot apply here)" in html
+
+
+def test_device_auto_is_asked_once_per_environment_and_handed_to_later_kernels():
+    from gpulab import device
+    from gpulab.chain.autodevice import AutoDevice
+
+    auto, env = AutoDevice(), {**os.environ, "GPULAB_DEVICE_AUTO": "stale"}
+    assert device.AUTO_ENV not in auto.env_for(env)          # the first notebook: asked now, not waited for
+    deadline = time.monotonic() + 120
+    while device.AUTO_ENV not in (later := auto.env_for(env)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert later[device.AUTO_ENV] == device.resolve("auto")  # what this process finds with torch
+    hidden = {**env, "CUDA_VISIBLE_DEVICES": ""}              # another environment: its own question
+    assert device.AUTO_ENV not in auto.env_for(hidden)
+
+
+@pytest.mark.parametrize("known, asked, expect", [("cuda", "auto", "cuda"), ("cuda", "cuda:1", "cuda:1"),
+                                                  ("cpu", "auto", "cpu"), (None, "cpu", "cpu")])
+def test_a_kernel_takes_the_runners_answer_without_importing_torch(known, asked, expect):
+    code = f"import sys; from gpulab import device; print(device.resolve({asked!r}), 'torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "GPULAB_DEVICE_AUTO"}
+    env.update({"PYTHONPATH": str(ROOT / "lib")}, **({"GPULAB_DEVICE_AUTO": known} if known else {}))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.split() == [expect, "False"], out.stderr[-1000:]

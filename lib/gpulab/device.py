@@ -1,20 +1,34 @@
 """One place that turns the `device` parameter into a torch device, so every notebook agrees."""
 from __future__ import annotations
 
+import os
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
-def resolve(device: str = "auto") -> str:
-    """'auto' -> 'cuda' when a GPU (CUDA or ROCm) is usable, else 'cpu'. 'cuda:1' style is accepted."""
-    import torch
+AUTO_ENV = "GPULAB_DEVICE_AUTO"  # what `auto` resolved to, found by a parent in this very environment
 
+
+def resolve(device: str = "auto") -> str:
+    """'auto' -> 'cuda' when a GPU (CUDA or ROCm) is usable, else 'cpu'. 'cuda:1' style is accepted.
+
+    Asking torch costs its import (about 5 s on the H100 machine): a chain's notebook kernel that only
+    orchestrates children takes the answer its runner found for the same environment (AUTO_ENV, set by
+    gpulab.chain.autodevice), and 'cpu' needs no torch at all."""
     name = str(device).strip().lower()
     base = name.split(":", 1)[0]
     if base not in DEVICE_CHOICES:
         raise ValueError(f"device={device!r} is not valid; choose one of {', '.join(DEVICE_CHOICES)} (or cuda:N)")
+    if base == "cpu":
+        return name
+    known = os.environ.get(AUTO_ENV)
+    if known in ("cpu", "cuda") and base in ("auto", known):
+        return known if base == "auto" else name
+    import torch
+
     if base == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if base == "cuda" and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise RuntimeError(f"device={device!r} was asked for but torch.cuda.is_available() is False "
                            f"(torch {torch.__version__}); use device='cpu' or 'auto'")
     return name
@@ -40,11 +54,24 @@ def trial_jobs(jobs: int, device: str = "auto", light: bool = False) -> int:
     program out of memory and fail it for the wrong reason)."""
     if jobs and jobs > 0:
         return int(jobs)
-    import os
-
     dev = str(device)
     on_gpu = dev.startswith("cuda") or (dev == "auto" and has_gpu())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if on_gpu:
         return GPU_LIGHT_TRIAL_JOBS if light else GPU_TRIAL_JOBS
     return max(1, min(cores, CPU_TRIAL_JOBS_MAX))
+
+
+def oracle_workers(device: str, n_cases: int, cores: int | None = None) -> int:
+    """Warm workers side by side for the oracle (gpulab.oracle.pooled): on a GPU its time is CPU-side (Python,
+    cuDNN building a plan per shape), so one per 4 cores, at most 3 (each holds a CUDA context on the shared
+    GPU) and never more than the cases; on the CPU 1: the candidates are compute-bound and torch already
+    uses every core. `cores`: the usable cores, counted when None."""
+    import os
+
+    dev = str(device)
+    if not (dev.startswith("cuda") or (dev == "auto" and has_gpu())):
+        return 1
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(3, max(1, cores // 4), n_cases))

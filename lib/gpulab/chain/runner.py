@@ -25,6 +25,7 @@ import yaml
 
 from gpulab import proc, report
 from gpulab.chain import index, notebook, params, verdict
+from gpulab.chain.autodevice import AutoDevice
 from gpulab.fixes import scenario_env
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
@@ -203,6 +204,7 @@ class _Run:
         self.shared_jobs = cfg.jobs if parallel and len(self.gpu_load) < cfg.jobs else 1
         self.gpu_of: dict[str, str] = {}
         self.current: dict[str, tuple[str, Path, float]] = {}   # scenario -> (notebook, its .ipynb, start)
+        self.auto = AutoDevice()   # device=auto's answer per scenario environment, for the later kernels
 
     def take_gpu(self, scen: str) -> None:
         """With several GPUs, a scenario running beside others gets the least busy one to itself."""
@@ -354,7 +356,7 @@ def _run_notebook(run: _Run, scen: str, sc_dir: Path, nb_path: Path, schema: dic
     ex = notebook.execute(nb_path, out_ipynb, pfile, root=cfg.root, kernel=cfg.kernel,
                           cell_timeout_s=cfg.cell_timeout_s, notebook_timeout_s=cfg.notebook_timeout_s,
                           log=sc_dir / "logs" / f"{name}.log", progress=run.say, stopping=run.stopping,
-                          env=_scenario_env(scen, run))
+                          env=run.auto.env_for(_scenario_env(scen, run) or os.environ))
     _, _, cells_s = notebook.cells_done(out_ipynb)
     t_render = time.monotonic()
     rep, full, render_err = notebook.render(out_ipynb) if out_ipynb.exists() else (None, None, "no notebook was written")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from gpulab.device import AUTO_ENV
 from gpulab.fixes import registry
 from gpulab.fixes.fix import Fix, FixError
 
@@ -68,6 +69,7 @@ def _without(value: str, items: str) -> str:
 def clean_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` without the fixes it carries (a scenario's notebook runs its fix-free baseline from this)."""
     out = dict(env)
+    out.pop(AUTO_ENV, None)   # a parent's answer to device=auto holds for its environment, not for this one
     names = [n for n in out.pop(FIXES_VAR, "").split(",") if n]
     out.pop(PYTHON_VAR, None)
     fixes = registry.load()

@@ -1,7 +1,7 @@
 """Running candidates over cases: the per-case verdicts (CaseResult), one candidate's OracleReport,
-check/check_many in this process, the same in a warm worker child (gpulab.pool: one case of one
-candidate per job, each with a deadline; a kernel that hangs or faults, and poisons the CUDA context, costs
-only its own report and its worker, which a fresh one replaces), and notebook 05's Gate.
+check/check_many in this process, and notebook 05's Gate. The same on warm worker children (one case of
+one candidate per job, each with a deadline; a kernel that hangs or faults costs only its own report and
+its worker) is gpulab.oracle.pooled: isolated, check_isolated and judge_job, still importable from here.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -28,10 +28,6 @@ from gpulab.oracle.errors import CandidateError, OracleError
 from gpulab.oracle.rule import RuleResult, gold_and_baselines, rule
 from gpulab.oracle.scope import Scope
 from gpulab.workloads import dtype_name
-
-if TYPE_CHECKING:  # imported when used: the worker (`python -m gpulab.pool`) imports this module, and must
-    # not import itself a second time under its own name
-    from gpulab.pool import Pool
 
 GATE_FILE = "oracle_gate.json"
 TABLE = "oracle_table"          # the gate's long table: oracle_table.csv / .json
@@ -388,113 +384,6 @@ def check(candidate, cases: str | Sequence[Case] = "default", device: str | None
     return replace(rep, wall_s=time.monotonic() - t0)
 
 
-# ------------------------------------------------------------------------------------------ isolated
-
-def check_isolated(spec: str, cases: str | Sequence[Case] = "default", device: str | None = None,
-                   dtypes: Any = None, *, tile: int = 64, worst_k: int = 8, timeout_s: float = 900.0) -> OracleReport:
-    """check() in a child process with a deadline per case: a kernel that hangs or faults (and poisons the
-    CUDA context) cannot take the notebook down. `spec` is a registry name or 'module:function' (something
-    a fresh process can resolve)."""
-    return next(iter(isolated([spec], cases, device, dtypes, tile=tile, worst_k=worst_k,
-                              timeout_s=timeout_s).values()))
-
-
-_WORKER: dict = {}   # in a warm worker (gpulab.pool): resolved candidates, the current case's gold
-
-
-def judge_job(spec: str, case: Case, dtype: str, device: str, tile: int, worst_k: int, budget: int
-              ) -> tuple[str, CaseResult, int, float, float]:
-    """One candidate on one case, in a warm worker: (candidate name, result, explain budget left, seconds
-    judging, seconds making the inputs and gold). Gold is kept for the next candidate on the same case, as
-    check_many shares it; a fresh worker (after a hang or crash) makes it again."""
-    cands = _WORKER.setdefault("cands", {})
-    if spec not in cands:
-        c = _as_candidate(spec, device)
-        _validate_signature(c)
-        cands[spec] = c
-    shared = 0.0
-    if _WORKER.get("key") != (case, dtype, device):
-        _WORKER.pop("gold", None)   # free the last case's tensors first
-        t0 = time.perf_counter()
-        dt = resolve_dtypes([dtype], device)[0]
-        inputs = make_inputs(case, dt, device)
-        _WORKER["gold"] = (dt, inputs, *gold_and_baselines(inputs, dt))
-        _WORKER["key"] = (case, dtype, device)
-        shared = time.perf_counter() - t0
-    dt, inputs, gold, bases = _WORKER["gold"]
-    left = [budget]
-    t0 = time.perf_counter()
-    res = _judge(cands[spec], case, dt, inputs, gold, bases, device, tile, worst_k, left)
-    return cands[spec].name, res, left[0], time.perf_counter() - t0, shared
-
-
-def isolated(specs: Sequence[str], cases: str | Sequence[Case] = "default", device: str | None = None,
-             dtypes: Any = None, *, tile: int = 64, worst_k: int = 8, timeout_s: float = 900.0,
-             explain_budget: int = 12, keep_tensors: int = 3, progress: bool = True,
-             pool: Pool | None = None) -> dict[str, OracleReport]:
-    """check_many() of `specs`, every (case, candidate) a job in one warm worker (gpulab.pool) with a
-    deadline of timeout_s: results as check_many's. A candidate whose job hangs, crashes or raises gets a
-    report carrying the error (and no results), its worker is stopped, and the next job starts a fresh one,
-    so the other candidates are still judged. `pool`: a caller's own (its workers are reused, not closed)."""
-    from gpulab.pool import Pool
-
-    dev = resolve("auto" if device is None else device)
-    dts = [dtype_name(d) for d in resolve_dtypes(dtypes, dev)]
-    cases_l = case_set(cases)
-    if not isinstance(tile, int) or tile < 1:
-        raise OracleError(f"tile={tile!r} must be a positive integer")
-    specs = list(dict.fromkeys(specs))
-    results: dict[str, list[CaseResult]] = {s: [] for s in specs}
-    walls = {s: 0.0 for s in specs}
-    budgets = {s: explain_budget for s in specs}
-    names = {s: s for s in specs}
-    errors: dict[str, str] = {}
-    shared = 0.0
-    total, t_start, last_print, n = len(cases_l) * len(dts), time.monotonic(), 0.0, 0
-    own = pool is None
-    pool = Pool(init=("gpulab.fixes:install_from_env",), label="oracle") if own else pool
-    try:
-        for dt in dts:
-            for case in cases_l:
-                n += 1
-                for s in specs:
-                    if s in errors:
-                        continue
-                    out = pool.run("gpulab.oracle.check:judge_job", (s, case, dt, dev, tile, worst_k, budgets[s]),
-                                   timeout_s=timeout_s)
-                    if not out.ok:
-                        errors[s] = out.detail
-                        walls[s] += out.seconds
-                        print(f"oracle: {s}: {out.detail[:200]}; a fresh worker goes on", file=sys.stderr,
-                              flush=True)
-                        continue
-                    names[s], res, budgets[s], judged_s, gold_s = out.value
-                    shared += gold_s
-                    results[s].append(res)
-                    if res.tensors is not None:
-                        _keep_worst_tensors(results[s], keep_tensors)
-                    walls[s] += judged_s
-                now = time.monotonic() - t_start
-                if progress and (now - last_print > 5 or n == total):
-                    last_print = now
-                    print(f"oracle: {n}/{total} cases ({now:.0f}s) {', '.join(specs)[:60]}", file=sys.stderr,
-                          flush=True)
-    finally:
-        if own:
-            pool.close()
-    reports = {}
-    for s in specs:
-        if s in errors:
-            reports[s] = OracleReport(s, dev, tile, (), wall_s=walls[s], error=errors[s])
-            continue
-        rs = results[s]
-        failed = [r.case for r in rs if r.status == "fail"]
-        passed = [r.case for r in rs if r.status == "pass"]
-        reports[names[s]] = OracleReport(names[s], dev, tile, tuple(rs), tuple(across_cases(failed, passed, tile)),
-                                         wall_s=walls[s] + shared / max(1, len(specs)))
-    return reports
-
-
 # ------------------------------------------------------------------------------------------ the gate
 
 @dataclass(frozen=True)
@@ -580,9 +469,11 @@ def _skipped(wanted: Sequence[Any], device: str) -> dict[str, str]:
 
 def gate(candidates: Sequence[str] | str = ("vendor", "reference", "fix"), cases: str = "default",
          device: str | None = None, dtypes: Any = None, *, out_dir: str | os.PathLike | None = None, tile: int = 64,
-         worst_k: int = 8, timeout_s: float = 900.0, isolate: bool = True, scope: Scope | None = None) -> Gate:
-    """Judge candidates by name/group/spec in a warm worker child (deadline timeout_s per case of a candidate;
-    one that hangs or crashes fails alone, a fresh worker judges the rest: `isolated`); write
+         worst_k: int = 8, timeout_s: float = 900.0, isolate: bool = True, scope: Scope | None = None,
+         workers: int = 0) -> Gate:
+    """Judge candidates by name/group/spec on warm worker children (deadline timeout_s per case of a candidate;
+    one that hangs or crashes fails alone, a fresh worker judges the rest: `isolated`, with `workers` side by
+    side, 0 for the device's default: gpulab.device.oracle_workers; unused with isolate=False); write
     oracle_gate.json, oracle_table.csv and worst-case tensors under out_dir as results arrive. With a `scope`
     (gpulab.oracle.scope_for: what 05 judges for the workload) its dtypes are used, and when it does not apply
     nothing runs: the Gate says why, and no gate file is left for 06 (a stale one is removed)."""
@@ -611,5 +502,15 @@ def gate(candidates: Sequence[str] | str = ("vendor", "reference", "fix"), cases
 
     if not isolate:
         return result(check_many(resolved, cases, dev, dts, tile=tile, worst_k=worst_k))
+    from gpulab.oracle.pooled import isolated  # pooled imports this module
     return result(isolated([c.name for c in resolved], cases, dev, dts, tile=tile, worst_k=worst_k,
-                           timeout_s=timeout_s))
+                           timeout_s=timeout_s, workers=workers))
+
+
+def __getattr__(name: str) -> Any:
+    """isolated, check_isolated and judge_job live in gpulab.oracle.pooled, which imports this module: imported
+    when asked for, so `from gpulab.oracle.check import isolated` and jobs "gpulab.oracle.check:judge_job" work."""
+    if name in ("isolated", "check_isolated", "judge_job"):
+        from gpulab.oracle import pooled
+        return getattr(pooled, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
