@@ -415,7 +415,9 @@ def prepare(cfg: WorkloadConfig) -> Prepared:
 
     model = _build(cfg, dev, dtype)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    # only the training rungs step: building AdamW imports torch._dynamo (about 2 s, a forward-only child's
+    # largest start-up cost after torch itself)
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01) if cfg.rung != "forward" else None
     trainable = sum(p.numel() for p in params)
     total = sum(p.numel() for p in model.parameters())
 
