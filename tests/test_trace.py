@@ -260,7 +260,7 @@ def test_record_builtin_workload_and_exports(tmp_path):
     summ = trace.summary(frame)
     assert summ["count"].sum() == (frame["kind"] == "op").sum()
     assert "aten.addcdiv_.default" in set(summ["name"])  # AdamW ran under the recorder
-    assert any("workloads.py" in s for s in frame["call_site"])
+    assert any("builtin_model.py" in s for s in frame["call_site"])
     path = trace.to_chrome_trace(snap, tmp_path / "trace.json")
     events = json.loads(path.read_text())["traceEvents"]
     assert sum(e["ph"] == "X" for e in events) == len(snap.records)

@@ -88,3 +88,16 @@ def test_command_runs_builtin_and_user_callable(tmp_path):
     assert (tmp_path / "userwl.py.ran").read_text() == "yes"
     import json
     assert json.loads(js.read_text())["rung"] == "forward"
+
+
+def test_the_vocabulary_imports_without_torch_and_old_names_still_resolve():
+    """The watchdog and the runner import gpulab.workloads: it must not pay torch's import; the built-in model
+    moved to gpulab.builtin_model, and the names callers used through workloads still reach it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gpulab.workloads as w; assert 'torch' not in sys.modules; "
+            "import gpulab.builtin_model as b; "
+            "assert (w.prepare, w.run, w.Prepared, w.save_outputs) == (b.prepare, b.run, b.Prepared, b.save_outputs)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

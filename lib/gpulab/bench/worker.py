@@ -25,7 +25,8 @@ from gpulab.bench.measure import BenchConfig, Comparison, compare, measure
 from gpulab.bench.child import Spec, spec_from_dict
 from gpulab.fixes import install_from_env
 from gpulab.oracle import candidates as registry
-from gpulab.workloads import AttentionCall, WorkloadConfig, prepare
+from gpulab.builtin_model import prepare
+from gpulab.workloads import AttentionCall, WorkloadConfig
 
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
 REFUSED = "No available kernel"  # what SDPA raises when the forced backend refuses the inputs
@@ -99,7 +100,7 @@ def refusal(fn: Callable, call: AttentionCall, inputs: tuple, device: str) -> tu
 
 
 def time_workload(workload: dict, device: str, cfg: BenchConfig) -> dict[str, Any]:
-    """One run of the scenario's workload rung (gpulab.workloads.prepare), measured like any kernel."""
+    """One run of the scenario's workload rung (gpulab.builtin_model.prepare), measured like any kernel."""
     wc = WorkloadConfig(**{**workload, "device": device})
     if wc.kind != "builtin":
         return {"what": f"not timed: workload={wc.workload!r} is not the built-in one", "median_ms": None}

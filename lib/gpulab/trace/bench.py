@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Sequence
 
-from gpulab import beat, device, proc, workloads
+from gpulab import beat, builtin_model, device, proc, workloads
 from gpulab.report import write_json
 from gpulab.trace import native
 from gpulab.trace.recorder import Recorder
@@ -226,9 +226,9 @@ if a.tiny:
     out["tiny_ops"] = dict(timed(tiny, a.blocks, 1), ops_per_unit=a.tiny)
 
 if a.steps:
-    from gpulab import workloads
+    from gpulab import builtin_model, workloads
 
-    prep = workloads.prepare(workloads.parse_cli(a.workload.split()))
+    prep = builtin_model.prepare(workloads.parse_cli(a.workload.split()))
 
     def steps():
         for _ in range(a.steps):
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in modes:
         _check_mode(m)
     cfg = workloads.parse_cli(argv[i + 1:])
-    prep = workloads.prepare(cfg)
+    prep = builtin_model.prepare(cfg)
     import torch
 
     sync = torch.cuda.synchronize if prep.device.startswith("cuda") else None

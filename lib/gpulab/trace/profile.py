@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpulab import beat, proc, report, workloads
+from gpulab import beat, builtin_model, proc, report, workloads
 from gpulab.trace import liveness
 
 
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", required=True, type=Path)
     json_path = p.parse_args(raw[:i]).json
     cfg = workloads.parse_cli(raw[i + 1:])
-    prep = workloads.prepare(cfg)
+    prep = builtin_model.prepare(cfg)
     prep.fn()  # warm-up: handles, autotuning, lazy module loading
     torch.cuda.synchronize()
     t0 = time.perf_counter()
