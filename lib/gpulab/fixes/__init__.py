@@ -11,6 +11,7 @@
     numerics   a fix's outputs and loss curve against the fix-free run's
     cost       interleaved timing children (baseline, fix, baseline, ...): ratio of medians with its interval
     matrix     scenarios -> ladder, numerics, cost, verdicts; fixes.json
+    outcome    a scenario's and the matrix's results (fixes.json); their verdicts and the table's rows
     commands   `gpulab fixes`
     view       notebook 04's table, plot and words; finding()
 

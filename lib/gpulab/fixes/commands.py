@@ -14,7 +14,7 @@ from typing import Sequence
 from gpulab import device, proc, report, workloads
 from gpulab.chain import params
 from gpulab.args import BadInput, json_target, parser, positive, writable_dir
-from gpulab.fixes import matrix, scenarios, suggest
+from gpulab.fixes import matrix, outcome, scenarios, suggest
 from gpulab.fixes.target import Target
 from gpulab.hang import watch
 
@@ -86,7 +86,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"gpulab fixes: {exc}", file=sys.stderr)
         return proc.EXIT_NOT_FOUND if isinstance(exc, proc.CommandNotFound) else proc.EXIT_BAD_INPUT
     report.write_json(args.json, result.to_dict())
-    for row in matrix.rows(result):
+    for row in outcome.rows(result):
         print(f"{row['scenario']:<24} {row['verdict']:<16} failed {row['failed']:<6} cost {row['cost']:<22} "
               f"numerics {row['numerics']}")
     print(f"recommendation: {result.recommendation or 'none'} - {result.next_step}")

@@ -9,7 +9,8 @@ from typing import Any
 
 from gpulab import report
 from gpulab.fixes import registry
-from gpulab.fixes.matrix import MatrixConfig, MatrixResult, ScenarioResult, rows
+from gpulab.fixes.matrix import MatrixConfig
+from gpulab.fixes.outcome import MatrixResult, ScenarioResult, rows
 from gpulab.hang import faults, ladder
 from gpulab.workloads import WorkloadConfig
 
