@@ -3,7 +3,7 @@
 # ../shared/device/wheelhouse.sh carried in .whl). Every step is bounded; logs and products go to
 # /tmp/gpuv/<step>/ and are packed into $OUT/gpuv-<steps>.tgz so that nothing is lost to a failure.
 #   bash scripts/gpu_verify.sh env trace watch oracle      |   bash scripts/gpu_verify.sh fidelity sdpa chain pytest
-#   bash scripts/gpu_verify.sh recorder steptime fixes bisect
+#   bash scripts/gpu_verify.sh recorder steptime fixes bisect   |   bash scripts/gpu_verify.sh chain stoprule childcost
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ] && ! python3 -c 'import papermill' 2>/dev/null; then
@@ -35,6 +35,8 @@ for s in "$@"; do case $s in
   watch)    step watch 300 python3 benchmarks/gpu_watch.py --out $RES/watch ;;
   ttv)      step ttv 150 python3 benchmarks/bench_time_to_verdict.py --out $RES/ttv --stalls 2 --repeats 2 --tools py-spy ;;
   oracle)   step oracle 200 python3 benchmarks/bench_oracle.py --out $RES/oracle ;;
+  stoprule) step stoprule 120 python3 benchmarks/bench_stop_rule.py --out $RES/stoprule ;;
+  childcost) step childcost 200 python3 benchmarks/bench_child_cost.py --out $RES/childcost --repeats 2 ;;
   fidelity) step fidelity 220 python3 benchmarks/bench_fidelity.py --out $RES/fidelity ;;
   sdpa)     step sdpa 150 python3 benchmarks/bench_sdpa_table.py --out $RES/sdpa ;;
   chain)    step chain 540 python3 -m gpulab run --out $RES/chain/outputs --notebook-timeout 300 ;;
