@@ -141,7 +141,12 @@ def test_a_running_chain_says_running_and_gives_no_verdict_until_it_has_run(tmp_
     assert seen, "run.json never said running"
     for run in seen:   # while it ran: never a verdict for work that had not run
         sc = run["scenarios"][0]
-        assert sc["verdict"] == "running" and sc["next_step"].startswith("wait")
+        ran = [n for n in sc["notebooks"] if n["status"] != "running"]
+        if len(ran) < 2:   # a notebook still to run or running: no verdict yet
+            assert sc["verdict"] == "running" and sc["next_step"].startswith("wait"), sc
+        else:              # both had run, the run not yet closed (its last write is a moment later)
+            assert sc["verdict"] == "healthy" and sc["running"] is None, sc
+    assert any(r["scenarios"][0]["verdict"] == "running" for r in seen)
     cells = {r["progress"] for r in seen if r["progress"] and "02_slow, cell" in r["progress"]}
     assert any("cell 2/" in c or "cell 3/" in c for c in cells), cells   # it followed the cells
     mid = next(r for r in seen if r["progress"] and "02_slow" in r["progress"])
