@@ -317,12 +317,21 @@ def _severity(r: CaseResult) -> tuple:
     return (r.rule.nonfinite > 0, r.rule.ratio if math.isfinite(r.rule.ratio) else 1e300)
 
 
-def _keep_worst_tensors(rs: list[CaseResult], keep: int) -> None:
-    """Only the `keep` worst failing cases keep their tensors (.npy products): bounded memory."""
-    held = [i for i, r in enumerate(rs) if r.tensors is not None]
+def _keep_worst_tensors(rs: list[CaseResult] | dict[int, CaseResult], keep: int) -> None:
+    """Only the `keep` worst failing cases keep their tensors (.npy products): bounded memory. `rs` is in case
+    order, or keyed by case index (results of workers side by side, arriving out of order): the least severe
+    goes first, the earlier case on a tie, so the same ones stay whatever the order of arrival."""
+    held = [i for i, r in (rs.items() if isinstance(rs, dict) else enumerate(rs)) if r.tensors is not None]
     if len(held) > keep:
-        drop = min(held, key=lambda i: _severity(rs[i]))
+        drop = min(held, key=lambda i: (_severity(rs[i]), i))
         rs[drop] = replace(rs[drop], tensors=None)
+
+
+def _report(name: str, device: str, tile: int, rs: Sequence[CaseResult], wall_s: float) -> OracleReport:
+    """A candidate's report from its results in case order, with what its failing cases share."""
+    failed = [r.case for r in rs if r.status == "fail"]
+    passed = [r.case for r in rs if r.status == "pass"]
+    return OracleReport(name, device, tile, tuple(rs), tuple(across_cases(failed, passed, tile)), wall_s=wall_s)
 
 
 # ------------------------------------------------------------------------------------------ in process
@@ -366,11 +375,8 @@ def check_many(candidates: Iterable, cases: str | Sequence[Case] = "default", de
     shared = time.monotonic() - t_start - sum(walls.values())
     reports = {}
     for c in cands:
-        rs = results[c.name]
-        failed = [r.case for r in rs if r.status == "fail"]
-        passed = [r.case for r in rs if r.status == "pass"]
-        reports[c.name] = OracleReport(c.name, device, tile, tuple(rs), tuple(across_cases(failed, passed, tile)),
-                                       wall_s=walls[c.name] + shared / max(1, len(cands)))
+        reports[c.name] = _report(c.name, device, tile, results[c.name],
+                                  walls[c.name] + shared / max(1, len(cands)))
     return reports
 
 

@@ -17,13 +17,12 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from gpulab.device import oracle_workers, resolve
 from gpulab.oracle.cases import Case, case_set, make_inputs, resolve_dtypes
-from gpulab.oracle.check import CaseResult, OracleReport, _as_candidate, _judge, _severity, _validate_signature
-from gpulab.oracle.diagnose import across_cases
+from gpulab.oracle.check import (CaseResult, OracleReport, _as_candidate, _judge, _keep_worst_tensors, _report,
+                                 _validate_signature)
 from gpulab.oracle.errors import OracleError
 from gpulab.oracle.rule import gold_and_baselines
 from gpulab.workloads import dtype_name
@@ -66,15 +65,6 @@ def judge_job(spec: str, case: Case, dtype: str, device: str, tile: int, worst_k
 
 
 # ------------------------------------------------------------------------------------------ driving workers
-
-def _keep_worst(rs: dict[int, CaseResult], keep: int) -> None:
-    """check._keep_worst_tensors for results that arrive out of case order: the `keep` worst by (severity,
-    case order) keep their tensors, the same ones whatever the order of arrival (bounded memory)."""
-    held = [i for i, r in rs.items() if r.tensors is not None]
-    if len(held) > keep:
-        drop = min(held, key=lambda i: (_severity(rs[i]), i))
-        rs[drop] = replace(rs[drop], tensors=None)
-
 
 class _Run:
     """What the driving threads share, each field read and written under `lock`: results by case index,
@@ -124,7 +114,7 @@ class _Run:
             self.walls[s] += judged_s
             self.results[s][i] = res
             if res.tensors is not None:
-                _keep_worst(self.results[s], self.keep)
+                _keep_worst_tensors(self.results[s], self.keep)
 
     def case_done(self) -> None:
         with self.lock:
@@ -201,12 +191,9 @@ def _reports(run: _Run, dev: str, tile: int) -> dict[str, OracleReport]:
         if s in run.errors:
             reports[s] = OracleReport(s, dev, tile, (), wall_s=run.walls[s], error=run.errors[s])
             continue
-        rs = [r for _, r in sorted(run.results[s].items())]
-        failed = [r.case for r in rs if r.status == "fail"]
-        passed = [r.case for r in rs if r.status == "pass"]
         name = run.names[s]
-        reports[name] = OracleReport(name, dev, tile, tuple(rs), tuple(across_cases(failed, passed, tile)),
-                                     wall_s=run.walls[s] + run.shared / max(1, len(run.specs)))
+        reports[name] = _report(name, dev, tile, [r for _, r in sorted(run.results[s].items())],
+                                run.walls[s] + run.shared / max(1, len(run.specs)))
     return reports
 
 
