@@ -60,8 +60,9 @@ def test_slow_under_a_fix_that_replaces_sdpa_does_not_name_a_backend(fixes, name
 
 
 @pytest.mark.parametrize("cls,says", [("collective_mismatch", "make every rank call the same collectives"),
+                                      ("worker_stuck", "blocks in the dataset's own code"),
                                       ("rank_stuck", "upstream report")])
-def test_nothing_fixes_it_points_a_collective_mismatch_at_the_program(cls, says):
+def test_nothing_fixes_it_points_a_program_side_failure_at_the_program(cls, says):
     m = metrics(hang_status="hang")
     m["03_bisect_hang"]["metrics"]["class"] = cls
     m["04_fix_scenarios"] = {"metrics": {"tried": ["dataloader_spawn"], "not_tried": []}}

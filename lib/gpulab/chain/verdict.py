@@ -28,10 +28,16 @@ class ScenarioVerdict:
     next_step: str
 
 
-# ranks that call different collectives (or shapes) at one sequence number: the program's order, no platform bug
-PROGRAM_ORDER = (": the ranks call different collectives at the same point (03's divergence names both calls): make "
-                 "every rank call the same collectives in the same order with the same shapes; "
-                 "TORCH_DISTRIBUTED_DEBUG=DETAIL turns such a mismatch into an error that names it")
+# Failures whose cause is the program's own code when no fix removed them: the next step points there, not at
+# an upstream report (seen on the user path: gloo ranks with a shape mismatch; a dataset deadlocking in its
+# own __getitem__ inside a DataLoader worker).
+IN_THE_PROGRAM = {
+    "collective_mismatch": (": the ranks call different collectives at the same point (03's divergence names both "
+                            "calls): make every rank call the same collectives in the same order with the same "
+                            "shapes; TORCH_DISTRIBUTED_DEBUG=DETAIL turns such a mismatch into an error that names it"),
+    "worker_stuck": (": the DataLoader worker blocks in the dataset's own code (03 names the frame): fix it there; "
+                     "num_workers=0 runs that code in the main process, where a debugger or py-spy reaches it"),
+}
 
 
 def _m(metrics: Mapping[str, Any], nb: str) -> dict:
@@ -90,8 +96,7 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
             left = fixes.get("not_tried") or []
             step = ("nothing tried fixes it" + (f" ({', '.join(tried)})" if tried else " (no fix applied here)")
                     + (f"; {len(left)} more not tried within the time budget (gpulab fixes --budget)" if left else "")
-                    + (PROGRAM_ORDER if hang.get("class") == "collective_mismatch" else
-                       ": attach bundle.zip (03) to an upstream report"))
+                    + IN_THE_PROGRAM.get(hang.get("class"), ": attach bundle.zip (03) to an upstream report"))
         else:
             step = "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report"
         return ScenarioVerdict(kind, evidence, step)
