@@ -70,3 +70,51 @@ def test_a_frame_is_quoted_without_its_comment(tmp_path):
     f.write_text("x = 1\n        with LOG_LOCK:      # held by the parent's thread\n")
     assert jobread.source_line(str(f), 2) == "with LOG_LOCK:"
     assert jobread.source_line(str(f), 1) == "x = 1"
+
+
+def _rec(seq, name, depth=0, t_end=1.0, gpu_done=None, args=(), kind="op", thread="MainThread"):
+    from gpulab.trace.ring import OpRecord
+
+    return OpRecord(seq=seq, name=name, args=list(args), call_site="nccl_job.py:40", thread=thread,
+                    t_start=float(seq), t_end=t_end, gpu_done=gpu_done, stats=None, kind=kind, depth=depth)
+
+
+AR = [{"shape": [1048576], "dtype": "float32"}, {"value": "g=default"}]
+
+
+def _nccl_rank(second_gpu_done):
+    """A rank's log as two H100s recorded it: NCCL's all_reduce returns at launch; the GPU state of the
+    c10d op inside it is what says whether the collective ran."""
+    return [_rec(0, "aten.ones.default", gpu_done=True),
+            _rec(1, "dist.all_reduce", args=AR + [{"value": "seq=1"}], kind="composite"),
+            _rec(2, "c10d.allreduce_.default", depth=1, gpu_done=True),
+            _rec(3, "dist.all_reduce", args=AR + [{"value": "seq=2"}], kind="composite"),
+            _rec(4, "c10d.allreduce_.default", depth=1, gpu_done=second_gpu_done),
+            _rec(5, "aten.mul.Tensor", t_end=None)]
+
+
+@pytest.mark.parametrize("gpu_done,done", [(False, False), (True, True), (None, True)])
+def test_an_nccl_collective_is_done_when_its_gpu_work_is(gpu_done, done):
+    calls = jobread.collectives_of(_nccl_rank(gpu_done))
+    assert [(c.seq, c.done) for c in calls] == [(1, True), (2, done)]
+
+
+def test_gpu_work_of_another_thread_or_after_the_call_is_not_the_calls():
+    recs = _nccl_rank(True)[:5] + [_rec(5, "aten.mul.Tensor", gpu_done=False),
+                                   _rec(6, "aten.add.Tensor", depth=2, gpu_done=False, thread="pt_autograd_0")]
+    assert [c.done for c in jobread.collectives_of(recs)] == [True, True]
+
+
+def test_a_rank_stuck_before_an_nccl_collective_is_named():
+    """The H100 case end to end: rank 1's host never left its op (a launch behind a kernel that never ends),
+    rank 0 returned from all_reduce seq 2 but its GPU waits for rank 1."""
+    from gpulab.hang.job import ProcessView, analyse
+
+    r0 = ProcessView(pid=10, ppid=1, role="rank 0/2", kind="rank", state="running", rank=0, world=2,
+                     collectives=jobread.collectives_of(_nccl_rank(False)))
+    r1_recs = _nccl_rank(True)[:3] + [_rec(3, "gpulab_test.spin.default", t_end=None)]
+    r1 = ProcessView(pid=11, ppid=1, role="rank 1/2", kind="rank", state="running", rank=1, world=2,
+                     collectives=jobread.collectives_of(r1_recs), open_op=jobread._open_op(r1_recs))
+    f = analyse([r0, r1])
+    assert (f.cls, f.culprit, f.divergence.seq, f.divergence.waiting) == ("rank_stuck", "rank 1/2", 2, ("rank 0/2",))
+    assert "gpulab_test.spin.default" in f.divergence.instead["rank 1/2"]

@@ -210,6 +210,17 @@ def test_record_stops_a_deadlock_after_the_stall_window(tmp_path):
     assert not (tmp_path / "ops.stderr.beat").exists()   # the heartbeat file is not left among the products
 
 
+def test_record_of_a_job_judges_each_process_by_its_own_progress(tmp_path):
+    """A rank spinning in native code (CPU, no bytecode: a host busy-waiting in a CUDA sync) is no progress of
+    the launcher that waits for it: 02's recording of the job stops it as a hang (seen on the H100: an NCCL
+    job's 02 ran to its deadline while a rank spun in .item())."""
+    t0 = time.monotonic()
+    rec = trace.record([sys.executable, str(FIX / "dist_job.py"), "spin", "--world", "2"], out_dir=tmp_path,
+                       timeout_s=120, stall_s=1.0, name="ops")
+    assert (rec.status, rec.processes) == ("hang", 3), rec.stderr_tail   # 2 ranks + multiprocessing's tracker
+    assert time.monotonic() - t0 < 60
+
+
 def test_record_status_of_an_error_and_of_a_timeout(tmp_path):
     err = trace.record([sys.executable, str(FIX / "error_exit.py")], out_dir=tmp_path, timeout_s=120, stall_s=STALL)
     assert (err.status, err.returncode, err.finished) == ("error", 1, True)

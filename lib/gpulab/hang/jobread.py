@@ -128,16 +128,34 @@ def shapes_text(args: Sequence[Any]) -> str:
 
 
 def collectives_of(records: Sequence[Any]) -> tuple[Collective, ...]:
+    """Each torch.distributed call of one process. Done: the call returned and none of the GPU work recorded
+    inside it is known pending. NCCL returns at launch, so a rank whose peer never joins has returned from
+    its all_reduce while its copy waits on the GPU (seen on two H100s: the peer's host stuck before the
+    call, the waiting rank's call 'completed' by its host)."""
     out = []
-    for r in records:
+    for i, r in enumerate(records):
         if not r.name.startswith(collectives.PREFIX):
             continue
         tags = collectives.parse(r.args)
+        done = r.t_end is not None and not r.raised and not _gpu_pending_inside(records, i)
         out.append(Collective(op=r.name[len(collectives.PREFIX):], group=tags["group"] or collectives.DEFAULT_GROUP,
                               seq=tags["seq"], shapes=shapes_text(r.args), call_site=r.call_site or "",
-                              done=r.t_end is not None and not r.raised, peer=tags["peer"], t_start=r.t_start,
-                              t_end=r.t_end))
+                              done=done, peer=tags["peer"], t_start=r.t_start, t_end=r.t_end))
     return tuple(out)
+
+
+def _gpu_pending_inside(records: Sequence[Any], i: int) -> bool:
+    """Does a record nested in records[i] (the ones after it on its thread, deeper, until one is not) have
+    GPU work the GPU never completed?"""
+    outer = records[i]
+    for r in records[i + 1:]:
+        if r.thread != outer.thread:
+            continue
+        if r.depth <= outer.depth:
+            return False
+        if r.gpu_done is False:
+            return True
+    return False
 
 
 def main_frame(text: str) -> tuple[str | None, tuple[str, ...]]:

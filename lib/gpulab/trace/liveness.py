@@ -206,9 +206,12 @@ def status_of(returncode: int | None) -> str:
 def run(argv: Sequence[str], *, timeout_s: float, stall_s: float | None = None, log: str | os.PathLike | None = None,
         beat_path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike | None = None, stdout: Any = None, stderr: Any = None,
-        label: str | None = None) -> End:
+        label: str | None = None, follow: str | os.PathLike | None = None) -> End:
     """Run a gpulab.proc child to its end, its deadline, or (stall_s) its first stall; then end everything
-    it started. With beat_path the child is asked (through $GPULAB_BEAT) to keep a heartbeat there."""
+    it started. With beat_path the child is asked (through $GPULAB_BEAT) to keep a heartbeat there. follow:
+    the job folder where the recorded child's processes announce themselves (gpulab.trace.follow); each is
+    then judged by its own beat and op log (JobProgress), so a rank spinning in a CUDA sync is no progress
+    of its launcher."""
     if not timeout_s > 0 or (stall_s is not None and not stall_s > 0):
         raise ValueError(f"timeout_s={timeout_s!r} and stall_s={stall_s!r} must be > 0")
     env = dict(os.environ if env is None else env)
@@ -218,7 +221,9 @@ def run(argv: Sequence[str], *, timeout_s: float, stall_s: float | None = None, 
     outputs = [p for p in (stdout, stderr) if isinstance(p, (str, os.PathLike))]
     t0 = time.monotonic()
     with proc.Child(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, label=label) as child:
-        tracker = Progress(child.pid, log, beat_path, outputs)
+        tracker: Any = Progress(child.pid, log, beat_path, outputs)
+        if follow is not None:
+            tracker = JobProgress(tracker, follow)
         stopped, last = wait(child, tracker, stall_s=stall_s, timeout_s=timeout_s, t0=t0)
         child.stop()
     rc = None if stopped else child.returncode

@@ -105,13 +105,15 @@ def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str 
 
 
 def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str | None = None, *,
-              stall_s: float | None = None, log: str | os.PathLike | None = None) -> liveness.End:
+              stall_s: float | None = None, log: str | os.PathLike | None = None,
+              follow: str | os.PathLike | None = None) -> liveness.End:
     """Run cmd as a gpulab.proc child, output to stderr_path, with a heartbeat file beside it; stopped at the
-    deadline, or after stall_s seconds without progress (liveness's rule, over `log` when it is recorded)."""
+    deadline, or after stall_s seconds without progress (liveness's rule, over `log` when it is recorded, and
+    over each process of the job that `follow`s into that folder)."""
     beat = Path(stderr_path).with_suffix(".beat")
     try:
         return liveness.run(cmd, timeout_s=timeout_s, stall_s=stall_s, log=log, beat_path=beat, env=_child_env(),
-                            cwd=cwd, stdout=stderr_path, stderr=subprocess.STDOUT)
+                            cwd=cwd, stdout=stderr_path, stderr=subprocess.STDOUT, follow=follow)
     finally:
         beat.unlink(missing_ok=True)
 
@@ -151,7 +153,7 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     cmd = bootstrap_command(cfg_or_command, log, mode, follow=procs)
     if log.exists():
         log.unlink()
-    end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log)
+    end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log, follow=procs)
     keep_recorded(log)
     children = keep_followed(procs)
     snap = read(log) if log.exists() else None
