@@ -277,6 +277,21 @@ def test_no_recommendation_says_what_to_try_next(others, words):
     assert rec is None and words in why
 
 
+@pytest.mark.parametrize("cls,words,not_words", [
+    (None, "take 03's evidence bundle upstream", "same collectives"),
+    ("host_lock", "take 03's evidence bundle upstream", "same collectives"),
+    ("collective_mismatch", "make every rank call the same collectives", "upstream"),
+    ("worker_stuck", "the dataset's own code", "upstream"),
+])
+def test_where_no_fix_works_the_next_step_follows_the_class(cls, words, not_words):
+    """04's own next step agrees with the index's (seen on two H100s: an NCCL rank skipping a collective, 04
+    said 'take 03's evidence bundle upstream' while the index pointed at the program)."""
+    failed = verdict.Observed("x", ("x",), True, 4, 4, True, 0.0)
+    rec, why = verdict.recommend([BASE_FAILS, failed], [verdict.judge(o, BASE_FAILS, 0.2)[0] for o in
+                                                        (BASE_FAILS, failed)], stall_s=5, untried=("a",), cls=cls)
+    assert rec is None and words in why and not_words not in why and "raise --budget" in why
+
+
 def test_the_recommendation_says_how_to_apply_it_yourself():
     rec, why = _recommend(BASE_FAILS, verdict.Observed("eager", ("eager",), True, 4, 0, True, 0.05),
                           apply_lines={"eager": "export CUDA_MODULE_LOADING=EAGER"})

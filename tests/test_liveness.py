@@ -17,7 +17,7 @@ import pytest
 
 from gpulab import beat, proc, trace
 from gpulab.hang import watch
-from gpulab.trace import liveness
+from gpulab.trace import analysis, liveness
 
 FIX = Path(__file__).parent / "fixtures"
 STALL = 3.0
@@ -219,6 +219,10 @@ def test_record_of_a_job_judges_each_process_by_its_own_progress(tmp_path):
                        timeout_s=120, stall_s=1.0, name="ops")
     assert (rec.status, rec.processes) == ("hang", 3), rec.stderr_tail   # 2 ranks + multiprocessing's tracker
     assert time.monotonic() - t0 < 60
+    assert rec.snapshot.started == 0 and rec.process_ops >= 4   # the launcher runs no op; the ranks do
+    headline = analysis.finding(rec, None, None, "script", "cpu", "ops.log")[0]
+    assert "hang after 0 ops, before any op of its own" in headline, headline
+    assert f"each recorded ({rec.process_ops} ops together" in headline, headline
 
 
 def test_record_status_of_an_error_and_of_a_timeout(tmp_path):

@@ -79,6 +79,14 @@ def test_a_program_without_attention_has_no_recorded_call(logs):
     assert _calls(logs["crash"]) == ()
 
 
+def test_a_jobs_attention_calls_are_read_from_its_processes(tmp_path):
+    """The launcher of a job calls no attention; its spawned processes do, each recorded in ops.procs/: 05 and
+    06 judge their calls (before, 05 read the launcher's log alone and said the program calls none)."""
+    _record(FIXTURES / "sdpa_in_worker.py", tmp_path)
+    use = recorded.attention_use(WorkloadConfig(workload=f"script:{FIXTURES / 'sdpa_in_worker.py'}"), tmp_path)
+    assert use.seen == "calls" and [c.count for c in use.calls] == [3], use.note
+
+
 def test_kernel_argument_positions_match_torchs_schemas():
     """is_causal and the mask are read by position from the fused kernels' records: the positions must be
     those of this torch's aten schemas."""

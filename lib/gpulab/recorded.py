@@ -307,5 +307,24 @@ def attention_use(workload: str | WorkloadConfig, out_dir: str | os.PathLike | N
     entry = (report.load_metrics(out_dir).get(RECORDER) or {}).get("metrics") or {}
     opened = [r for r in snap.records if r.in_flight]
     open_op = opened[-1].name if opened else (f"op {snap.completed}" if snap.completed < snap.started else None)
-    return judge(cfg.workload, attention_calls(snap.records), snap.started, dropped=snap.dropped, open_op=open_op,
-                 status=_status(entry, snap.started), exit_code=entry.get("exit_code"))
+    status = _status(entry, snap.started)
+    records, ops, dropped = list(snap.records), snap.started, snap.dropped
+    for other in _followed(log):   # a job: its ranks and workers call attention, not the launcher
+        records += other.records
+        ops, dropped = ops + other.started, dropped + other.dropped
+    return judge(cfg.workload, attention_calls(records), ops, dropped=dropped, open_op=open_op, status=status,
+                 exit_code=entry.get("exit_code"))
+
+
+def _followed(log: Path) -> list[Any]:
+    """The op logs of the other Python processes the recorded program started (gpulab.trace.follow's
+    `<log stem>.procs/` beside it), read; torn or unreadable ones left out."""
+    from gpulab.trace.ring import read
+
+    out = []
+    for path in sorted(log.with_suffix(".procs").glob("*.log")):
+        try:
+            out.append(read(path))
+        except (OSError, ValueError):
+            continue
+    return out

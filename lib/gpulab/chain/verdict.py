@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpulab.fixes import registry
+from gpulab.hang.classify import IN_THE_PROGRAM
 
 VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted", "not_applicable")
 # The status the runner gives the notebooks of a scenario whose fix cannot apply here (their error says why),
@@ -28,16 +29,9 @@ class ScenarioVerdict:
     next_step: str
 
 
-# Failures whose cause is the program's own code when no fix removed them: the next step points there, not at
-# an upstream report (seen on the user path: gloo ranks with a shape mismatch; a dataset deadlocking in its
-# own __getitem__ inside a DataLoader worker).
-IN_THE_PROGRAM = {
-    "collective_mismatch": (": the ranks call different collectives at the same point (03's divergence names both "
-                            "calls): make every rank call the same collectives in the same order with the same "
-                            "shapes; TORCH_DISTRIBUTED_DEBUG=DETAIL turns such a mismatch into an error that names it"),
-    "worker_stuck": (": the DataLoader worker blocks in the dataset's own code (03 names the frame): fix it there; "
-                     "num_workers=0 runs that code in the main process, where a debugger or py-spy reaches it"),
-}
+def _where_to_fix(cls: str | None) -> str:
+    """After "nothing tried fixes it": the program's own bug (classify.IN_THE_PROGRAM), else an upstream report."""
+    return f": {IN_THE_PROGRAM[cls]}" if cls in IN_THE_PROGRAM else ": attach bundle.zip (03) to an upstream report"
 
 
 def _m(metrics: Mapping[str, Any], nb: str) -> dict:
@@ -96,7 +90,7 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
             left = fixes.get("not_tried") or []
             step = ("nothing tried fixes it" + (f" ({', '.join(tried)})" if tried else " (no fix applied here)")
                     + (f"; {len(left)} more not tried within the time budget (gpulab fixes --budget)" if left else "")
-                    + IN_THE_PROGRAM.get(hang.get("class"), ": attach bundle.zip (03) to an upstream report"))
+                    + _where_to_fix(hang.get("class")))
         else:
             step = "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report"
         return ScenarioVerdict(kind, evidence, step)

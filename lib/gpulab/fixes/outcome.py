@@ -121,13 +121,15 @@ def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: floa
     """Every scenario's verdict, then the recommendation and the next step (pure but for the registry's
     apply lines)."""
     base = next((r for r in results if not r.fixes), None)
+    cls = ((base.first_failure or {}) if base else {}).get("class")
     base_obs = base.observed() if base else verdict.Observed("baseline")
     out = []
     for r in results:
         v, why = verdict.judge(r.observed(), base_obs, max_overhead)
         out.append(dataclasses.replace(r, verdict=v, verdict_why=why))
     rec, nxt = verdict.recommend([r.observed() for r in out], [r.verdict for r in out], stall_s=stall_s,
-                                 untried=[t["scenario"] for t in not_tried], apply_lines=apply_lines(results))
+                                 untried=[t["scenario"] for t in not_tried], apply_lines=apply_lines(results),
+                                 cls=cls)
     return out, rec, nxt
 
 

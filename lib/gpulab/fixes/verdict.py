@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from gpulab.hang.classify import IN_THE_PROGRAM
+
 VERDICTS = ("baseline", "fixes", "partial", "no_effect", "breaks_numerics", "too_slow", "not_applicable")
 BASELINE = "baseline"
 
@@ -65,9 +67,11 @@ def _cheapest_key(o: Observed) -> tuple:
 
 
 def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, stall_s: float,
-              untried: Sequence[str] = (), apply_lines: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+              untried: Sequence[str] = (), apply_lines: Mapping[str, str] | None = None,
+              cls: str | None = None) -> tuple[str | None, str]:
     """(the cheapest scenario that fixes the failure or None, the next step in a sentence, with the line
-    that applies it in the user's own job)."""
+    that applies it in the user's own job). cls: the baseline's failure class; where no fix works, a class
+    whose cause is the program's own code (classify.IN_THE_PROGRAM) points there instead of upstream."""
     base = next((o for o in observed if not o.fixes), None)
     by = dict(zip((o.name for o in observed), verdicts))
     fixing = [o for o in observed if by.get(o.name) == "fixes"]
@@ -97,5 +101,7 @@ def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, s
                       f"localizes the bug (that is where a targeted fix belongs); raise max_overhead only knowingly")
     tried = sum(1 for o in observed if o.fixes and o.trials)
     more = f"; not tried (time budget): {', '.join(untried)}" if untried else ""
-    return None, (f"nothing tried fixes it ({tried} fix scenario(s) ran){more}; take 03's evidence bundle "
-                  f"upstream" + (", or raise --budget to try the rest" if untried else ""))
+    budget = ", or raise --budget to try the rest" if untried else ""
+    if cls in IN_THE_PROGRAM:
+        return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: {IN_THE_PROGRAM[cls]}{budget}"
+    return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}; take 03's evidence bundle upstream{budget}"

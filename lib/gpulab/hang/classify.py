@@ -17,6 +17,16 @@ from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vo
 CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown")
 JOB_CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck")   # gpulab.hang.job.CLASSES: across processes
 ALL_CLASSES = CLASSES + JOB_CLASSES
+# Failures whose cause is the program's own code when no fix removed them: the next step (04's and the index's)
+# points there, not at an upstream report (seen on the user path: gloo ranks with a shape mismatch, NCCL ranks
+# skipping a collective on two H100s, a dataset deadlocking in its own __getitem__ inside a DataLoader worker)
+IN_THE_PROGRAM = {
+    "collective_mismatch": ("the ranks call different collectives at the same point (03's divergence names both "
+                            "calls): make every rank call the same collectives in the same order with the same "
+                            "shapes; TORCH_DISTRIBUTED_DEBUG=DETAIL turns such a mismatch into an error that names it"),
+    "worker_stuck": ("the DataLoader worker blocks in the dataset's own code (03 names the frame): fix it there; "
+                     "num_workers=0 runs that code in the main process, where a debugger or py-spy reaches it"),
+}
 PHASES = ("startup", "ops")
 
 _GEMM = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm", "addmv", "mv",

@@ -206,17 +206,19 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str) -> t
         headline = f"{started} ops recorded ({rung} rung on {device}); {cost}; {nan}"
     else:
         where = (f", in op {open_op.name} ({_unfinished(open_op)})" if open_op else
-                 f", last op {last.name}" + (" (raised)" if last.raised else "") if last else ", before any op")
+                 f", last op {last.name}" + (" (raised)" if last.raised else "") if last else
+                 ", before any op of its own" if getattr(rec, "processes", 0) else ", before any op")
         skipped = "recording cost and GPU times not measured"
         headline = f"the workload did not finish: {_ended(rec)} after {started} ops{where}; {skipped}; {nan}"
     if getattr(rec, "processes", 0):
-        headline += (f"; it started {rec.processes} other Python process(es), each recorded (02 shows the one it "
-                     "started; 03 judges them all)")
+        headline += (f"; it started {rec.processes} other Python process(es), each recorded "
+                     f"({getattr(rec, 'process_ops', 0)} ops together; 02 shows the one it started; 03 judges them "
+                     "all)")
     metrics = dict(status=rec.status, ops_recorded=started, exit_code=rec.returncode, overhead_us_per_op=per_op,
                    ops_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
                    first_nonfinite_seq=bad.seq if bad else None, nonfinite_checked=checked,
                    in_flight_op=open_op.name if open_op else None, last_op=last.name if last else None, log=log,
-                   processes=getattr(rec, "processes", 0))
+                   processes=getattr(rec, "processes", 0), process_ops=getattr(rec, "process_ops", 0))
     return headline, metrics
 
 

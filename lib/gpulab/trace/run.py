@@ -37,6 +37,7 @@ class Recording:
     status: str = "ok"       # ok | hang (no progress for stall_s) | crash (a signal) | error (exit != 0) | timeout
     stall_s: float | None = None
     processes: int = 0       # other Python processes the program started (each recorded in `<log>.procs/`)
+    process_ops: int = 0     # the ops those processes recorded, together
 
     @property
     def ok(self) -> bool:
@@ -161,7 +162,15 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     stopped = end.status in ("hang", "timeout")
     sig = end.signal or (signal.SIGKILL if stopped else None)
     return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(log), tuple(cmd), tail,
-                     end.status, stall_s, len(children))
+                     end.status, stall_s, len(children), sum(_started(procs / m["log"]) for m in children
+                                                             if m.get("log")))
+
+
+def _started(log: Path) -> int:
+    try:
+        return read(log).started
+    except (OSError, ValueError):
+        return 0
 
 
 def stats_recording(first: Recording, cfg_or_command, *, out_dir: str | os.PathLike, timeout_s: float = 300.0,
