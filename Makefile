@@ -22,10 +22,11 @@ smoke: setup
 	$(PY) -m gpulab run --params params/smoke.yaml $(ARGS)
 
 ## test: set up, then the whole test suite (GPU tests skip without a GPU), two tests at a time: most of the
-## suite waits on stall windows of real hangs, so two workers halve it even on CI's two cores
+## suite waits on stall windows of real hangs, so two workers halve it even on CI's two cores; a file's tests
+## stay on one worker, which builds its module-scoped fixtures (a whole chain run) once, not once per worker
 TEST_WORKERS ?= 2
 test: setup-test
-	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 ## lab: JupyterLab on the notebooks, for interactive work (set interactive = True in a notebook)
 lab:

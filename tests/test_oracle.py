@@ -300,6 +300,11 @@ BROKEN = {  # candidates that take their process down: a deadlock, an abort, a s
 }
 
 
+# a candidate's deadline in the worker tests: a judged candidate takes ~1-3 s there (a fresh worker's start
+# included), so the deadlocked one is the only one that reaches it
+HANG_S = 10
+
+
 @pytest.fixture
 def broken(tmp_path, monkeypatch):
     """Import path for the BROKEN candidates, and a marker every child inherits (procscan finds leftovers)."""
@@ -317,9 +322,9 @@ def test_warm_worker_loses_workers_to_a_deadlock_an_abort_and_a_segfault_and_jud
     from gpulab.pool import Pool
     specs = ["deadlockmod:attn", "sdpa_math", "abortmod:attn", "segvmod:attn", "tiled"]
     with Pool(init=("gpulab.fixes:install_from_env",), label="oracle") as pool:
-        reps = oracle.isolated(specs, "quick", "cpu", timeout_s=20, pool=pool)
+        reps = oracle.isolated(specs, "quick", "cpu", timeout_s=HANG_S, pool=pool)
         assert pool.started == 4  # the first worker, then a fresh one after each lost one
-    assert reps["deadlockmod:attn"].error == "hang: no result within 20s (child process group killed)"
+    assert reps["deadlockmod:attn"].error == f"hang: no result within {HANG_S}s (child process group killed)"
     assert reps["abortmod:attn"].error.startswith("crash (signal 6)") and "abortmod.py" in reps["abortmod:attn"].error
     assert reps["segvmod:attn"].error.startswith("crash (signal 11)") and "string_at" in reps["segvmod:attn"].error
     assert all(not reps[s].passed and not reps[s].results for s in specs if "mod:" in s)
@@ -447,8 +452,8 @@ def test_workers_side_by_side_judge_as_one_worker(broken, tmp_path, monkeypatch)
 def test_workers_side_by_side_lose_a_hung_and_a_crashed_worker_and_judge_the_rest(broken):
     from procscan import left_after
     specs = ["deadlockmod:attn", "sdpa_math", "abortmod:attn", "tiled"]
-    reps = oracle.isolated(specs, "quick", "cpu", timeout_s=20, workers=2, progress=False)
-    assert reps["deadlockmod:attn"].error == "hang: no result within 20s (child process group killed)"
+    reps = oracle.isolated(specs, "quick", "cpu", timeout_s=HANG_S, workers=2, progress=False)
+    assert reps["deadlockmod:attn"].error == f"hang: no result within {HANG_S}s (child process group killed)"
     assert reps["abortmod:attn"].error.startswith("crash (signal 6)") and "abortmod.py" in reps["abortmod:attn"].error
     assert all(not reps[s].passed and not reps[s].results for s in specs if "mod:" in s)
     quick = len(oracle.case_set("quick"))

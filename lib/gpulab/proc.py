@@ -14,12 +14,15 @@ through:
   token;
 - `session()` turns SIGINT, SIGTERM and SIGHUP into `Interrupted`, so a command stops its children,
   writes what it finished and exits 128+signal.
+
+This module holds the children and the sessions; the /proc scans live in `gpulab.proctree` and the
+subreaper and guard in `gpulab.procguard`. Callers use this module only: it re-exports what they need of
+those two (`proc.end_marked`, `proc.guard_pid`, ...). A re-exported constant is a copy: to change what the
+scans read (`_SETTLE_S`), patch it on `gpulab.proctree`.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -32,17 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Sequence
 
-ENV_VAR = "GPULAB_PROC"
+# Re-exported (noqa: F401): callers and tests name these as proc.guard_pid, proc.end_marked, proc._scan, ...
+from gpulab.procguard import _LIVE, PR_SET_CHILD_SUBREAPER, _become_subreaper, guard, guard_pid  # noqa: F401
+from gpulab.proctree import (  # noqa: F401
+    _SETTLE_S, _YOUNG_S, ENV_VAR, ProcInfo, _scan, alive, end_marked, info, marked, tokens_of)
+
 EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
-PR_SET_CHILD_SUBREAPER = 36
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_KILL_ROUNDS = 50
-_SETTLE_S = 1.0        # how long a scan waits for environments that read empty (an exec in progress)
-_PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread (no environment, ever)
-_YOUNG_S = 10.0       # an empty environment in a process started this recently may be an exec in progress
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 LIB_DIR = str(Path(__file__).resolve().parents[1])   # the folder holding this gpulab package
 
 
@@ -90,16 +91,6 @@ class Interrupted(BaseException):
 
 
 @dataclass(frozen=True)
-class ProcInfo:
-    pid: int
-    name: str
-    cmdline: str
-
-    def __str__(self) -> str:
-        return f"{self.pid} {self.name}"
-
-
-@dataclass(frozen=True)
 class Result:
     """How a bounded child ended."""
     argv: tuple[str, ...]
@@ -125,264 +116,6 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-# ------------------------------------------------------------------------------------------ /proc scans
-
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError:
-        return b""
-
-
-def _stat(pid: int) -> tuple[str, int, int, int, int] | None:
-    """(state, ppid, pgid, flags, start time in clock ticks after boot) of a process, or None when gone."""
-    raw = _read(f"/proc/{pid}/stat")
-    if not raw:
-        return None
-    try:
-        fields = raw.rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[6]), int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _ticks_now() -> float:
-    """Clock ticks since boot (the unit of a process's start time in /proc/<pid>/stat)."""
-    try:
-        with open("/proc/uptime", "rb") as fh:
-            return float(fh.read().split()[0]) * _CLK_TCK
-    except (OSError, ValueError, IndexError):
-        return float("inf")
-
-
-def tokens_of(pid: int) -> tuple[str, ...]:
-    """The gpulab tokens in a process's environment (as it was at exec)."""
-    return _tokens(_read(f"/proc/{pid}/environ"))
-
-
-def _tokens(environ: bytes) -> tuple[str, ...]:
-    for item in environ.split(b"\0"):
-        if item.startswith(ENV_VAR.encode() + b"="):
-            return tuple(t for t in item.split(b"=", 1)[1].decode(errors="replace").split(":") if t)
-    return ()
-
-
-def _pids() -> list[int]:
-    try:
-        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return []
-
-
-def info(pid: int) -> ProcInfo:
-    name = _read(f"/proc/{pid}/comm").decode(errors="replace").strip()
-    cmd = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
-    return ProcInfo(pid, name or "?", cmd[:300])
-
-
-def _scan(token: str, pgid: int | None, exclude: Sequence[int]) -> tuple[set[int], set[int]]:
-    """(carriers of `token` or members of `pgid`, processes whose environment reads empty). The second are
-    not yet known: a process in the middle of exec shows an empty environment until the kernel has set up
-    its new image, and its parent's Popen has already returned by then (close-on-exec comes first)."""
-    skip = {os.getpid(), *exclude}
-    found, unsure = set(), set()
-    young = _ticks_now() - _YOUNG_S * _CLK_TCK
-    for pid in _pids():
-        if pid in skip:
-            continue
-        st = _stat(pid)
-        if st is None or st[0] in ("Z", "X") or st[3] & _PF_KTHREAD:
-            continue
-        if pgid is not None and st[2] == pgid:
-            found.add(pid)
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = fh.read()
-        except OSError:   # gone, or another user's
-            continue
-        if token in _tokens(env):
-            found.add(pid)
-        elif not env and st[4] >= young:   # an old process with no environment (init, env -i) is settled
-            unsure.add(pid)
-    return found, unsure
-
-
-def marked(token: str, *, pgid: int | None = None, exclude: Sequence[int] = ()) -> set[int]:
-    """Live (not zombie) processes carrying `token`, or in process group `pgid`."""
-    return _scan(token, pgid, exclude)[0]
-
-
-def alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
-def _reap(pids: Sequence[int]) -> None:
-    """Collect the exit status of orphans that re-parented to us (we are their subreaper)."""
-    me = os.getpid()
-    for pid in pids:
-        st = _stat(pid)
-        if st is not None and st[1] == me and st[0] in ("Z", "X"):
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-
-
-def end_marked(token: str, *, pgid: int | None = None, grace_s: float = 0.0, exclude: Sequence[int] = (),
-               ) -> tuple[ProcInfo, ...]:
-    """SIGTERM (when grace_s > 0), then SIGKILL every process carrying `token` (or in `pgid`), rescanning
-    until none is left: a process that forks while being killed is caught on the next round. Returns the
-    processes still alive after the last round (stuck in the kernel: uninterruptible sleep)."""
-    seen: set[int] = set()
-    if grace_s > 0:
-        pids = marked(token, pgid=pgid, exclude=exclude)
-        seen |= pids
-        _signal_all(pids, pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.05)
-            _reap(list(seen))
-            pids = {p for p in pids if alive(p)}
-    settle = time.monotonic() + _SETTLE_S
-    for _ in range(_KILL_ROUNDS):
-        pids, unsure = _scan(token, pgid, exclude)
-        if not pids:
-            if not unsure or time.monotonic() > settle:
-                break
-            time.sleep(0.02)   # an exec in progress: its environment (and token) shows in a moment
-            continue
-        seen |= pids
-        _signal_all(pids, pgid, signal.SIGKILL)
-        time.sleep(0.01)
-        _reap(list(seen))
-    _reap(list(seen))
-    return tuple(info(p) for p in sorted(marked(token, pgid=pgid, exclude=exclude)))
-
-
-def _signal_all(pids: set[int], pgid: int | None, sig: int) -> None:
-    if pgid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
-# ------------------------------------------------------------------------------------------ the guard
-
-_GUARD_CODE = r"""
-import os, sys, time
-token, fd, me = sys.argv[1], int(sys.argv[2]), os.getpid()
-try:
-    while os.read(fd, 4096):
-        pass
-except OSError:
-    pass
-tck = os.sysconf('SC_CLK_TCK')
-def scan():
-    out, unsure = [], []
-    young = float(open('/proc/uptime').read().split()[0]) * tck - 10 * tck
-    for n in os.listdir('/proc'):
-        if not n.isdigit() or int(n) == me:
-            continue
-        try:
-            st = open('/proc/%s/stat' % n, 'rb').read().rsplit(b')', 1)[1].split()
-            if st[0] in (b'Z', b'X') or int(st[6]) & 0x00200000:
-                continue
-            started = int(st[19])
-            env = open('/proc/%s/environ' % n, 'rb').read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if not env and started >= young:   # an exec in progress: its environment shows in a moment
-            unsure.append(int(n))
-        for item in env.split(b'\0'):
-            if item.startswith(b'GPULAB_PROC=') and token in item[12:].decode(errors='replace').split(':'):
-                out.append(int(n))
-    return out, unsure
-settle = time.monotonic() + 2.0
-for _ in range(200):
-    pids, unsure = scan()
-    if not pids and (not unsure or time.monotonic() > settle):
-        break
-    for pid in pids:
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
-    time.sleep(0.02)
-"""
-
-
-class _Guard:
-    """This process's token, subreaper flag and guard sidecar, made once, on the first child started."""
-
-    def __init__(self) -> None:
-        self.token = f"p{os.getpid()}-{uuid.uuid4().hex[:10]}"
-        self.pid: int | None = None
-        self._popen: subprocess.Popen | None = None
-        self._write_fd: int | None = None
-        inherited = os.environ.get(ENV_VAR, "")
-        os.environ[ENV_VAR] = ":".join([t for t in inherited.split(":") if t] + [self.token])
-        _become_subreaper()
-        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-        r, w = os.pipe()
-        try:
-            self._popen = subprocess.Popen([sys.executable, "-I", "-S", "-c", _GUARD_CODE, self.token, str(r)],
-                                           pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL, env=env, start_new_session=True,
-                                           close_fds=True)
-            self.pid = self._popen.pid
-            self._write_fd = w
-            os.set_inheritable(w, False)
-        except OSError:
-            os.close(w)
-        finally:
-            os.close(r)
-        atexit.register(self.close)
-
-    def close(self) -> None:
-        """End what this process started, then let the guard go (it finds nothing and exits)."""
-        for child in list(_LIVE):
-            with contextlib.suppress(Exception):
-                child.stop()
-        if self._write_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._write_fd)
-            self._write_fd = None
-        if self._popen is not None:
-            try:
-                self._popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._popen.kill()
-                self._popen.wait()
-            self._popen = None
-
-
-_GUARD: _Guard | None = None
-_GUARD_LOCK = threading.Lock()
-_LIVE: "set[Child]" = set()  # started and not yet stopped (a forgotten child is still ended at exit)
-
-
-def _become_subreaper() -> None:
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def guard() -> _Guard:
-    global _GUARD
-    with _GUARD_LOCK:
-        if _GUARD is None or _GUARD.token not in os.environ.get(ENV_VAR, ""):
-            _GUARD = _Guard()
-        return _GUARD
-
-
-def guard_pid() -> int | None:
-    """The guard sidecar's pid (tests that look for leftover children leave it out)."""
-    return _GUARD.pid if _GUARD is not None else None
 
 
 # ------------------------------------------------------------------------------------------ children
