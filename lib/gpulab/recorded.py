@@ -317,12 +317,13 @@ def attention_use(workload: str | WorkloadConfig, out_dir: str | os.PathLike | N
 
 
 def _followed(log: Path) -> list[Any]:
-    """The op logs of the other Python processes the recorded program started (gpulab.trace.follow's
-    `<log stem>.procs/` beside it), read; torn or unreadable ones left out."""
+    """The op logs of the other Python processes the recorded program started (its job folder
+    `<log stem>.procs/`, gpulab.trace.run.record's), read; torn or unreadable ones left out."""
+    from gpulab.trace import follow
     from gpulab.trace.ring import read
 
     out = []
-    for path in sorted(log.with_suffix(".procs").glob("*.log")):
+    for path in follow.child_logs(log.with_suffix(".procs")):
         try:
             out.append(read(path))
         except (OSError, ValueError):

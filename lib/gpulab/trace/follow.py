@@ -75,6 +75,17 @@ def metas(folder: str | os.PathLike, skip: Container[int] = ()) -> dict[int, dic
     return out
 
 
+def children(folder: str | os.PathLike) -> list[dict]:
+    """The <pid>.json of every process the job's root started (the root's own left out)."""
+    return [m for m in metas(folder).values() if not m.get("root")]
+
+
+def child_logs(folder: str | os.PathLike) -> list[Path]:
+    """The op logs of those processes, in pid order: what is read of a job besides its root's log."""
+    return [Path(folder) / m["log"] for m in sorted(children(folder), key=lambda m: m.get("pid") or 0)
+            if m.get("log")]
+
+
 # ------------------------------------------------------------------------------------ who a process is
 
 def _write_meta() -> None:

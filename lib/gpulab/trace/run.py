@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from gpulab import proc, report
 from gpulab.trace import follow, liveness, native
 from gpulab.trace.ring import _check_mode, read, shrink
+from gpulab.trace.ring import progress as log_progress
 from gpulab.workloads import WorkloadConfig, cli_args, command
 
 
@@ -132,10 +133,9 @@ def keep_recorded(log: str | os.PathLike) -> None:
 def keep_followed(procs: str | os.PathLike) -> list[dict]:
     """The <pid>.json of every process a finished job started (its root's left out), each op log cut to what
     was recorded; a folder where the program started none is removed (nothing in it but the root's note)."""
-    children = [m for m in follow.metas(procs).values() if not m.get("root")]
-    for m in children:
-        if m.get("log"):
-            keep_recorded(Path(procs) / m["log"])
+    children = follow.children(procs)
+    for log in follow.child_logs(procs):
+        keep_recorded(log)
     if not children:
         shutil.rmtree(procs, ignore_errors=True)
     return children
@@ -162,13 +162,13 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     stopped = end.status in ("hang", "timeout")
     sig = end.signal or (signal.SIGKILL if stopped else None)
     return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(log), tuple(cmd), tail,
-                     end.status, stall_s, len(children), sum(_started(procs / m["log"]) for m in children
-                                                             if m.get("log")))
+                     end.status, stall_s, len(children), sum(_started(log) for log in follow.child_logs(procs)))
 
 
 def _started(log: Path) -> int:
+    """Ops a log recorded, from its header alone (0 when it is not a readable log)."""
     try:
-        return read(log).started
+        return log_progress(log).started
     except (OSError, ValueError):
         return 0
 
