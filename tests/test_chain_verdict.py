@@ -59,12 +59,15 @@ def test_slow_under_a_fix_that_replaces_sdpa_does_not_name_a_backend(fixes, name
         assert "decomposed_attention" in v.evidence and "04's cost column" in v.next_step
 
 
-@pytest.mark.parametrize("cls,says", [("collective_mismatch", "make every rank call the same collectives"),
-                                      ("worker_stuck", "blocks in the dataset's own code"),
-                                      ("rank_stuck", "upstream report")])
-def test_nothing_fixes_it_points_a_program_side_failure_at_the_program(cls, says):
+@pytest.mark.parametrize("cls,in_program,says", [
+    ("collective_mismatch", None, "make every rank call the same collectives"),
+    ("worker_stuck", None, "blocks in the dataset's own code"),
+    ("rank_stuck", None, "upstream report"),
+    ("rank_stuck", "a rank runs the program's own code", "a rank runs the program's own code"),
+])
+def test_nothing_fixes_it_points_a_program_side_failure_at_the_program(cls, in_program, says):
     m = metrics(hang_status="hang")
-    m["03_bisect_hang"]["metrics"]["class"] = cls
+    m["03_bisect_hang"]["metrics"].update({"class": cls, "in_program": in_program})
     m["04_fix_scenarios"] = {"metrics": {"tried": ["dataloader_spawn"], "not_tried": []}}
     v = judge(ok(), m)
     assert v.verdict == "hang" and v.next_step.startswith("nothing tried fixes it (dataloader_spawn)") and says in v.next_step

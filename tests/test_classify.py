@@ -92,3 +92,28 @@ def test_parsers_pyspy_gdb_faulthandler():
     py = capture.parse_python(fh)
     assert [x.functions for x in py] == [("worker",), ("main",)] and py[1].main
     assert capture.collapse(py)[1].endswith(": main")
+
+
+def _rank(role="rank 1/2", **kw):
+    row = {"role": role, "open_op": None, "collective": {"group": "default", "seq": 1, "done": True},
+           "wait": None, "own_code": True}
+    return {**row, **kw}
+
+
+@pytest.mark.parametrize("cls,row,program", [
+    ("collective_mismatch", _rank(), True),                       # by class
+    ("worker_stuck", _rank(own_code=False), True),
+    ("rank_stuck", _rank(), True),                                # busy in its own Python, nothing open
+    ("rank_stuck", _rank(wait="lock"), True),                     # its own threads deadlock
+    ("rank_stuck", _rank(own_code=False), False),                 # inside torch (or no stacks)
+    ("rank_stuck", _rank(open_op="aten.mm.default at t.py:3"), False),   # an op that never returned
+    ("rank_stuck", _rank(wait="cuda_sync"), False),
+    ("rank_stuck", _rank(collective={"group": "default", "seq": 2, "done": False}), False),
+    ("rank_stuck", _rank(role="rank 0/2"), False),                # the culprit's row is not there
+    ("gemm", _rank(), False),
+])
+def test_a_failure_is_the_programs_own_only_where_its_evidence_says_so(cls, row, program):
+    cause = classify.program_cause(cls, "rank 1/2", [row])
+    assert (cause is not None) is program
+    if cls == "rank_stuck" and program:
+        assert "own code" in cause and "py-spy dump" in cause

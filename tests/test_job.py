@@ -241,7 +241,8 @@ def test_process_rows_and_json():
     row = f.processes[1]
     assert row == {"role": "rank 1/2", "pid": 101, "node": "", "kind": "rank", "state": "running", "open_op": None,
                    "collective": {"group": "1", "seq": 1, "op": "barrier", "shapes": "", "done": False},
-                   "last_progress_s": None, "wait": None, "frame": None, "log": None}
+                   "last_progress_s": None, "wait": None, "frame": None, "own_code": False,
+                   "log": None}
     assert analyse(compute_stuck()).processes[1]["open_op"] == "aten.mm.default at train.py:30"
     d = json.loads(json.dumps(f.to_dict()))
     assert d["class"] == "rank_stuck"

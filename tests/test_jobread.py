@@ -118,3 +118,41 @@ def test_a_rank_stuck_before_an_nccl_collective_is_named():
     f = analyse([r0, r1])
     assert (f.cls, f.culprit, f.divergence.seq, f.divergence.waiting) == ("rank_stuck", "rank 1/2", 2, ("rank 0/2",))
     assert "gpulab_test.spin.default" in f.divergence.instead["rank 1/2"]
+
+
+def _dump(*frames: tuple[str, str, int]) -> str:
+    """A faulthandler dump of one thread, innermost frame first: (file, func, line) each."""
+    return "Thread 0x00007f0000000001 (most recent call first):\n" + "".join(
+        f'  File "{f}", line {n} in {fn}\n' for f, fn, n in frames)
+
+
+def test_a_rank_stopped_in_the_stdlib_is_placed_at_its_own_line(tmp_path):
+    import re as re_module
+
+    own = tmp_path / "train.py"
+    own.write_text("import re\n\ndef main():\n    m = re.match(PATTERN, text)   # catastrophic backtracking\n")
+    stdlib = re_module.__file__
+    mf = jobread.main_frame(_dump((stdlib, "match", 166), (str(own), "main", 4), (str(own), "<module>", 9)))
+    assert mf.where.startswith(f"{tmp_path.name}/train.py:4 in main: `m = re.match(PATTERN, text)`, inside re/")
+    assert mf.where.endswith(":166 in match") and mf.inner.startswith("re/__init__.py:166 in match")
+    assert len(mf.frames) == 3 and mf.own_code   # the standard library on the program's behalf
+
+
+def test_a_rank_stopped_in_torch_is_not_in_its_own_code(tmp_path):
+    own = tmp_path / "train.py"
+    own.write_text("torch.cuda.synchronize()\n")
+    mf = jobread.main_frame(_dump(("/venv/lib/python3.11/site-packages/torch/cuda/__init__.py", "synchronize", 1040),
+                                  (str(own), "main", 1)))
+    assert mf.where.startswith(f"{tmp_path.name}/train.py:1 in main: `torch.cuda.synchronize()`, inside cuda/__init__.py:1040 in synchronize")
+    assert not mf.own_code
+
+
+@pytest.mark.parametrize("where", ["own", "library only"])
+def test_a_frame_in_the_programs_own_code_or_only_in_libraries_is_named_as_it_is(tmp_path, where):
+    own = tmp_path / "ds.py"
+    own.write_text("x = 1\nLOCK.acquire()\n")
+    lib = "/usr/lib/python3.11/threading.py" if where == "library only" else str(own)
+    mf = jobread.main_frame(_dump((lib, "wait", 2)))
+    assert mf.where == mf.inner and mf.where.startswith(
+        "python3.11/threading.py:2 in wait" if lib != str(own) else f"{tmp_path.name}/ds.py:2 in wait: `LOCK.acquire()`")
+    assert mf.own_code == (where == "own")

@@ -29,9 +29,11 @@ class ScenarioVerdict:
     next_step: str
 
 
-def _where_to_fix(cls: str | None) -> str:
-    """After "nothing tried fixes it": the program's own bug (classify.IN_THE_PROGRAM), else an upstream report."""
-    return f": {IN_THE_PROGRAM[cls]}" if cls in IN_THE_PROGRAM else ": attach bundle.zip (03) to an upstream report"
+def _where_to_fix(hang: Mapping[str, Any]) -> str:
+    """After "nothing tried fixes it": the program's own bug (03's in_program, classify.program_cause), else an
+    upstream report."""
+    cause = hang.get("in_program") or IN_THE_PROGRAM.get(hang.get("class") or "")
+    return f": {cause}" if cause else ": attach bundle.zip (03) to an upstream report"
 
 
 def _m(metrics: Mapping[str, Any], nb: str) -> dict:
@@ -90,7 +92,7 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
             left = fixes.get("not_tried") or []
             step = ("nothing tried fixes it" + (f" ({', '.join(tried)})" if tried else " (no fix applied here)")
                     + (f"; {len(left)} more not tried within the time budget (gpulab fixes --budget)" if left else "")
-                    + _where_to_fix(hang.get("class")))
+                    + _where_to_fix(hang))
         else:
             step = "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report"
         return ScenarioVerdict(kind, evidence, step)

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from gpulab import report
 from gpulab.fixes import answers, registry, verdict
-from gpulab.hang import ladder
+from gpulab.hang import classify, ladder
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,9 @@ def ladder_summary(lr: ladder.LadderResult) -> dict[str, Any]:
             "first_failure": {"status": ff.get("status"), "class": ff.get("class"), "phase": ff.get("phase"),
                               "in_flight_op": (ff.get("in_flight_op") or {}).get("name"),
                               "folder": ff.get("folder"), "rung": rung.name,
-                              "evidence": answers.brief(ff)} if ff else None,
+                              "evidence": answers.brief(ff),
+                              "in_program": classify.program_cause(ff.get("class"), ff.get("culprit"),
+                                                                   ff.get("processes") or ())} if ff else None,
             "memory_growth": lr.rungs[-1].memory_growth}
 
 
@@ -121,7 +123,7 @@ def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: floa
     """Every scenario's verdict, then the recommendation and the next step (pure but for the registry's
     apply lines)."""
     base = next((r for r in results if not r.fixes), None)
-    cls = ((base.first_failure or {}) if base else {}).get("class")
+    ff = (base.first_failure or {}) if base else {}
     base_obs = base.observed() if base else verdict.Observed("baseline")
     out = []
     for r in results:
@@ -129,7 +131,7 @@ def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: floa
         out.append(dataclasses.replace(r, verdict=v, verdict_why=why))
     rec, nxt = verdict.recommend([r.observed() for r in out], [r.verdict for r in out], stall_s=stall_s,
                                  untried=[t["scenario"] for t in not_tried], apply_lines=apply_lines(results),
-                                 cls=cls)
+                                 cls=ff.get("class"), in_program=ff.get("in_program"))
     return out, rec, nxt
 
 

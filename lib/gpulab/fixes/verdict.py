@@ -68,10 +68,11 @@ def _cheapest_key(o: Observed) -> tuple:
 
 def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, stall_s: float,
               untried: Sequence[str] = (), apply_lines: Mapping[str, str] | None = None,
-              cls: str | None = None) -> tuple[str | None, str]:
+              cls: str | None = None, in_program: str | None = None) -> tuple[str | None, str]:
     """(the cheapest scenario that fixes the failure or None, the next step in a sentence, with the line
     that applies it in the user's own job). cls: the baseline's failure class; where no fix works, a class
-    whose cause is the program's own code (classify.IN_THE_PROGRAM) points there instead of upstream."""
+    whose cause is the program's own code (classify.IN_THE_PROGRAM) points there instead of upstream, as does
+    in_program (classify.program_cause: the failure's own evidence says so)."""
     base = next((o for o in observed if not o.fixes), None)
     by = dict(zip((o.name for o in observed), verdicts))
     fixing = [o for o in observed if by.get(o.name) == "fixes"]
@@ -102,6 +103,7 @@ def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, s
     tried = sum(1 for o in observed if o.fixes and o.trials)
     more = f"; not tried (time budget): {', '.join(untried)}" if untried else ""
     budget = ", or raise --budget to try the rest" if untried else ""
-    if cls in IN_THE_PROGRAM:
-        return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: {IN_THE_PROGRAM[cls]}{budget}"
+    cause = in_program or IN_THE_PROGRAM.get(cls or "")
+    if cause:
+        return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: {cause}{budget}"
     return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}; take 03's evidence bundle upstream{budget}"

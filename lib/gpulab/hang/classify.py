@@ -27,6 +27,27 @@ IN_THE_PROGRAM = {
     "worker_stuck": ("the DataLoader worker blocks in the dataset's own code (03 names the frame): fix it there; "
                      "num_workers=0 runs that code in the main process, where a debugger or py-spy reaches it"),
 }
+_BUSY = ("a rank runs the program's own code outside any op or collective (03 names its line) while the others "
+         "wait in the collective for it: look there (a loop that does not end, a wait for something that never "
+         "comes, a branch only that rank takes); `py-spy dump --pid` on that rank shows it live")
+
+
+def program_cause(cls: str | None, culprit: str | None = None, processes: Sequence[Mapping] = ()) -> str | None:
+    """Why the failure is the program's own bug, in the next step's words, or None (a fix or an upstream report
+    is the next step). By class (IN_THE_PROGRAM); a stuck rank only when the stacks show it in its own Python
+    code (or the standard library on its behalf) with no op, collective or GPU wait open: a rank inside a torch
+    call or a kernel is not the program's to fix."""
+    if cls in IN_THE_PROGRAM:
+        return IN_THE_PROGRAM[cls]
+    if cls != "rank_stuck" or not culprit:
+        return None
+    row = next((p for p in processes if p.get("role") == culprit), None)
+    if row is None or row.get("open_op") or not row.get("own_code") or row.get("wait") in ("cuda_sync", "collective"):
+        return None
+    c = row.get("collective") or {}
+    return None if c and not c.get("done") else _BUSY
+
+
 PHASES = ("startup", "ops")
 
 _GEMM = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "_scaled_mm", "_int_mm", "addmv", "mv",

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpulab import device, report, trace, workloads
-from gpulab.hang import bisect, bundle, faults, ladder, repro
+from gpulab.hang import bisect, bundle, classify, faults, ladder, repro
 from gpulab.hang.verdict import Verdict, job_where, op_brief
 
 
@@ -140,6 +140,7 @@ def finding(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, v: Verdict 
                     + ("; a verified repro.py" if rep and rep.verified else ""))
     metrics = {
         "status": v.status if v else "ok", "class": v.cls if v else None,
+        "in_program": classify.program_cause(v.cls, v.culprit, v.processes) if v else None,
         "in_flight_op": (v.in_flight_op or {}).get("name") if v else None,
         "call_site": (v.in_flight_op or {}).get("call_site") if v else None,
         "host_blocked_in": (v.host_blocked_in or {}).get("name") if v and v.host_blocked_in else None,

@@ -50,6 +50,7 @@ class ProcessView:
     frame: str | None = None              # innermost Python frame of its main thread: "worker.py:12 in __getitem__"
     wait: str | None = None               # what its stacks show it waits in: lock | queue | collective | cuda_sync | io
     log: str | None = None                # its op log, relative to the job folder
+    own_code: bool = False                # its main thread runs the program's own code (gpulab.hang.jobread)
 
 
 @dataclass(frozen=True)
@@ -388,4 +389,5 @@ def _row(v: ProcessView) -> dict[str, Any]:
     coll = {"group": c.group, "seq": c.seq, "op": c.op, "shapes": c.shapes, "done": c.done} if c else None
     return {"role": v.role, "pid": v.pid, "node": v.node, "kind": v.kind, "state": v.state,
             "open_op": _op_text(v.open_op) if v.open_op else None, "collective": coll,
-            "last_progress_s": v.last_progress_s, "wait": v.wait, "frame": v.frame, "log": v.log}
+            "last_progress_s": v.last_progress_s, "wait": v.wait, "frame": v.frame, "own_code": v.own_code,
+            "log": v.log}

@@ -158,20 +158,60 @@ def _gpu_pending_inside(records: Sequence[Any], i: int) -> bool:
     return False
 
 
-def main_frame(text: str) -> tuple[str | None, tuple[str, ...]]:
-    """(innermost frame of the main thread with its source line, all its frames) from a faulthandler dump."""
+@dataclass(frozen=True)
+class MainFrame:
+    """Where a process's main thread was when its stacks were dumped."""
+    where: str | None            # as a person reads it: the program's own line first (see main_frame)
+    inner: str | None            # its innermost frame, library or not (what it waits in)
+    frames: tuple[str, ...]      # all its frames, innermost first
+    own_code: bool = False       # running the program's own code (or the standard library on its behalf)
+
+
+def main_frame(text: str) -> MainFrame:
+    """The main thread's place, from a faulthandler dump. Stopped inside the standard library or an installed
+    package, the place named is the program's own innermost line, with the library frame after it:
+    `dist_job.py:52 in main: `re.match(...)`, inside re/__init__.py:166 in match` says where to look,
+    `re/__init__.py:166` alone does not."""
     threads = capture.parse_python(text or "")
     main = next((t for t in threads if t.main), None)
     if main is None or not main.frames:
-        return None, ()
-    inner = main.frames[0]
-    m = re.match(r"(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$", inner)
+        return MainFrame(None, None, ())
+    inner = _where(main.frames[0])
+    own = next((f for f in main.frames if not _in_library(f)), None)
+    # the program's own code, or the standard library called from it; not torch or another package
+    own_code = own is not None and not any(_in_package(f) for f in main.frames[:main.frames.index(own)])
+    if own is None or own == main.frames[0]:
+        return MainFrame(inner, inner, main.frames, own_code)
+    return MainFrame(f"{_where(own)}, inside {inner.split(': `', 1)[0]}", inner, main.frames, own_code)
+
+
+_FRAME = re.compile(r"(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+# where installed code lives: the standard library (<prefix>/lib/python3.X/), packages, frozen modules; and gpulab
+_LIBRARY = re.compile(r"([/\\]lib[/\\]python\d[\d.]*[/\\])|([/\\](site|dist)-packages[/\\])|(^<)")
+_PACKAGES = re.compile(r"[/\\](site|dist)-packages[/\\]")
+_GPULAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _in_library(frame: str) -> bool:
+    m = _FRAME.match(frame)
+    return bool(m) and (bool(_LIBRARY.search(m.group("file"))) or m.group("file").startswith(_GPULAB))
+
+
+def _in_package(frame: str) -> bool:
+    """An installed package's code (torch, numpy, ...) or gpulab's: not the program's, not the standard library."""
+    m = _FRAME.match(frame)
+    return bool(m) and (bool(_PACKAGES.search(m.group("file"))) or m.group("file").startswith(_GPULAB))
+
+
+def _where(frame: str) -> str:
+    """'dir/file.py:12 in func: `its line`' from faulthandler's 'func (/path/dir/file.py:12)'."""
+    m = _FRAME.match(frame)
     if not m:
-        return inner, main.frames
+        return frame
     src = source_line(m.group("file"), int(m.group("line")))
     parts = m.group("file").split(os.sep)
     where = f"{os.sep.join(parts[-2:])}:{m.group('line')} in {m.group('func')}"
-    return (f"{where}: `{src[:80]}`" if src else where), main.frames
+    return f"{where}: `{src[:80]}`" if src else where
 
 
 def source_line(path: str, line: int) -> str:
@@ -250,7 +290,7 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
         role, kind = role_of(meta, metas)
         rank, world = rank_of(meta)
         open_op = _open_op(records)
-        frame, frames = main_frame(pythons.get(pid, ""))
+        mf = main_frame(pythons.get(pid, ""))
         row = (seen or {}).get(pid)
         if row is not None:
             state, progress = row.get("state") or "unknown", row.get("last_progress_s")
@@ -261,7 +301,8 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
             pid=pid, ppid=meta.get("ppid"), role=role, kind=kind, state=state, rank=rank, world=world,
             worker=meta.get("worker"), node=node or meta.get("host") or socket.gethostname(), open_op=open_op,
             collectives=collectives_of(records), ops_completed=snap.completed if snap is not None else 0,
-            last_progress_s=progress, frame=frame, wait=wait_of(frame, frames, open_op),
+            last_progress_s=progress, frame=mf.where, wait=wait_of(mf.inner, mf.frames, open_op),
+            own_code=mf.own_code,
             log=os.path.relpath(lf.log, folder) if lf.log is not None else None))
     return out
 
