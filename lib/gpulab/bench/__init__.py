@@ -12,15 +12,27 @@ implementation to ship.
 """
 from __future__ import annotations
 
+import importlib
+
 from gpulab.bench.child import RunResult, Spec, load_gate, make_spec, run
 from gpulab.bench.decision import Decision, Gate, Row, choose, decision_from_dict, parse_gate
 from gpulab.bench.measure import (BenchConfig, Comparison, Measurement, compare, comparison_from,
                                   comparison_from_dict, measure, measurement_from_dict, summarize)
 from gpulab.bench.overhead import scenario_overhead
 from gpulab.bench.stats import decide, flag_throttled, hedges_g, is_stable, mann_whitney_p, median_ci, ratio_ci
-from gpulab.bench.view import (Chart, Note, candidates_table, comparisons, decision_table, finding, finding_text,
-                               histogram_widget, latency_figure, overhead_note, overhead_table, recorded_table,
-                               run_note, spec_note, sweep_figure, sweep_note, sweep_table, workload_note)
+
+# view's names, loaded on first use: the benchmark child (gpulab.bench.worker) never draws, and view's pandas
+# and matplotlib cost it a second of start-up
+_VIEW = ("Chart", "Note", "candidates_table", "comparisons", "decision_table", "finding", "finding_text",
+         "histogram_widget", "latency_figure", "overhead_note", "overhead_table", "recorded_table", "run_note",
+         "spec_note", "sweep_figure", "sweep_note", "sweep_table", "workload_note")
+
+
+def __getattr__(name: str):
+    if name in _VIEW:
+        return getattr(importlib.import_module("gpulab.bench.view"), name)
+    raise AttributeError(f"module 'gpulab.bench' has no attribute {name!r}")
+
 
 __all__ = [
     "BenchConfig", "Chart", "Comparison", "Decision", "Gate", "Measurement", "Note", "Row", "RunResult", "Spec",

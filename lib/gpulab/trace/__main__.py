@@ -1,13 +1,19 @@
 """Run a Python program under the recorder, exactly as `python` would run it.
 
   python -m gpulab.trace --log LOG [--mode ops|sync|gpu|stats|auto] [--gpu-mechanism M] [--faulthandler FILE]
-                         [--fault SPEC] [--capacity N] [--follow DIR] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
+                         [--fault SPEC] [--capacity N] [--follow DIR] [--dynamo eager|lazy]
+                         -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
 
 Order matters (the watchdog relies on it): the heartbeat starts first ($GPULAB_BEAT, gpulab.beat), so
 Python that computes before the first op is told from a host spinning in a driver call; the log exists
 (header written) before torch is imported, so a hang while loading libraries is seen as phase `startup`;
 a planted fault's dispatch mode is pushed before the recorder, so the recorder (outermost) writes the op's
 record before the fault blocks inside it.
+
+--dynamo lazy: torch._dynamo is imported when the program imports it, not by the recorder's first op
+(gpulab.trace.lazydynamo; 1.7 s of a 5 s recorded forward pass on a 2-core CPU). Eager where a one-time
+import inside an op could look like a hang: a planted fault or installed fixes (custom ops import it on
+their first call), and whenever the launcher asks for it (gpulab.trace.run.dynamo_import).
 """
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ import sys
 
 from gpulab import beat, program
 from gpulab.fixes import install_from_env
+from gpulab.fixes.compose import FIXES_VAR
 from gpulab.hang import faults
-from gpulab.trace import gpu, recorder, ring  # no torch yet
+from gpulab.trace import gpu, lazydynamo, recorder, ring  # no torch yet
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -37,6 +44,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--capacity", type=int, default=None)
     p.add_argument("--follow", default=None, metavar="DIR",
                    help="record the program's Python child processes too, each into DIR (gpulab.trace.follow)")
+    p.add_argument("--dynamo", default="eager", choices=("eager", "lazy"),
+                   help="when torch._dynamo is imported: by the recorder before the program (eager), or when the "
+                        "program imports it (lazy; not with --fault or $GPULAB_FIXES)")
     ns = p.parse_args(argv[:i])
     target = argv[i + 1:]
     if not target or (target[0] == "-m" and len(target) < 2):
@@ -59,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         fh = open(ns.faulthandler, "w")
         faulthandler.enable(file=fh)
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
+    if ns.dynamo == "lazy" and not ns.fault and not os.environ.get(FIXES_VAR):
+        lazydynamo.defer()
     if ns.fault:
         faults.plant(ns.fault)
     install_from_env()  # the scenario's fixes ($GPULAB_FIXES): above a planted fault, below the recorder

@@ -29,7 +29,7 @@ from typing import Callable, ContextManager, Mapping, Sequence
 
 from gpulab import beat, builtin_model, device, proc, workloads
 from gpulab.report import write_json
-from gpulab.trace import native
+from gpulab.trace import lazydynamo, native
 from gpulab.trace.recorder import Recorder
 from gpulab.trace.ring import _check_mode
 from gpulab.trace.run import _child_env, bootstrap_command
@@ -477,6 +477,7 @@ def wrap_main(argv: list[str]) -> int:
     target = argv[i + 1:]
     if not target:
         p.error("no SCRIPT.py after '--'")
+    lazydynamo.defer()   # the reference mode made as the recorder's is (unwrapped until dynamo is imported)
     mode = wrapper_mode(ns.variant, ns.jsonl)
     sys.argv = list(target)
     sys.path[0] = os.path.dirname(os.path.abspath(target[0]))
@@ -501,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in modes:
         _check_mode(m)
     cfg = workloads.parse_cli(argv[i + 1:])
+    lazydynamo.defer()   # every mode timed here made as the recorder's is in a recorded run
     prep = builtin_model.prepare(cfg)
     import torch
 

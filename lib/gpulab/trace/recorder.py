@@ -29,7 +29,7 @@ import weakref
 from pathlib import Path
 
 from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the program uses it
-from gpulab.trace import collectives, gpumarks, native, opstats, ring, texts
+from gpulab.trace import collectives, gpumarks, lazydynamo, native, opstats, ring, texts
 from gpulab.trace.prefault import Prefault
 from gpulab.trace.ring import (_MEM, _OFF_COMPLETED, _OFF_FLAGS, _OFF_MEMCOUNT, _OFF_STARTED, _OFF_TEND, _SLOT,
                                DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY, DEFAULT_STRING_CAPACITY, F_RAISED,
@@ -242,11 +242,9 @@ os.register_at_fork(after_in_child=_leave_forked_child)
 
 def _dispatch_depth(torch, TorchDispatchMode) -> int:
     """sys._getframe(n) that is the op's caller inside a mode's __torch_dispatch__: torch wraps the method in
-    dynamo-disable wrappers (2 frames on torch 2.13), counted once by dispatching a probe op into a probe
-    mode built the same way; the probe raises before anything runs (no mode below it sees the op). Its first
-    dispatch also imports torch._dynamo (about 2 s), on purpose before the program starts: deferred, that
-    import lands inside the program's first op under any other dispatch mode or custom op (a fault, a fix,
-    the program's own), an op that then seems stuck for seconds (tried and undone on 11-25)."""
+    dynamo-disable wrappers (2 frames on torch 2.13) once torch._dynamo is imported (gpulab.trace.lazydynamo),
+    counted by dispatching a probe op into a probe mode built the same way; the probe raises before anything
+    runs (no mode below it sees the op)."""
     class _Found(Exception):
         pass
 
@@ -321,6 +319,14 @@ def _make_mode(rec: Recorder):
     i_tend = _OFF_TEND // 8
     off_flags = _OFF_FLAGS
     WAIT = _TRACK_WAIT_CUDA
+    def dynamo_imported() -> None:
+        """The mode's method is wrapped from now on (gpulab.trace.lazydynamo): the caller is deeper."""
+        nonlocal skip
+        skip = _dispatch_depth(torch, TorchDispatchMode)
+        if hot is not None:
+            hot.set_skip(skip)
+
+    lazydynamo.on_import(dynamo_imported)   # deferred (the bootstrap's --dynamo lazy): the probe and the mode unwrapped
     skip = _dispatch_depth(torch, TorchDispatchMode)
     hot = _native_hot(rec, mm, lay, skip, dict(
         tensor_type=Tensor, parameter_type=Parameter, scalar_types=scalar_cls, names=names, threads=threads,

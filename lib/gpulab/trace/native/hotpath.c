@@ -807,6 +807,22 @@ static PyObject *Hot_forget(Hot *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Hot_set_skip(Hot *self, PyObject *arg) {
+    /* the frames between __torch_dispatch__ and the op's caller changed (torch._dynamo was imported and the
+       mode's method wrapped): sys._getframe(skip) must reach past them again */
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *o = PyLong_FromLong(n);
+    if (!o)
+        return NULL;
+    PyObject *old = self->skip_obj;
+    self->skip_obj = o;
+    Py_XDECREF(old);
+    self->skip = (int)n;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Hot_release(Hot *self, PyObject *unused) {
     forget_walk(self);
     gpu_stop(self);   /* the poller writes into the buffer: stopped before it is released */
@@ -906,6 +922,7 @@ static PyMethodDef Hot_methods[] = {
     {"next_seq", (PyCFunction)Hot_next_seq, METH_NOARGS, "reserve a seq (composite records)"},
     {"next_done", (PyCFunction)Hot_next_done, METH_NOARGS, "count one completed record"},
     {"forget", (PyCFunction)Hot_forget, METH_NOARGS, "drop the cached frames and thread id"},
+    {"set_skip", (PyCFunction)Hot_set_skip, METH_O, "set_skip(n): the caller is sys._getframe(n) from now on"},
     {"gpu_start", (PyCFunction)(void (*)(void))Hot_gpu_start, METH_VARARGS | METH_KEYWORDS,
      "gpu_start(kind, (emit, query, set_ctx, push_ctx, pop_ctx), raw_stream, get_device, capturing, on_stream, "
      "on_stop, page_off, stream_size, first_ctx, poll_us=2000, max_errors=100, mechanism_off=-1): end() marks "
