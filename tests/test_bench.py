@@ -371,7 +371,7 @@ def test_variant_commands_and_choice():
     ops, none = tbench.Variant("ops", mode="ops"), tbench.Variant("none", wrapper="none")
     program = ["prog.py", "res.json", "--tiny", "5"]
     assert tbench.variant_command(ops, program, "x.log") == [
-        sys.executable, "-m", "gpulab.trace", "--log", "x.log", "--mode", "ops", "--dynamo", "lazy", "--", *program]
+        sys.executable, "-m", "gpulab.trace", "--log", "x.log", "--mode", "ops", "--", *program]
     assert tbench.variant_command(ops, program, "x.log") == bootstrap_command(program, "x.log", "ops")
     assert tbench.variant_command(none, program, "x.log") == [
         sys.executable, "-m", "gpulab.trace.bench", "wrap", "--variant", "none", "--jsonl", "x.log", "--", *program]

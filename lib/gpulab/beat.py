@@ -9,9 +9,14 @@ Why both tests, in each ~0.1 s window:
 - the main thread's CPU time grew by at least 5% of the window. Bytecode alone is not enough: a polling
   loop (DataLoader's main loop waking on a queue while a worker is stuck) runs bytecode with ~no CPU.
 
+A beat in a window where the main thread is inside an import (an importlib frame on its stack) is also
+counted apart: torch imports modules inside ops (a custom op's first call imports torch._dynamo: 1.6 s on a
+2-core CPU, more under load), and a watcher that judges an open op by its completion alone would call that a
+hang (gpulab.trace.liveness counts such beats as progress inside an op).
+
 The child side is `start(path)` (or `start_from_env()`, when $GPULAB_BEAT names the file): a daemon thread
-`gpulab-beat` that, in each window where both hold, writes (pid, beats, monotonic time) at offset 0 of the
-file. The parent side is `read(path)`: the raw record; a watcher compares two of them. Standard library
+`gpulab-beat` that, in each window where both hold, writes (pid, beats, monotonic time, beats while
+importing) at offset 0 of the file. The parent side is `read(path)`: the raw record; a watcher compares two of them. Standard library
 only, cheap to import: it starts before the program imports anything heavy.
 """
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import sys
 import threading
 import time
 from typing import Callable
@@ -27,7 +33,8 @@ ENV = "GPULAB_BEAT"
 THREAD_NAME = "gpulab-beat"
 INTERVAL_S = 0.1
 CPU_SHARE = 0.05          # of the window's wall time, in main-thread CPU time
-RECORD = struct.Struct("<qqd")   # pid, beats, time.monotonic() of the last beat
+RECORD = struct.Struct("<qqdq")   # pid, beats, time.monotonic() of the last beat, beats while importing
+_IMPORTLIB = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 
 _PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _thread: threading.Thread | None = None
@@ -78,8 +85,18 @@ def _main_cpu_clock(main: threading.Thread) -> Callable[[], float]:
         return from_proc
 
 
-def _loop(fd: int, pid: int, probe: _BytecodeProbe, cpu: Callable[[], float]) -> None:
-    beats = 0
+def _importing(ident: int | None) -> bool:
+    """Is the thread inside an import (an importlib frame anywhere on its stack)?"""
+    f = sys._current_frames().get(ident) if ident is not None else None
+    while f is not None:
+        if f.f_code.co_filename in _IMPORTLIB:
+            return True
+        f = f.f_back
+    return False
+
+
+def _loop(fd: int, pid: int, probe: _BytecodeProbe, cpu: Callable[[], float], main: int | None = None) -> None:
+    beats = imports = 0
     probe.check()
     t_prev, c_prev = time.monotonic(), cpu()
     while True:
@@ -87,8 +104,9 @@ def _loop(fd: int, pid: int, probe: _BytecodeProbe, cpu: Callable[[], float]) ->
         now, c = time.monotonic(), cpu()
         if probe.check() and c - c_prev >= CPU_SHARE * (now - t_prev):
             beats += 1
+            imports += _importing(main)
             try:
-                os.pwrite(fd, RECORD.pack(pid, beats, now), 0)
+                os.pwrite(fd, RECORD.pack(pid, beats, now, imports), 0)
             except OSError:
                 return   # the file is gone or the disk is full: no more beats (the watcher sees a stall)
         t_prev, c_prev = now, c
@@ -102,9 +120,9 @@ def start(path: str | os.PathLike) -> threading.Thread:
             return _thread
         pid = os.getpid()
         fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-        os.pwrite(fd, RECORD.pack(pid, 0, time.monotonic()), 0)
+        os.pwrite(fd, RECORD.pack(pid, 0, time.monotonic(), 0), 0)
         main = threading.main_thread()
-        _thread = threading.Thread(target=_loop, args=(fd, pid, _BytecodeProbe(), _main_cpu_clock(main)),
+        _thread = threading.Thread(target=_loop, args=(fd, pid, _BytecodeProbe(), _main_cpu_clock(main), main.ident),
                                    name=THREAD_NAME, daemon=True)
         _thread.start()
         return _thread
@@ -139,3 +157,8 @@ def read(path: str | os.PathLike) -> bytes | None:
 def beats(record: bytes | None) -> int | None:
     """How many beats a record counts (for people and tests; a watcher compares raw records)."""
     return None if record is None else RECORD.unpack(record)[1]
+
+
+def imports(record: bytes | None) -> int | None:
+    """How many of its beats came while the main thread was importing."""
+    return None if record is None else RECORD.unpack(record)[3]

@@ -36,7 +36,7 @@ from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_l
 from gpulab.report import write_json, write_text
 from gpulab.trace import follow, liveness, native
 from gpulab.trace.liveness import POLL_S, Progress  # noqa: F401 - watch.Progress, as before
-from gpulab.trace.run import dynamo_import, keep_followed, keep_recorded, recorder_args
+from gpulab.trace.run import keep_followed, keep_recorded, recorder_args
 
 MODES = trace.MODES
 _PY = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -135,7 +135,7 @@ class Launch:
 
 def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, fault: faults.FaultSpec | None,
                 env: Mapping[str, str] | None, coredump: bool, fixes: Sequence[str] = (),
-                follow_children: bool = True, stall_s: float | None = None) -> Launch:
+                follow_children: bool = True) -> Launch:
     python = python_command(command)
     pyc = python if record else None
     if fault is not None and pyc is None:
@@ -165,8 +165,7 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
     child_env = proc.python_env(child_env)
     # the recorder's C hot path is built in here (never inside the watched program)
     argv = [interp, *flags, *recorder_args(out / "ops.log", mode, out / "faulthandler.txt", fault and str(fault),
-                                           follow=procs if follow_children else None,
-                                           dynamo=dynamo_import(rest, stall_s))]
+                                           follow=procs if follow_children else None)]
     return Launch(tuple(argv + ["--", *rest]), child_env, True, out)
 
 
@@ -327,7 +326,7 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda msg: print(f"[gpulab watch] {msg}", file=sys.stderr, flush=True))
     launch = launch_plan(command, out, record=record, mode=mode, fault=spec, env=env, coredump=coredump,
-                         fixes=fixes, stall_s=stall_s)
+                         fixes=fixes)
     for p in (launch.log, launch.faulthandler, launch.beat):
         if p.exists():
             p.unlink()

@@ -10,10 +10,10 @@ Python that computes before the first op is told from a host spinning in a drive
 a planted fault's dispatch mode is pushed before the recorder, so the recorder (outermost) writes the op's
 record before the fault blocks inside it.
 
---dynamo lazy: torch._dynamo is imported when the program imports it, not by the recorder's first op
-(gpulab.trace.lazydynamo; 1.7 s of a 5 s recorded forward pass on a 2-core CPU). Eager where a one-time
-import inside an op could look like a hang: a planted fault or installed fixes (custom ops import it on
-their first call), and whenever the launcher asks for it (gpulab.trace.run.dynamo_import).
+torch._dynamo is imported when the program imports it, as without the recorder, not by the recorder's first
+op (gpulab.trace.lazydynamo; 1.7 s of a 5 s recorded forward run on a 2-core CPU); `--dynamo eager` imports
+it before the program, as the recorder did until 11-25. Where torch imports it inside an op (a custom op's
+first call does), the heartbeat tells the watchdog that the main thread is importing (gpulab.beat).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import sys
 
 from gpulab import beat, program
 from gpulab.fixes import install_from_env
-from gpulab.fixes.compose import FIXES_VAR
 from gpulab.hang import faults
 from gpulab.trace import gpu, lazydynamo, recorder, ring  # no torch yet
 
@@ -44,9 +43,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--capacity", type=int, default=None)
     p.add_argument("--follow", default=None, metavar="DIR",
                    help="record the program's Python child processes too, each into DIR (gpulab.trace.follow)")
-    p.add_argument("--dynamo", default="eager", choices=("eager", "lazy"),
-                   help="when torch._dynamo is imported: by the recorder before the program (eager), or when the "
-                        "program imports it (lazy; not with --fault or $GPULAB_FIXES)")
+    p.add_argument("--dynamo", default="lazy", choices=("eager", "lazy"),
+                   help="when torch._dynamo is imported: when the program (or torch on its behalf) imports it "
+                        "(lazy, the default), or by the recorder before the program (eager)")
     ns = p.parse_args(argv[:i])
     target = argv[i + 1:]
     if not target or (target[0] == "-m" and len(target) < 2):
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         fh = open(ns.faulthandler, "w")
         faulthandler.enable(file=fh)
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
-    if ns.dynamo == "lazy" and not ns.fault and not os.environ.get(FIXES_VAR):
+    if ns.dynamo == "lazy":
         lazydynamo.defer()
     if ns.fault:
         faults.plant(ns.fault)

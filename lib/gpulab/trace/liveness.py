@@ -3,7 +3,8 @@ recordings (gpulab.trace.run) share, so that both call the same run a hang.
 
 Progress, poll by poll:
 - once the op log has a started op: newly completed records (host or GPU). An open op, or GPU work the
-  host has run ahead of, advances only by completing;
+  host has run ahead of, advances only by completing, or while the heartbeat says the main thread works
+  inside an import (torch imports modules inside ops: a custom op's first call imports torch._dynamo);
 - between ops (every started op completed, the GPU caught up), and before the first op or without an op
   log: the heartbeat (gpulab.beat: the main thread ran Python bytecode AND burnt CPU) when the child keeps
   one, plus the main-thread CPU of its child processes (a compiler or a worker the program waits for);
@@ -89,14 +90,15 @@ class Progress:
             return None
         return p.started, p.completed, -1 if p.gpu_completed is None else p.gpu_completed
 
-    def _python_progress(self) -> int:
+    def _python_progress(self) -> tuple[int, bool]:
         """Outside any op: the heartbeat (or, without one, main-thread CPU); the child's own main-thread CPU
-        without bytecode is WEAK."""
+        without bytecode is WEAK. And whether a beat came while the main thread was importing."""
         record = beat.read(self.beat) if self.beat is not None else None
         if record is None:
-            return STRONG if self._cpu_grew("tree") else NONE
-        beat_moved, self.last_beat = record != self.last_beat, record
-        return STRONG if self._cpu_grew("children") or beat_moved else WEAK if self._busy() else NONE
+            return (STRONG if self._cpu_grew("tree") else NONE), False
+        last, self.last_beat = self.last_beat, record
+        importing = last is not None and beat.imports(record) != beat.imports(last)
+        return (STRONG if self._cpu_grew("children") or record != last else WEAK if self._busy() else NONE), importing
 
     def _busy(self) -> bool:
         """The child's own main thread burnt CPU for at least SPIN_SHARE of the time since the last poll: a
@@ -107,14 +109,14 @@ class Progress:
 
     def advanced(self) -> int:
         """STRONG, WEAK or NONE progress since the last poll."""
-        idle = self._python_progress()
+        idle, importing = self._python_progress()
         counters = self._counters()
         if counters is not None and counters[0] > 0:
             started, completed, gpu_done = counters
             advanced = (completed, gpu_done) != self.last_ops   # newly completed records (host or GPU)
             self.last_ops = (completed, gpu_done)
             between_ops = started == completed and (gpu_done < 0 or gpu_done >= completed)
-            return STRONG if advanced else idle if between_ops else NONE
+            return STRONG if advanced or importing else idle if between_ops else NONE
         size = sum(p.stat().st_size for p in self.outputs if p.exists())
         grew, self.last_size = size != self.last_size, size
         return STRONG if grew else idle

@@ -78,42 +78,23 @@ def _target(cfg_or_command) -> list[str]:
     return argv
 
 
-# A stall window at least this long cannot mistake a one-time import of torch._dynamo inside an op (1.6 s on
-# this 2-core CPU, 3 s and more under load) for a hang
-LAZY_DYNAMO_MIN_STALL_S = 10.0
-BUILTIN = ["-m", "gpulab.workloads", "--workload", "builtin"]
-
-
-def dynamo_import(target: Sequence[str], stall_s: float | None) -> str:
-    """The recorder's --dynamo (gpulab.trace.__main__): lazy, as the program runs without the recorder, where
-    a stall window cannot be fooled by torch importing dynamo inside an op (a custom op's first call does):
-    no stall rule, a window of LAZY_DYNAMO_MIN_STALL_S or more, or gpulab's built-in workload (no custom op,
-    no compile; checked by tests/test_lazydynamo.py); eager (before the program) otherwise."""
-    builtin = list(target[:4]) == BUILTIN
-    return "lazy" if builtin or stall_s is None or stall_s >= LAZY_DYNAMO_MIN_STALL_S else "eager"
-
-
 def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "auto",
                       faulthandler: str | None = None, fault: str | None = None,
-                      gpu_mechanism: str | None = None, follow: str | os.PathLike | None = None,
-                      stall_s: float | None = None) -> list[str]:
-    """argv that runs the workload under the recorder (what `record` and the watchdog start), judged later with
-    stall_s (None: no stall rule). The native hot path is built here, on the launcher's side, when it is not
-    built yet (gpulab.trace.native)."""
-    target = _target(cfg_or_command)
-    return [sys.executable, *recorder_args(log, mode, faulthandler, fault, gpu_mechanism, follow,
-                                           dynamo_import(target, stall_s)), "--", *target]
+                      gpu_mechanism: str | None = None, follow: str | os.PathLike | None = None) -> list[str]:
+    """argv that runs the workload under the recorder (what `record` and the watchdog start). The native
+    hot path is built here, on the launcher's side, when it is not built yet (gpulab.trace.native)."""
+    return [sys.executable, *recorder_args(log, mode, faulthandler, fault, gpu_mechanism, follow), "--",
+            *_target(cfg_or_command)]
 
 
 def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str | os.PathLike | None = None,
                   fault: str | None = None, gpu_mechanism: str | None = None,
-                  follow: str | os.PathLike | None = None, dynamo: str = "eager") -> list[str]:
+                  follow: str | os.PathLike | None = None) -> list[str]:
     """`-m gpulab.trace` and its options, up to the `--` (the interpreter is the caller's: the watchdog keeps
     a program's own interpreter and flags). Builds the native hot path on the launcher's side."""
     _check_mode(mode)
     native.ensure()
-    args = ["-m", "gpulab.trace", "--log", str(log), "--mode", mode] + (["--dynamo", "lazy"] if dynamo == "lazy"
-                                                                        else [])
+    args = ["-m", "gpulab.trace", "--log", str(log), "--mode", mode]
     if gpu_mechanism:
         args += ["--gpu-mechanism", gpu_mechanism]
     if faulthandler:
@@ -170,7 +151,7 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     log = out / f"{stem}.log"
     procs = out / f"{stem}.procs"   # the program's own Python children (ranks, workers), each recorded there
     shutil.rmtree(procs, ignore_errors=True)
-    cmd = bootstrap_command(cfg_or_command, log, mode, follow=procs, stall_s=stall_s)
+    cmd = bootstrap_command(cfg_or_command, log, mode, follow=procs)
     if log.exists():
         log.unlink()
     end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log, follow=procs)
@@ -261,8 +242,7 @@ def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s
     import pandas as pd
 
     bare = command(cfg_or_command) if isinstance(cfg_or_command, WorkloadConfig) else list(cfg_or_command)
-    variants = {"none": bare, **{m: bootstrap_command(cfg_or_command, out / f"overhead_{m}.log", m, stall_s=stall_s)
-                                 for m in modes}}
+    variants = {"none": bare, **{m: bootstrap_command(cfg_or_command, out / f"overhead_{m}.log", m) for m in modes}}
     samples: dict[str, list[float]] = {n: [] for n in variants}
     names = list(variants)
     for r in range(repeats):
