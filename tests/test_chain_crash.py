@@ -1,0 +1,23 @@
+"""The chain on a user's program that crashes, as the user runs it (the hang: test_chain_failing.py; one
+chain per file, so that the two run on both test workers side by side)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chainrun import chain, every_notebook_ended
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.slow
+def test_the_chain_on_a_program_that_crashes(root, tmp_path):
+    res, run, m = chain(root, tmp_path, str(FIX / "crash_segfault.py"))
+    assert (tmp_path / "latest" / "index.html").exists(), res.stderr[-3000:]
+    every_notebook_ended(run, m)
+    sc = run["scenarios"][0]
+    assert sc["verdict"] == "crash" and "SIGSEGV" in sc["evidence"]
+    assert m["02_instrument"]["status"] == "crash"
+    assert m["04_fix_scenarios"]["recommendation"] is None
+    assert "nothing tried fixes it" in sc["next_step"] and "bundle.zip" in sc["next_step"]
