@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from gpulab.report import write_rows  # noqa: E402
-from gpulab.trace import bench  # noqa: E402
+from gpulab.trace import userbench  # noqa: E402
 from gpulab.workloads import WorkloadConfig, cli_args  # noqa: E402
 
 GOALS = {"ops": 3.0, "auto": 10.0}
@@ -71,14 +71,14 @@ COLUMNS = (("variant", "variant", 12, "{}"), ("step ms", "step_ms", 10, "{:.2f}"
 def table(meta: dict, rows: list[dict]) -> str:
     head = (f"device={meta['device']} torch={meta['torch']} size={meta['size']} native hot path: {meta['native']}; "
             f"{meta['repeats']} rounds, {meta['seconds']:.0f} s")
-    return "\n".join([head, *bench.text_table(rows, COLUMNS), *bench.failure_lines(meta["failures"])])
+    return "\n".join([head, *userbench.text_table(rows, COLUMNS), *userbench.failure_lines(meta["failures"])])
 
 
 def main(argv=None) -> int:
-    ns = bench.benchmark_parser(__doc__.splitlines()[0], "rounds (default 5; --quick 2)").parse_args(argv)
-    dev, out, env = bench.setup(ns)
+    ns = userbench.benchmark_parser(__doc__.splitlines()[0], "rounds (default 5; --quick 2)").parse_args(argv)
+    dev, out, env = userbench.setup(ns)
     keep = {"none", "ops", "auto", "gpu_events", "sync", "stats"} if not ns.quick else {"none", "ops", "auto"}
-    variants = bench.pick_variants([v for v in bench.standard_variants(dev) if v.name in keep], ns.variants)
+    variants = userbench.pick_variants([v for v in userbench.standard_variants(dev) if v.name in keep], ns.variants)
     repeats = ns.repeats or (2 if ns.quick else 5)
     size = sizes(dev)
     cfg = WorkloadConfig(rung="step", device=dev, **size)
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     say = lambda m: print(f"[bench_step_time] {m}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"device={dev} variants={[v.name for v in variants]} rounds={repeats} steps/block={steps}")
     t0 = time.time()
-    runs = bench.user_run(variants, args, out / "runs", repeats, say=say)
+    runs = userbench.user_run(variants, args, out / "runs", repeats, say=say)
     rows = step_rows(runs["raw"], variants)
     meta = {"device": dev, **env, "size": size, "steps_per_block": steps, "repeats": repeats, "quick": ns.quick,
             "seconds": time.time() - t0, "goals_pct": GOALS, "failures": runs["failures"], "raw": runs["raw"]}

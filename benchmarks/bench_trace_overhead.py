@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from gpulab.report import write_rows  # noqa: E402
-from gpulab.trace import bench  # noqa: E402
+from gpulab.trace import userbench  # noqa: E402
 from gpulab.workloads import WorkloadConfig, cli_args  # noqa: E402
 
 GOAL = 1.5
@@ -52,24 +52,24 @@ def table(result: dict) -> str:
     for wname in ("tiny_ops", "transformer_step"):
         rows = [r for r in result["rows"] if r["workload"] == wname]
         if rows:
-            lines += [f"\n{wname} ({rows[0]['ops_per_unit']} ops per block)", *bench.text_table(rows, COLUMNS)]
-    return "\n".join(lines + bench.failure_lines(result["failures"]))
+            lines += [f"\n{wname} ({rows[0]['ops_per_unit']} ops per block)", *userbench.text_table(rows, COLUMNS)]
+    return "\n".join(lines + userbench.failure_lines(result["failures"]))
 
 
 def main(argv=None) -> int:
-    ns = bench.benchmark_parser(__doc__.splitlines()[0], "rounds (default 7; --quick 2)").parse_args(argv)
-    dev, out, env = bench.setup(ns)
-    variants = bench.standard_variants(dev)
+    ns = userbench.benchmark_parser(__doc__.splitlines()[0], "rounds (default 7; --quick 2)").parse_args(argv)
+    dev, out, env = userbench.setup(ns)
+    variants = userbench.standard_variants(dev)
     if ns.quick:  # each run starts torch (and the recorder, dynamo's import): a few seconds per run here
         variants = [v for v in variants if v.name in ("none", "passthrough", "ops") or (dev == "cuda" and v.name == "auto")]
-    variants = bench.pick_variants(variants, ns.variants)
+    variants = userbench.pick_variants(variants, ns.variants)
     repeats = ns.repeats or (2 if ns.quick else 7)
     t0 = time.time()
     say = lambda m: print(f"[bench_trace_overhead] {m}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"device={dev} variants={[v.name for v in variants]} rounds={repeats} native={env['native']}")
-    runs = bench.user_run(variants, program_args(dev, ns.quick), out / "runs", repeats, say=say)
+    runs = userbench.user_run(variants, program_args(dev, ns.quick), out / "runs", repeats, say=say)
     notes = {v.name: v.note for v in variants}
-    rows = [r for w in ("tiny_ops", "transformer_step") for r in bench.summarize(runs["raw"], w, notes)]
+    rows = [r for w in ("tiny_ops", "transformer_step") for r in userbench.summarize(runs["raw"], w, notes)]
     meta = {"device": dev, **env, "repeats": repeats, "quick": ns.quick, "seconds": time.time() - t0,
             "goal_ratio": GOAL, "failures": runs["failures"], "raw": runs["raw"]}
     table_rows = [dict(r.__dict__, samples_us=list(r.samples_us)) for r in rows]

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from gpulab import proc  # noqa: E402
-from gpulab.trace import bench, native  # noqa: E402
+from gpulab.trace import native, userbench  # noqa: E402
 
 
 def host_facts(out: Path) -> dict:
@@ -35,8 +35,8 @@ def host_facts(out: Path) -> dict:
 def per_op(raw: dict, workload: str) -> dict:
     out = {}
     for name, runs in raw.items():
-        xs = [v for r in runs if (v := bench.per_op_us(r, workload)) is not None]
-        cs = [v for r in runs if (v := bench.per_op_us(r, workload, "cpu_s")) is not None]
+        xs = [v for r in runs if (v := userbench.per_op_us(r, workload)) is not None]
+        cs = [v for r in runs if (v := userbench.per_op_us(r, workload, "cpu_s")) is not None]
         if xs:
             out[name] = {"us_per_op": round(statistics.median(xs), 2), "cpu_us_per_op": round(statistics.median(cs), 2)}
     return out
@@ -51,7 +51,7 @@ def main() -> int:
     ns.out.mkdir(parents=True, exist_ok=True)
     res = {"host": host_facts(ns.out)}
     print(json.dumps(res["host"], indent=1), flush=True)
-    V = bench.Variant
+    V = userbench.Variant
     variants = [V("none", wrapper="none"), V("passthrough", wrapper="passthrough"), V("ops", mode="ops"),
                 V("ops_python", mode="ops", env=(("GPULAB_TRACE_NATIVE", "0"),))]
     for dev in (ns.device, "cpu"):
@@ -61,7 +61,7 @@ def main() -> int:
                 args += ["--steps", "1", "--step-blocks", "5", "--workload",
                          f"--rung step --device {dev} --batch 8 --heads 16 --head-dim 64 --text-tokens 256 "
                          f"--image-tokens 2048 --layers 6 --lora-rank 16"]
-            r = bench.user_run(variants, args, folder, ns.rounds)
+            r = userbench.user_run(variants, args, folder, ns.rounds)
             key = f"{dev}/{where}"
             res[key] = {"tiny_ops": per_op(r["raw"], "tiny_ops"), "failures": r["failures"]}
             if "--steps" in args:
@@ -77,7 +77,7 @@ def main() -> int:
                    str(ns.out / f"pyspy_{name}.txt"), "--", sys.executable, "-m", "gpulab.trace", "--log",
                    str(ns.out / f"pyspy_{name}.log"), "--mode", "ops", "--", str(prog), str(ns.out / "pyspy.json"),
                    "--device", ns.device, "--tiny", "20000", "--blocks", "3"]
-            e = bench.child_env(tuple(env.items()))
+            e = userbench.child_env(tuple(env.items()))
             r = proc.run(cmd, timeout_s=120, env=e, stdout=ns.out / f"pyspy_{name}.stdout", stderr=subprocess.STDOUT)
             print("py-spy", name, r.returncode, flush=True)
     (ns.out / "diag.json").write_text(json.dumps(res, indent=1))

@@ -334,7 +334,7 @@ def test_contract_names_live_on_the_package():
     assert set(stats.VERDICTS) == {"faster", "slower", "tie"}
 
 
-# ------------------------------------------------------------------------- gpulab.trace.bench (recorder cost)
+# ------------------------------------------------------------ gpulab.trace.userbench (recorder cost as users run it)
 
 def _user_run(rnd: int, wall_s: float, cpu_s: float, ops: int = 1000) -> dict:
     """One run's result as the benchmark program writes it (one block per list entry)."""
@@ -342,7 +342,7 @@ def _user_run(rnd: int, wall_s: float, cpu_s: float, ops: int = 1000) -> dict:
 
 
 def test_user_run_summary_ratios_from_medians_and_per_round():
-    from gpulab.trace import bench as tbench
+    from gpulab.trace import userbench as tbench
 
     raw = {"none": [_user_run(0, 1.0, 0.5), _user_run(1, 1.2, 0.5), _user_run(2, 1.0, 0.5)],
            "passthrough": [_user_run(0, 1.1, 0.6), _user_run(1, 1.3, 0.6), _user_run(2, 1.1, 0.6)],
@@ -365,7 +365,7 @@ def test_user_run_summary_ratios_from_medians_and_per_round():
 def test_variant_commands_and_choice():
     import sys
 
-    from gpulab.trace import bench as tbench
+    from gpulab.trace import userbench as tbench
     from gpulab.trace.run import bootstrap_command
 
     ops, none = tbench.Variant("ops", mode="ops"), tbench.Variant("none", wrapper="none")
@@ -383,7 +383,7 @@ def test_variant_commands_and_choice():
 
 
 def test_benchmark_text_table_aligns_and_dashes_missing_values():
-    from gpulab.trace import bench as tbench
+    from gpulab.trace import userbench as tbench
 
     cols = (("variant", "variant", 8, "{}"), ("ms", "ms", 7, "{:.2f}"), ("goal", "goal", 6, "{:.0f}%"))
     assert tbench.text_table([{"variant": "ops", "ms": 1.234, "goal": 3.0},
