@@ -24,7 +24,7 @@ from gpulab.env import rules
 from gpulab.fixes import commands, compose, cost, matrix, numerics, registry, scenarios, verdict
 from gpulab.fixes.fix import Fix, FixError, UnknownFix, not_applicable
 from gpulab.fixes.target import Target
-from gpulab.hang import ladder, watch
+from gpulab.hang import classify, ladder, watch
 from nbfactory import notebook, project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -288,7 +288,8 @@ def test_where_no_fix_works_the_next_step_follows_the_class(cls, words, not_word
     said 'take 03's evidence bundle upstream' while the index pointed at the program)."""
     failed = verdict.Observed("x", ("x",), True, 4, 4, True, 0.0)
     rec, why = verdict.recommend([BASE_FAILS, failed], [verdict.judge(o, BASE_FAILS, 0.2)[0] for o in
-                                                        (BASE_FAILS, failed)], stall_s=5, untried=("a",), cls=cls)
+                                                        (BASE_FAILS, failed)], stall_s=5, untried=("a",),
+                                 in_program=classify.program_cause(cls))
     assert rec is None and words in why and not_words not in why and "raise --budget" in why
 
 

@@ -131,7 +131,7 @@ def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: floa
         out.append(dataclasses.replace(r, verdict=v, verdict_why=why))
     rec, nxt = verdict.recommend([r.observed() for r in out], [r.verdict for r in out], stall_s=stall_s,
                                  untried=[t["scenario"] for t in not_tried], apply_lines=apply_lines(results),
-                                 cls=ff.get("class"), in_program=ff.get("in_program"))
+                                 in_program=ff.get("in_program"))
     return out, rec, nxt
 
 

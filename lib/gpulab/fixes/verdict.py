@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from gpulab.hang.classify import IN_THE_PROGRAM
 
 VERDICTS = ("baseline", "fixes", "partial", "no_effect", "breaks_numerics", "too_slow", "not_applicable")
 BASELINE = "baseline"
@@ -68,11 +67,10 @@ def _cheapest_key(o: Observed) -> tuple:
 
 def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, stall_s: float,
               untried: Sequence[str] = (), apply_lines: Mapping[str, str] | None = None,
-              cls: str | None = None, in_program: str | None = None) -> tuple[str | None, str]:
+              in_program: str | None = None) -> tuple[str | None, str]:
     """(the cheapest scenario that fixes the failure or None, the next step in a sentence, with the line
-    that applies it in the user's own job). cls: the baseline's failure class; where no fix works, a class
-    whose cause is the program's own code (classify.IN_THE_PROGRAM) points there instead of upstream, as does
-    in_program (classify.program_cause: the failure's own evidence says so)."""
+    that applies it in the user's own job). in_program: why the baseline's failure is the program's own bug
+    (classify.program_cause), where no fix works the next step points there instead of upstream."""
     base = next((o for o in observed if not o.fixes), None)
     by = dict(zip((o.name for o in observed), verdicts))
     fixing = [o for o in observed if by.get(o.name) == "fixes"]
@@ -103,7 +101,6 @@ def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, s
     tried = sum(1 for o in observed if o.fixes and o.trials)
     more = f"; not tried (time budget): {', '.join(untried)}" if untried else ""
     budget = ", or raise --budget to try the rest" if untried else ""
-    cause = in_program or IN_THE_PROGRAM.get(cls or "")
-    if cause:
-        return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: {cause}{budget}"
+    if in_program:
+        return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: {in_program}{budget}"
     return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}; take 03's evidence bundle upstream{budget}"

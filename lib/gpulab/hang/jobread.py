@@ -176,41 +176,44 @@ def main_frame(text: str) -> MainFrame:
     main = next((t for t in threads if t.main), None)
     if main is None or not main.frames:
         return MainFrame(None, None, ())
+    origins = [_origin(f) for f in main.frames]
     inner = _where(main.frames[0])
-    own = next((f for f in main.frames if not _in_library(f)), None)
+    i = origins.index("own") if "own" in origins else None
     # the program's own code, or the standard library called from it; not torch or another package
-    own_code = own is not None and not any(_in_package(f) for f in main.frames[:main.frames.index(own)])
-    if own is None or own == main.frames[0]:
+    own_code = i is not None and "package" not in origins[:i]
+    if i is None or i == 0:
         return MainFrame(inner, inner, main.frames, own_code)
-    return MainFrame(f"{_where(own)}, inside {inner.split(': `', 1)[0]}", inner, main.frames, own_code)
+    return MainFrame(f"{_where(main.frames[i])}, inside {_where(main.frames[0], quote=False)}", inner, main.frames,
+                     own_code)
 
 
 _FRAME = re.compile(r"(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
-# where installed code lives: the standard library (<prefix>/lib/python3.X/), packages, frozen modules; and gpulab
-_LIBRARY = re.compile(r"([/\\]lib[/\\]python\d[\d.]*[/\\])|([/\\](site|dist)-packages[/\\])|(^<)")
+_STDLIB = re.compile(r"([/\\]lib[/\\]python\d[\d.]*[/\\])|(^<)")   # <prefix>/lib/python3.X/, frozen modules
 _PACKAGES = re.compile(r"[/\\](site|dist)-packages[/\\]")
 _GPULAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def _in_library(frame: str) -> bool:
+def _origin(frame: str) -> str:
+    """Whose code a faulthandler frame runs: "package" (an installed package: torch, numpy, ...; or gpulab),
+    "stdlib" (the standard library, frozen modules) or "own" (the program's)."""
     m = _FRAME.match(frame)
-    return bool(m) and (bool(_LIBRARY.search(m.group("file"))) or m.group("file").startswith(_GPULAB))
+    if not m:
+        return "own"   # not a file frame: nothing says it is a library's
+    path = m.group("file")
+    if _PACKAGES.search(path) or path.startswith(_GPULAB):
+        return "package"
+    return "stdlib" if _STDLIB.search(path) else "own"
 
 
-def _in_package(frame: str) -> bool:
-    """An installed package's code (torch, numpy, ...) or gpulab's: not the program's, not the standard library."""
-    m = _FRAME.match(frame)
-    return bool(m) and (bool(_PACKAGES.search(m.group("file"))) or m.group("file").startswith(_GPULAB))
-
-
-def _where(frame: str) -> str:
-    """'dir/file.py:12 in func: `its line`' from faulthandler's 'func (/path/dir/file.py:12)'."""
+def _where(frame: str, quote: bool = True) -> str:
+    """'dir/file.py:12 in func: `its line`' from faulthandler's 'func (/path/dir/file.py:12)' (quote=False: no
+    source line)."""
     m = _FRAME.match(frame)
     if not m:
         return frame
-    src = source_line(m.group("file"), int(m.group("line")))
     parts = m.group("file").split(os.sep)
     where = f"{os.sep.join(parts[-2:])}:{m.group('line')} in {m.group('func')}"
+    src = source_line(m.group("file"), int(m.group("line"))) if quote else ""
     return f"{where}: `{src[:80]}`" if src else where
 
 

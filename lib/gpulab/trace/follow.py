@@ -80,10 +80,11 @@ def children(folder: str | os.PathLike) -> list[dict]:
     return [m for m in metas(folder).values() if not m.get("root")]
 
 
-def child_logs(folder: str | os.PathLike) -> list[Path]:
-    """The op logs of those processes, in pid order: what is read of a job besides its root's log."""
-    return [Path(folder) / m["log"] for m in sorted(children(folder), key=lambda m: m.get("pid") or 0)
-            if m.get("log")]
+def child_logs(folder: str | os.PathLike, kids: list[dict] | None = None) -> list[Path]:
+    """The op logs of those processes (kids: their <pid>.json as children() read them), in pid order: what is
+    read of a job besides its root's log."""
+    kids = children(folder) if kids is None else kids
+    return [Path(folder) / m["log"] for m in sorted(kids, key=lambda m: m.get("pid") or 0) if m.get("log")]
 
 
 # ------------------------------------------------------------------------------------ who a process is

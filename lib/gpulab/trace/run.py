@@ -134,7 +134,7 @@ def keep_followed(procs: str | os.PathLike) -> list[dict]:
     """The <pid>.json of every process a finished job started (its root's left out), each op log cut to what
     was recorded; a folder where the program started none is removed (nothing in it but the root's note)."""
     children = follow.children(procs)
-    for log in follow.child_logs(procs):
+    for log in follow.child_logs(procs, children):
         keep_recorded(log)
     if not children:
         shutil.rmtree(procs, ignore_errors=True)
@@ -162,7 +162,8 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     stopped = end.status in ("hang", "timeout")
     sig = end.signal or (signal.SIGKILL if stopped else None)
     return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(log), tuple(cmd), tail,
-                     end.status, stall_s, len(children), sum(_started(log) for log in follow.child_logs(procs)))
+                     end.status, stall_s, len(children),
+                     sum(_started(log) for log in follow.child_logs(procs, children)))
 
 
 def _started(log: Path) -> int:
