@@ -71,3 +71,17 @@ def test_nothing_fixes_it_points_a_program_side_failure_at_the_program(cls, in_p
     m["04_fix_scenarios"] = {"metrics": {"tried": ["dataloader_spawn"], "not_tried": []}}
     v = judge(ok(), m)
     assert v.verdict == "hang" and v.next_step.startswith("nothing tried fixes it (dataloader_spawn)") and says in v.next_step
+
+
+@pytest.mark.parametrize("in_program,says,not_says", [
+    (None, "run the fix matrix", "own code"),
+    ("a rank runs the program's own code", "a rank runs the program's own code (no fix was tried", "upstream"),
+])
+def test_without_04_a_program_side_failure_still_points_at_the_program(in_program, says, not_says):
+    """Seen on the user path (`gpulab run --only 01,02,03` on a rank stuck in its own re.match): with 03 naming
+    the program's own line, the index said to attach the bundle to an upstream report."""
+    m = metrics(hang_status="hang")
+    m["03_bisect_hang"]["metrics"].update({"class": "rank_stuck", "in_program": in_program})
+    m.pop("04_fix_scenarios", None)
+    v = judge(ok(), m)
+    assert v.verdict == "hang" and says in v.next_step and not_says not in v.next_step

@@ -29,10 +29,15 @@ class ScenarioVerdict:
     next_step: str
 
 
+def _program_cause(hang: Mapping[str, Any]) -> str | None:
+    """Why the failure is the program's own bug: 03's in_program (classify.program_cause), or by class alone
+    for metrics written before 03 said so."""
+    return hang.get("in_program") or IN_THE_PROGRAM.get(hang.get("class") or "")
+
+
 def _where_to_fix(hang: Mapping[str, Any]) -> str:
-    """After "nothing tried fixes it": the program's own bug (03's in_program, classify.program_cause), else an
-    upstream report."""
-    cause = hang.get("in_program") or IN_THE_PROGRAM.get(hang.get("class") or "")
+    """After "nothing tried fixes it": the program's own bug, else an upstream report."""
+    cause = _program_cause(hang)
     return f": {cause}" if cause else ": attach bundle.zip (03) to an upstream report"
 
 
@@ -93,8 +98,10 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
             step = ("nothing tried fixes it" + (f" ({', '.join(tried)})" if tried else " (no fix applied here)")
                     + (f"; {len(left)} more not tried within the time budget (gpulab fixes --budget)" if left else "")
                     + _where_to_fix(hang))
-        else:
-            step = "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report"
+        else:   # 04 did not run (gpulab run --only 01,02,03)
+            cause = _program_cause(hang)
+            step = (f"{cause} (no fix was tried: notebook 04, gpulab fixes)" if cause else
+                    "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report")
         return ScenarioVerdict(kind, evidence, step)
     oracle = _m(metrics, "05_oracle")
     vendor_bad = [f for f in oracle.get("failures") or () if str(f).startswith("sdpa_")]
