@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import proc, report, trace
-from gpulab.chain import index, runner
+from gpulab.chain import index, runner, state
 from gpulab.hang import ladder
 from gpulab.trace import ring
 from nbfactory import RECORD, notebook, project
@@ -100,9 +100,9 @@ def test_folder_contents_counts_apparent_size(tmp_path):
 
 
 def test_running_text_says_which_cell():
-    assert runner.running_text("03_bisect_hang", 3, 10) == "running 03_bisect_hang, cell 4/10"
-    assert runner.running_text("03_bisect_hang", 0, 0) == "running 03_bisect_hang, starting"
-    assert "rendering" in runner.running_text("03_bisect_hang", 10, 10)
+    assert state.running_text("03_bisect_hang", 3, 10) == "running 03_bisect_hang, cell 4/10"
+    assert state.running_text("03_bisect_hang", 0, 0) == "running 03_bisect_hang, starting"
+    assert "rendering" in state.running_text("03_bisect_hang", 10, 10)
 
 
 def _read(path: Path):

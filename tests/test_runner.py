@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT
 from gpulab.chain import index, runner
 from nbfactory import RECORD, notebook, project
+from procscan import left_after, new_marker
 
 
 def _nbs():
@@ -71,6 +72,38 @@ def test_needs_skips_dependents_of_a_failed_notebook(tmp_path):
     run = json.loads((idx.parent / "run.json").read_text())
     statuses = [n["status"] for n in run["scenarios"][0]["notebooks"]]
     assert code == 1 and statuses == ["failed", "skipped"]
+
+
+KERNEL_STARTED = """import os, pathlib
+ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
+btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime"))
+pathlib.Path("kernel_started_02").write_text(str(btime + ticks / os.sysconf("SC_CLK_TCK")))"""
+
+
+def test_next_notebooks_kernel_starts_while_this_one_runs(tmp_path):
+    """gpulab.chain.ahead: 02's papermill child and kernel start while 01 still runs, not after it."""
+    first = notebook("First", "", "import time, pathlib; time.sleep(10); pathlib.Path('ended_01').write_text(str(time.time()))")
+    second = notebook("Second", "", KERNEL_STARTED, RECORD.format(name="02_second", headline="ran second"))
+    proj = project(tmp_path, {"01_first": first, "02_second": second})
+    code, idx = runner.run(_cfg(proj), progress=lambda m: None)
+    run = json.loads((idx.parent / "run.json").read_text())
+    assert code == 0 and [n["status"] for n in run["scenarios"][0]["notebooks"]] == ["ok", "ok"]
+    started, ended = float((proj / "kernel_started_02").read_text()), float((proj / "ended_01").read_text())
+    assert started < ended, f"02's kernel started {started - ended:.1f} s after 01 ended"
+    assert run["scenarios"][0]["notebooks"][1]["headline"] == "ran second"
+
+
+def test_a_head_start_for_a_notebook_that_is_then_skipped_leaves_nothing(tmp_path, monkeypatch):
+    name, mark = new_marker()
+    monkeypatch.setenv(name, mark)
+    nbs = _nbs()
+    nbs["02_bad"] = notebook("Bad", "", "import time; time.sleep(8)", "raise ValueError('planted failure in cell')")
+    nbs["03_after"].metadata["gpulab"] = {"needs": ["02_bad"]}
+    proj = project(tmp_path, nbs)
+    code, idx = runner.run(_cfg(proj, only=("02", "03")), progress=lambda m: None)
+    run = json.loads((idx.parent / "run.json").read_text())
+    assert code == 1 and [n["status"] for n in run["scenarios"][0]["notebooks"]] == ["failed", "skipped"]
+    assert left_after(name, mark) == []   # 03's papermill child and its idle kernel were ended
 
 
 def test_second_run_never_overwrites_the_first(tmp_path):

@@ -168,6 +168,7 @@ class Child:
             self._close_files()
             raise
         self.pid = self._popen.pid
+        self.stdin = self._popen.stdin     # a pipe only when stdin=subprocess.PIPE was asked for
         self.left_running: tuple[ProcInfo, ...] = ()
         self.unkillable: tuple[ProcInfo, ...] = ()
         self._stopped = False

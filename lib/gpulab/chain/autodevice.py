@@ -37,6 +37,11 @@ class AutoDevice:
         answer = fut.result() if fut.done() else None
         return {**base, AUTO_ENV: answer} if answer else base
 
+    def ready(self, env: Mapping[str, str]) -> bool:
+        """The question for this environment was asked and answered (an answer may be none)."""
+        fut = self._answers.get(frozenset((k, v) for k, v in env.items() if k != AUTO_ENV))
+        return fut is not None and fut.done()
+
 
 def _ask(env: dict[str, str], fut: Future) -> None:
     try:

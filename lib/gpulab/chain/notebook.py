@@ -6,6 +6,7 @@ notebook after every cell, so a stopped notebook keeps the cells it finished and
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -68,39 +69,81 @@ def last_progress(log: Path, notebook: str, chars: int = 4096) -> str | None:
     return mine[-1][:160] if mine else None
 
 
+class Ahead:
+    """A notebook's papermill child started before its turn (gpulab.chain.ahead): papermill imported, kernel
+    up, waiting for `go`. Its kernel's connection files live in a folder of its own, removed with it."""
+
+    def __init__(self, nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, kernel: str,
+                 cell_timeout_s: float, log: Path, env: dict[str, str] | None = None):
+        self.nb_path, self.out_ipynb = nb_path, out_ipynb
+        self.went = False
+        cmd = [sys.executable, "-m", "gpulab.chain.ahead", str(nb_path), str(out_ipynb), "-k", kernel,
+               "--cwd", str(root), "-f", str(param_file), "--execution-timeout", str(int(cell_timeout_s))]
+        child_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1",
+                         MPLBACKEND="module://matplotlib_inline.backend_inline")
+        # Kernel connection files go to the runtime dir (jupyter_client) or the temp dir (nbclient): both point
+        # into a folder that is removed when the notebook ends, however it ends.
+        self._runtime = tempfile.TemporaryDirectory(prefix="gpulab-kernel-")
+        child_env.update(JUPYTER_RUNTIME_DIR=self._runtime.name, TMPDIR=self._runtime.name)
+        try:
+            self.child = proc.Child(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                    env=proc.python_env(child_env), cwd=root, label=nb_path.stem)
+        except BaseException:
+            self._runtime.cleanup()
+            raise
+
+    def go(self) -> None:
+        """Run the notebook now (a child that already died reads as its exit code)."""
+        self.went = True
+        try:
+            self.child.stdin.write(b"go\n")
+            self.child.stdin.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """End it and everything it started, whether it ran (by then it has shut its kernel down and exited,
+        or was stopped) or not (an idle kernel: nothing to lose)."""
+        try:
+            with contextlib.suppress(OSError):
+                self.child.stdin.close()
+            self.child.stop(grace_s=0 if self.went else 0.5)
+        finally:
+            self._runtime.cleanup()
+
+
 def execute(nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, kernel: str, cell_timeout_s: float,
             notebook_timeout_s: float, log: Path, progress: Callable[[str], None],
-            stopping: threading.Event | None = None, env: dict[str, str] | None = None) -> Execution:
-    """Run one notebook in a papermill child. `stopping` set by another thread (an interrupt while
-    scenarios run in parallel) stops it as `interrupted`."""
-    cmd = [sys.executable, "-m", "papermill", str(nb_path), str(out_ipynb), "-k", kernel,
-           "--cwd", str(root), "-f", str(param_file), "--execution-timeout", str(int(cell_timeout_s)),
-           "--no-progress-bar", "--log-level", "WARNING"]
-    child_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1",
-                     MPLBACKEND="module://matplotlib_inline.backend_inline")
+            stopping: threading.Event | None = None, env: dict[str, str] | None = None,
+            ahead: Ahead | None = None) -> Execution:
+    """Run one notebook in a papermill child (`ahead`: the one started for it before its turn, else a new
+    one). `stopping` set by another thread (an interrupt while scenarios run in parallel) stops it as
+    `interrupted`."""
+    if ahead is None:
+        ahead = Ahead(nb_path, out_ipynb, param_file, root=root, kernel=kernel, cell_timeout_s=cell_timeout_s,
+                      log=log, env=env)
     t0 = time.monotonic()
-    # Kernel connection files go to the runtime dir (jupyter_client) or the temp dir (nbclient): both point
-    # into a folder that is removed when the notebook ends, however it ends.
-    with tempfile.TemporaryDirectory(prefix="gpulab-kernel-") as runtime:
-        child_env.update(JUPYTER_RUNTIME_DIR=runtime, TMPDIR=runtime)
-        with proc.Child(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, cwd=root,
-                        label=nb_path.stem) as child:
-            next_beat = t0 + HEARTBEAT_S
-            while (rc := child.wait(timeout=0.25)) is None:
-                now = time.monotonic()
-                if stopping is not None and stopping.is_set():
-                    child.stop(grace_s=1)
-                    return Execution("interrupted", now - t0, "the run was interrupted while this notebook ran")
-                if now - t0 > notebook_timeout_s:
-                    child.stop(grace_s=3)
-                    return Execution("killed", now - t0, f"stopped after {now - t0:.0f} s: the notebook's "
-                                     f"wall-clock limit is {notebook_timeout_s:.0f} s (--notebook-timeout)")
-                if now >= next_beat:
-                    done, total, _ = cells_done(out_ipynb)
-                    last = last_progress(out_ipynb.parent / "progress.log", nb_path.stem)
-                    progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)"
-                             + (f": {last}" if last else ""))
-                    next_beat = now + HEARTBEAT_S
+    try:
+        child = ahead.child
+        ahead.go()
+        next_beat = t0 + HEARTBEAT_S
+        while (rc := child.wait(timeout=0.25)) is None:
+            now = time.monotonic()
+            if stopping is not None and stopping.is_set():
+                child.stop(grace_s=1)
+                return Execution("interrupted", now - t0, "the run was interrupted while this notebook ran")
+            if now - t0 > notebook_timeout_s:
+                child.stop(grace_s=3)
+                return Execution("killed", now - t0, f"stopped after {now - t0:.0f} s: the notebook's "
+                                 f"wall-clock limit is {notebook_timeout_s:.0f} s (--notebook-timeout)")
+            if now >= next_beat:
+                done, total, _ = cells_done(out_ipynb)
+                last = last_progress(out_ipynb.parent / "progress.log", nb_path.stem)
+                progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)"
+                         + (f": {last}" if last else ""))
+                next_beat = now + HEARTBEAT_S
+    finally:
+        ahead.close()
     elapsed = time.monotonic() - t0
     if stopping is not None and stopping.is_set():
         return Execution("interrupted", elapsed, "the run was interrupted while this notebook ran")
@@ -150,19 +193,40 @@ def nav(ipynb: Path, team: bool) -> str:
             f"<a href=\"./\">all products (folder)</a></nav>")
 
 
+_EXPORTERS: dict[bool, object] = {}   # team report (no input) / full notebook -> its HTMLExporter, built once
+_RENDER_LOCK = threading.Lock()       # scenario threads render one at a time (an exporter is not thread-safe)
+
+
+def _exporter(team: bool):
+    """The HTMLExporter for one rendering, built once a run (its templates compile in ~0.2 s)."""
+    if team not in _EXPORTERS:
+        from nbconvert import HTMLExporter
+        _EXPORTERS[team] = HTMLExporter(template_name="gpulab", extra_template_basedirs=[str(TEMPLATES)],
+                                        exclude_input=team, exclude_input_prompt=team, exclude_output_prompt=team)
+    return _EXPORTERS[team]
+
+
+def preload_renderer() -> None:
+    """Import nbconvert and build the exporters in the background while the first notebook runs (about 1 s
+    that its render would otherwise wait for)."""
+    def load() -> None:
+        with contextlib.suppress(Exception), _RENDER_LOCK:
+            _exporter(True)
+            _exporter(False)
+    threading.Thread(target=load, name="gpulab-preload-nbconvert", daemon=True).start()
+
+
 def render(ipynb: Path) -> tuple[Path | None, Path | None, str | None]:
     """Two self-contained HTML renderings (no request to any other host): a no-input report for the team
     and the full notebook for engineers."""
     import nbformat
-    from nbconvert import HTMLExporter
 
     try:
         nb = nbformat.read(str(ipynb), as_version=4)
         paths = []
         for team, path in ((True, ipynb.with_suffix(".html")), (False, ipynb.with_suffix(".full.html"))):
-            exporter = HTMLExporter(template_name="gpulab", extra_template_basedirs=[str(TEMPLATES)],
-                                    exclude_input=team, exclude_input_prompt=team, exclude_output_prompt=team)
-            body, _ = exporter.from_notebook_node(static(nb, team))
+            with _RENDER_LOCK:
+                body, _ = _exporter(team).from_notebook_node(static(nb, team))
             body = _BODY.sub(lambda m: m.group(0) + nav(ipynb, team), body, count=1)
             report.write_text(path, body)
             paths.append(path)

@@ -17,24 +17,20 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
 from gpulab import proc, report
-from gpulab.chain import index, notebook, params, verdict
-from gpulab.chain.autodevice import AutoDevice
+from gpulab.chain import notebook, params, verdict
+from gpulab.chain.state import NotebookResult, RunState, ScenarioResult, follow, rel
 from gpulab.fixes import scenario_env
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
-# not_applicable: the scenario's fix cannot apply on this device, so its notebooks are not run (not a failure)
-NOTEBOOK_STATUSES = ("ok", "failed", "killed", "skipped", "interrupted", "not_run", verdict.NOT_APPLICABLE)
-RUN_STATUSES = ("running", "ok", "failed", "interrupted")
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
-PROGRESS_POLL_S = 1.0   # how often the index follows a running notebook's cells
 
 
 @dataclass(frozen=True)
@@ -58,44 +54,6 @@ class RunConfig:
                 raise params.ParamError(f"{flag} {v!r} is not valid; it must be a positive number of seconds")
         if not (isinstance(self.jobs, int) and self.jobs >= 1):
             raise params.ParamError(f"--jobs {self.jobs!r} is not valid; it must be a whole number >= 1")
-
-
-@dataclass(frozen=True)
-class NotebookResult:
-    name: str
-    status: str  # one of NOTEBOOK_STATUSES
-    duration_s: float | None = None
-    headline: str | None = None
-    error: str | None = None
-    ipynb: str | None = None  # paths relative to the run folder
-    report: str | None = None
-    full: str | None = None
-    cells_s: float | None = None  # time spent inside cells (papermill's per-cell durations)
-    render_s: float | None = None
-
-
-@dataclass(frozen=True)
-class ScenarioResult:
-    name: str
-    description: str
-    params: dict[str, Any]
-    notebooks: tuple[NotebookResult, ...] = field(default_factory=tuple)
-    changed: dict[str, Any] = field(default_factory=dict)   # parameters that differ from the notebooks' defaults
-    fixes: tuple[str, ...] = ()   # registry fixes applied to every child of the scenario's notebooks
-
-
-PRODUCT_SUFFIXES = (".json", ".csv", ".zip", ".md", ".py", ".sh", ".png", ".txt", ".log")
-PRODUCT_SKIP = ("logs", "progress.log", "params.yaml")
-
-
-def products(sc_dir: Path, run_dir: Path, limit: int = 60) -> list[str]:
-    """The files a scenario produced (two levels deep; trial folders and logs left out), relative to the run."""
-    found = []
-    for p in sorted(sc_dir.glob("*")) + sorted(sc_dir.glob("*/*")):
-        rel = p.relative_to(sc_dir)
-        if p.is_file() and p.suffix in PRODUCT_SUFFIXES and rel.parts[0] not in PRODUCT_SKIP:
-            found.append(str(p.relative_to(run_dir)))
-    return found[:limit]
 
 
 class DiskFull(OSError):
@@ -160,10 +118,6 @@ def needs(nb_path: Path) -> list[str]:
     return list(meta.get("gpulab", {}).get("needs", []))
 
 
-def _rel(path: Path | None, base: Path) -> str | None:
-    return None if path is None else os.path.relpath(path, base)
-
-
 def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, ScenarioResult]]:
     """Everything that can be wrong with the input, checked before any notebook runs; each scenario's
     parameters and fixes are resolved here, once."""
@@ -186,177 +140,71 @@ def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[
     return notebooks, schema, resolved
 
 
-class _Run:
-    """The state of one run, shared by the scenario threads; every change rewrites run.json and the index."""
-
-    def __init__(self, cfg: RunConfig, run_dir: Path, notebooks: list[Path],
-                 resolved: dict[str, ScenarioResult], say: Callable[[str], None]):
-        self.cfg, self.run_dir, self.notebooks, self.say = cfg, run_dir, notebooks, say
-        self.started = time.time()
-        self.lock = threading.RLock()
-        self.stopping = threading.Event()
-        self.status = "running"
-        self.note: str | None = None
-        self.results = dict(resolved)   # in cfg.scenarios order
-        parallel = cfg.jobs > 1 and len(cfg.scenarios) > 1
-        self.gpu_load = {g: 0 for g in visible_gpus()} if parallel else {}   # GPU id -> scenarios on it
-        # scenarios that share a machine (no GPU of their own) time each other's load in 06
-        self.shared_jobs = cfg.jobs if parallel and len(self.gpu_load) < cfg.jobs else 1
-        self.gpu_of: dict[str, str] = {}
-        self.current: dict[str, tuple[str, Path, float]] = {}   # scenario -> (notebook, its .ipynb, start)
-        self.auto = AutoDevice()   # device=auto's answer per scenario environment, for the later kernels
-
-    def take_gpu(self, scen: str) -> None:
-        """With several GPUs, a scenario running beside others gets the least busy one to itself."""
-        with self.lock:
-            if len(self.gpu_load) > 1:
-                gpu = min(self.gpu_load, key=lambda g: (self.gpu_load[g], g))
-                self.gpu_load[gpu] += 1
-                self.gpu_of[scen] = gpu
-
-    def give_gpu(self, scen: str) -> None:
-        with self.lock:
-            gpu = self.gpu_of.pop(scen, None)
-            if gpu is not None:
-                self.gpu_load[gpu] -= 1
-
-    def begin(self, scen: str, name: str, ipynb: Path) -> None:
-        """A notebook starts: the index says so at once (and follows its cells, `_follow`)."""
-        with self.lock:
-            self.current[scen] = (name, ipynb, time.monotonic())
-            self.write_index()
-
-    def add(self, scen: str, *res: NotebookResult) -> None:
-        with self.lock:
-            r = self.results[scen]
-            self.results[scen] = replace(r, notebooks=r.notebooks + res)
-            if scen in self.current and any(n.name == self.current[scen][0] for n in res):
-                del self.current[scen]
-            self.write_index()
-
-    def running(self, scen: str) -> dict[str, Any] | None:
-        """The notebook a scenario is running now and how far it got (papermill saves after every cell)."""
-        if scen not in self.current:
-            return None
-        name, ipynb, t0 = self.current[scen]
-        done, total, _ = notebook.cells_done(ipynb)
-        return {"notebook": name, "cells_done": done, "cells": total, "seconds": round(time.monotonic() - t0, 1),
-                "text": running_text(name, done, total)}
-
-    def complete(self, s: ScenarioResult) -> bool:
-        """Every notebook of the scenario has its result (or the run ended): only then is there a verdict."""
-        return self.status != "running" or len(s.notebooks) >= len(self.notebooks)
-
-    def scenario(self, s: ScenarioResult) -> dict[str, Any]:
-        sc_dir = self.run_dir / s.name
-        metrics = report.load_metrics(sc_dir)
-        nbs = [asdict(n) for n in s.notebooks]
-        v = verdict.judge(nbs, metrics, s.name, s.fixes) if nbs and self.complete(s) else None
-        now = None if v else self.running(s.name)
-        if now:
-            nbs.append(asdict(NotebookResult(now["notebook"], "running", now["seconds"], now["text"])))
-        waiting = (f"{len(self.notebooks) - len(s.notebooks)} of {len(self.notebooks)} notebooks still to run"
-                   if not v else "")
-        return {"name": s.name, "description": s.description, "params": s.params, "changed": s.changed,
-                "fixes": list(s.fixes), "notebooks": nbs, "verdict": v.verdict if v else "running",
-                "running": now,
-                "evidence": v.evidence if v else (now["text"] if now else "waiting to start") + f" ({waiting})",
-                "next_step": v.next_step if v else "wait: the verdict comes when every notebook has run",
-                "metrics": metrics, "products": products(sc_dir, self.run_dir) if sc_dir.exists() else []}
-
-    def summary(self) -> dict[str, Any]:
-        scenarios = [self.scenario(s) for s in self.results.values()]
-        env = next(((sc["metrics"].get("01_environment") or {}).get("metrics") for sc in scenarios
-                    if sc["metrics"].get("01_environment")), None) or {}
-        return {
-            "run_id": self.run_dir.name,
-            "status": self.status,
-            "note": self.note,
-            "started": _dt.datetime.fromtimestamp(self.started).isoformat(timespec="seconds"),
-            "duration_s": time.time() - self.started,
-            "command": " ".join(sys.argv[1:]),
-            "platform": {k: env.get(k) for k in ("device_name", "device_kind", "torch_version", "cuda_version",
-                                                 "sdpa_selected")} | {"risks": env.get("risk_ids") or []}
-            if env else {},
-            "scenarios": scenarios,
-            "progress": "; ".join(f"{sc['name']}: {sc['running']['text']}" for sc in scenarios if sc["running"])
-            or None,
-            "shared_jobs": self.shared_jobs,
-            "folder": report.folder_contents(self.run_dir).to_dict(),
-        }
-
-    def write_index(self, summary: dict[str, Any] | None = None, *, only_running: bool = False) -> Path | None:
-        """run.json and index.html from the state now. only_running (the poller): nothing once the run
-        has ended, so a poll can never overwrite the final page."""
-        with self.lock:
-            if only_running and self.status != "running":
-                return None
-            summary = self.summary() if summary is None else summary
-            report.write_json(self.run_dir / "run.json", summary)
-            return report.write_text(self.run_dir / "index.html", index.render(summary))
-
-    def finish_unrun(self, status: str, why: str) -> None:
-        """Every notebook that never ran gets a row saying so (the index must not look complete)."""
-        with self.lock:
-            for scen, r in self.results.items():
-                done = {n.name for n in r.notebooks}
-                rest = tuple(NotebookResult(p.stem, status, error=why) for p in self.notebooks if p.stem not in done)
-                self.results[scen] = replace(r, notebooks=r.notebooks + rest)
-
-
-def running_text(name: str, done: int, total: int) -> str:
-    """Pure: what a running notebook is doing, as the index says it ("running 03_bisect_hang, cell 4/10")."""
-    if total <= 0:
-        return f"running {name}, starting"
-    if done >= total:
-        return f"running {name}, rendering (all {total} cells done)"
-    return f"running {name}, cell {done + 1}/{total}"
-
-
-@contextlib.contextmanager
-def _follow(run: _Run, every_s: float = PROGRESS_POLL_S):
-    """While the run goes on, rewrite run.json and the index whenever a running notebook finishes a cell, so
-    that a reader sees how far it got (a notebook can run for an hour)."""
-    done = threading.Event()
-
-    def poll() -> None:
-        seen = None
-        while not done.wait(every_s):
-            with run.lock:
-                now = tuple((s, (r or {}).get("cells_done")) for s in list(run.current) for r in [run.running(s)])
-            if now != seen:
-                seen = now
-                with contextlib.suppress(OSError):
-                    run.write_index(only_running=True)
-
-    t = threading.Thread(target=poll, name="gpulab-run-progress", daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        done.set()
-        t.join()
-
-
 def _disk(exc: OSError, what: Path) -> DiskFull:
     return DiskFull(exc.errno, f"cannot write {what}: {exc.strerror or exc} (is the disk full?)")
 
 
-def _run_notebook(run: _Run, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict) -> NotebookResult:
-    cfg, name = run.cfg, nb_path.stem
+def _params_file(scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict) -> Path:
+    """The notebook's parameters (those it declares, its out_dir, its scenario) as the file papermill reads."""
+    name = nb_path.stem
     nb_params = params.for_notebook(values, schema, name)
     nb_params["out_dir"] = str(sc_dir)
     if "scenario" in schema and name in schema["scenario"].notebooks:
         nb_params["scenario"] = scen
+    return report.write_text(sc_dir / "logs" / f"{name}.params.yaml", yaml.safe_dump(nb_params, sort_keys=True))
+
+
+def _ahead(run: RunState, scen: str, sc_dir: Path, nb_path: Path, pfile: Path, env: Mapping[str, str]
+           ) -> notebook.Ahead:
+    cfg = run.cfg
+    return notebook.Ahead(nb_path, sc_dir / f"{nb_path.stem}.ipynb", pfile, root=cfg.root, kernel=cfg.kernel,
+                          cell_timeout_s=cfg.cell_timeout_s, log=sc_dir / "logs" / f"{nb_path.stem}.log",
+                          env=dict(env))
+
+
+class _NextUp:
+    """The next notebook's papermill child, started while this one runs (gpulab.chain.ahead) as soon as the
+    device answer its kernel would otherwise find itself is in (gpulab.chain.autodevice): its papermill
+    import and kernel start then overlap this notebook instead of following it."""
+
+    def __init__(self, run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict):
+        self.ahead: notebook.Ahead | None = None
+        self._now = threading.Event()
+        self._thread = threading.Thread(target=self._start, args=(run, scen, sc_dir, nb_path, schema, values),
+                                        name="gpulab-next-notebook", daemon=True)
+        self._thread.start()
+
+    def _start(self, run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict) -> None:
+        base = _scenario_env(scen, run) or os.environ
+        while not run.auto.ready(base) and not self._now.wait(0.1):
+            pass
+        if self._now.is_set() or run.stopping.is_set():
+            return
+        with contextlib.suppress(Exception):   # no head start (a full disk, no process left): it starts in turn
+            self.ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
+                                run.auto.env_for(base))
+
+    def take(self) -> notebook.Ahead | None:
+        """The started child (None: it had not started yet, and will not)."""
+        self._now.set()
+        self._thread.join()
+        return self.ahead
+
+
+def _run_notebook(run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict,
+                  ahead: notebook.Ahead | None = None) -> NotebookResult:
+    cfg, name = run.cfg, nb_path.stem
     pfile = sc_dir / "logs" / f"{name}.params.yaml"
-    report.write_text(pfile, yaml.safe_dump(nb_params, sort_keys=True))
+    if ahead is None:
+        ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
+                       run.auto.env_for(_scenario_env(scen, run) or os.environ))
     out_ipynb = sc_dir / f"{name}.ipynb"
     run.say(f"[{scen}] {name}: running")
     run.begin(scen, name, out_ipynb)
     ex = notebook.execute(nb_path, out_ipynb, pfile, root=cfg.root, kernel=cfg.kernel,
                           cell_timeout_s=cfg.cell_timeout_s, notebook_timeout_s=cfg.notebook_timeout_s,
                           log=sc_dir / "logs" / f"{name}.log", progress=run.say, stopping=run.stopping,
-                          env=run.auto.env_for(_scenario_env(scen, run) or os.environ))
+                          ahead=ahead)
     _, _, cells_s = notebook.cells_done(out_ipynb)
     t_render = time.monotonic()
     rep, full, render_err = notebook.render(out_ipynb) if out_ipynb.exists() else (None, None, "no notebook was written")
@@ -366,23 +214,13 @@ def _run_notebook(run: _Run, scen: str, sc_dir: Path, nb_path: Path, schema: dic
         err = "papermill ended well but wrote no notebook"
     res = NotebookResult(name, ex.status if err is None or ex.status != "ok" else "failed", ex.seconds,
                          entry.get("headline"), err or (render_err if ex.status != "ok" else None),
-                         _rel(out_ipynb if out_ipynb.exists() else None, run.run_dir), _rel(rep, run.run_dir),
-                         _rel(full, run.run_dir), cells_s, time.monotonic() - t_render)
+                         rel(out_ipynb if out_ipynb.exists() else None, run.run_dir), rel(rep, run.run_dir),
+                         rel(full, run.run_dir), cells_s, time.monotonic() - t_render)
     run.say(f"[{scen}] {name}: {res.status} in {ex.seconds:.1f} s" + (f" - {err.splitlines()[0]}" if err else ""))
     return res
 
 
-def visible_gpus() -> tuple[str, ...]:
-    """The GPU ids scenarios can be spread over: CUDA_VISIBLE_DEVICES, else the NVIDIA driver's list. Read
-    without torch: the runner must not hold a CUDA context its notebooks' children compete with."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return tuple(g.strip() for g in listed.split(",") if g.strip())
-    driver = Path("/proc/driver/nvidia/gpus")
-    return tuple(str(i) for i in range(len(list(driver.iterdir())))) if driver.is_dir() else ()
-
-
-def _scenario_env(scen: str, run: _Run) -> dict[str, str] | None:
+def _scenario_env(scen: str, run: RunState) -> dict[str, str] | None:
     """The environment a scenario's notebooks run in (None: this process's own): its fixes (GPULAB_FIXES and
     their variables, inherited by every child the notebooks start) and, when scenarios run side by side on
     several GPUs, the GPU it was given."""
@@ -417,7 +255,7 @@ def _not_applicable(fixes: Sequence[str], values: Mapping[str, Any]) -> str | No
     return f"{why} (device {facts['device']})" if why else None
 
 
-def _on_gpu(run: _Run, scen: str, schema: dict) -> None:
+def _on_gpu(run: RunState, scen: str, schema: dict) -> None:
     run.take_gpu(scen)
     try:
         _run_scenario(run, scen, schema)
@@ -425,7 +263,7 @@ def _on_gpu(run: _Run, scen: str, schema: dict) -> None:
         run.give_gpu(scen)
 
 
-def _run_scenario(run: _Run, scen: str, schema: dict) -> None:
+def _run_scenario(run: RunState, scen: str, schema: dict) -> None:
     values, fixes = run.results[scen].params, run.results[scen].fixes
     sc_dir = run.run_dir / scen
     try:
@@ -439,30 +277,44 @@ def _run_scenario(run: _Run, scen: str, schema: dict) -> None:
         run.add(scen, *(NotebookResult(p.stem, verdict.NOT_APPLICABLE, error=why_not) for p in run.notebooks))
         return
     status_of: dict[str, str] = {}
-    for nb_path in run.notebooks:
-        if run.stopping.is_set():
-            return
-        name = nb_path.stem
-        missing = [n for n in needs(nb_path) if status_of.get(n, "ok") != "ok"]
-        if missing:
-            res = NotebookResult(name, "skipped", error=f"skipped: needs {', '.join(missing)}, which did not succeed")
-            run.say(f"[{scen}] {name}: skipped (needs {', '.join(missing)})")
-        else:
-            try:
-                res = _run_notebook(run, scen, sc_dir, nb_path, schema, values)
-            except proc.Interrupted as exc:
-                run.add(scen, _cut_off(run, sc_dir, name, exc))
-                raise
-            except OSError as exc:
-                if exc.errno not in DISK_ERRNOS:
+    ahead: notebook.Ahead | None = None   # this notebook's child, started while the one before ran
+    try:
+        for i, nb_path in enumerate(run.notebooks):
+            if run.stopping.is_set():
+                return
+            name = nb_path.stem
+            missing = [n for n in needs(nb_path) if status_of.get(n, "ok") != "ok"]
+            if missing:
+                res = NotebookResult(name, "skipped", error=f"skipped: needs {', '.join(missing)}, which did not "
+                                     "succeed")
+                run.say(f"[{scen}] {name}: skipped (needs {', '.join(missing)})")
+                if ahead is not None:
+                    ahead.close()
+                    ahead = None
+            else:
+                later = run.notebooks[i + 1:]
+                next_up = _NextUp(run, scen, sc_dir, later[0], schema, values) if later else None
+                try:
+                    mine, ahead = ahead, None
+                    res = _run_notebook(run, scen, sc_dir, nb_path, schema, values, ahead=mine)
+                except proc.Interrupted as exc:
+                    run.add(scen, _cut_off(run, sc_dir, name, exc))
                     raise
-                run.add(scen, NotebookResult(name, "failed", error=str(_disk(exc, sc_dir))))
-                raise _disk(exc, sc_dir) from None
-        status_of[name] = res.status
-        run.add(scen, res)
+                except OSError as exc:
+                    if exc.errno not in DISK_ERRNOS:
+                        raise
+                    run.add(scen, NotebookResult(name, "failed", error=str(_disk(exc, sc_dir))))
+                    raise _disk(exc, sc_dir) from None
+                finally:
+                    ahead = next_up.take() if next_up is not None else None
+            status_of[name] = res.status
+            run.add(scen, res)
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
-def _cut_off(run: _Run, sc_dir: Path, name: str, exc: proc.Interrupted) -> NotebookResult:
+def _cut_off(run: RunState, sc_dir: Path, name: str, exc: proc.Interrupted) -> NotebookResult:
     """The notebook a signal stopped: its finished cells (papermill saved them) are still rendered."""
     ipynb = sc_dir / f"{name}.ipynb"
     rep = full = None
@@ -472,8 +324,8 @@ def _cut_off(run: _Run, sc_dir: Path, name: str, exc: proc.Interrupted) -> Noteb
     done, total, _ = notebook.cells_done(ipynb)
     return NotebookResult(name, "interrupted", None, None,
                           f"cut off by {exc.name} after {done} of {total} code cells",
-                          _rel(ipynb if ipynb.exists() else None, run.run_dir), _rel(rep, run.run_dir),
-                          _rel(full, run.run_dir))
+                          rel(ipynb if ipynb.exists() else None, run.run_dir), rel(rep, run.run_dir),
+                          rel(full, run.run_dir))
 
 
 def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[int, Path]:
@@ -484,9 +336,10 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
     out = (cfg.out or cfg.root / "outputs").resolve()
     run_dir = new_run_dir(out)
     _point_latest(out, run_dir)
-    state = _Run(cfg, run_dir, notebooks, resolved, say)
+    state = RunState(cfg, run_dir, notebooks, resolved, say)
+    notebook.preload_renderer()
     say(f"gpulab run {run_dir.name}: {len(cfg.scenarios)} scenario(s) x {len(notebooks)} notebook(s) -> {run_dir}")
-    with _follow(state):   # stopped before the final index is written
+    with follow(state):   # stopped before the final index is written
         try:
             state.write_index()
             if cfg.jobs == 1 or len(cfg.scenarios) == 1:

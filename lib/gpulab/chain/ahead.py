@@ -1,0 +1,61 @@
+"""A notebook's papermill child started ahead of its turn: it imports papermill and starts its kernel while the
+notebook before it still runs, then waits for one line on stdin. `go` runs the notebook exactly as
+`python -m papermill NB OUT -k KERNEL --cwd ROOT -f PARAMS --execution-timeout N` does (same parameters, same
+saves after every cell, same exit codes); anything else, or the end of stdin (the runner did not need it or
+died), shuts the kernel down and exits 0 having run nothing.
+
+Why: a chain notebook's own cells often take a few seconds, and the papermill import plus a kernel start
+(about 1.2 s here, more on a loaded machine) were paid in series six times a run (gpulab.chain.notebook)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+
+EXIT_DEAD_KERNEL = 138   # papermill's own exit code for a kernel that died
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpulab.chain.ahead")
+    p.add_argument("notebook")
+    p.add_argument("output")
+    p.add_argument("-k", "--kernel", default="python3")
+    p.add_argument("--cwd", required=True)
+    p.add_argument("-f", "--parameters-file", required=True)
+    p.add_argument("--execution-timeout", type=int, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    import nbclient
+    import papermill
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.utils import run_sync
+    from papermill.iorw import read_yaml_file
+
+    km = AsyncKernelManager(kernel_name=ns.kernel)
+    run_sync(km.start_kernel)(cwd=ns.cwd)
+    try:
+        if sys.stdin.readline().strip() != "go":
+            return 0
+        papermill.execute_notebook(ns.notebook, ns.output, parameters=read_yaml_file(ns.parameters_file) or {},
+                                   kernel_name=ns.kernel, cwd=ns.cwd, execution_timeout=ns.execution_timeout,
+                                   progress_bar=False, km=km)
+        return 0
+    except nbclient.exceptions.DeadKernelError:
+        traceback.print_exc()
+        return EXIT_DEAD_KERNEL
+    finally:
+        if km.has_kernel:   # the notebook is saved: no need to wait ~1 s for a graceful kernel exit
+            run_sync(km.shutdown_kernel)(now=True)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)   # the kernel is shut down and the notebook saved: skip the kernel client's noisy finalizers
