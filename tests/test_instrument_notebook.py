@@ -68,6 +68,8 @@ def test_02_on_the_builtin_workload_reports_as_before(tmp_path):
     m = entry["metrics"]
     assert (m["status"], m["exit_code"], m["in_flight_op"]) == ("ok", 0, None) and m["ops_recorded"] > 50
     assert set(m["overhead_us_per_op"]) >= {"ops", "passthrough", "stats"} and m["nonfinite_checked"]
+    # the headline's cost is that of the mode 03 and 04 record with (auto), timed beside the others
+    assert m["recording_mode"] == "auto" and "auto" in m["overhead_us_per_op"]
     assert re.match(r"\d+ ops recorded \(forward rung on cpu\); .*; no op produced NaN/Inf$", entry["headline"])
     assert not any("not measured:" in t.lower() and "recording cost" in t.lower() for t in texts)
     assert not any("call site" in t and "<th>state</th>" in t for t in texts)   # no last-ops table

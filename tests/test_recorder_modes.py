@@ -534,6 +534,45 @@ def test_auto_mode_gpu_path_with_a_stand_in_driver(tmp_path, fake_driver, monkey
     assert os.path.getsize(log) == rec.layout.used_size(5)   # every marker landed: closed and trimmed
 
 
+@pytest.mark.parametrize("op,none", [("view.default", True), ("t.default", True), ("split.Tensor", True),
+                                     ("expand.default", True), ("_unsafe_view.default", True),
+                                     ("empty.memory_format", True), ("add_.Tensor", False), ("copy_.default", False),
+                                     ("mm.default", False), ("index_put_.default", False), ("clone.default", False)])
+def test_views_and_allocations_enqueue_no_gpu_work(op, none):
+    import torch
+
+    from gpulab.trace import texts
+    name, overload = op.split(".")
+    func = getattr(getattr(torch.ops.aten, name), overload)
+    assert texts.enqueues_no_gpu_work(func, str(func).encode()) is none
+
+
+@pytest.mark.parametrize("native_path", [True, False])
+def test_ops_without_gpu_work_get_no_marker(tmp_path, fake_driver, monkeypatch, native_path):
+    """An allocation after CUDA is up gets no marker (its event would only repeat the op before); the ops
+    around it still do, on both hot paths."""
+    import torch
+
+    monkeypatch.setattr(gpu, "load", lambda: fake_driver)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5000 + dev, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    log = tmp_path / "nomark.log"
+    with trace.Recorder(log, "auto", native=native_path) as rec:
+        torch.ones(1)
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        torch.empty(2)
+        torch.zeros(2)
+        torch.empty_strided((2,), (1,))
+        torch.full((2,), 1.0)
+    monkeypatch.setattr(torch.cuda, "_initialized", False)
+    rec.close()
+    got = [(r.name, r.stream) for r in trace.read(log).records]
+    assert got == [("aten.ones.default", None), ("aten.empty.memory_format", None), ("aten.zeros.default", 0),
+                   ("aten.empty_strided.default", None), ("aten.full.default", 0)]
+    assert rec.gpu_path == ("native" if native_path else "python")
+
+
 def test_a_failing_gpu_path_stops_tracking_and_never_breaks_the_program(tmp_path, fake_driver, monkeypatch):
     import torch
 

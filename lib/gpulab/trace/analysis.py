@@ -145,20 +145,21 @@ def warmup_split(frame):
     return pd.DataFrame(rows, columns=cols).sort_values("first_calls_ms", ascending=False).reset_index(drop=True)
 
 
-def _cost(ov) -> tuple[str, dict[str, float] | None, float | None]:
-    """(the recording cost in words, us per op by mode, ops vs pass-through) from the overhead table."""
+def _cost(ov, mode: str = "ops") -> tuple[str, dict[str, float] | None, float | None]:
+    """(the recording cost of `mode` in words, us per op by mode, `mode` vs pass-through) from the overhead
+    table."""
     if ov is None:
         return "recording cost not measured", None, None
     per_op = {r.variant: round(float(r.us_per_op), 2) for r in ov.itertuples() if r.variant != "none"}
-    ops_cost, bare = per_op.get("ops"), per_op.get("passthrough")
-    if ops_cost is None:
+    cost, bare = per_op.get(mode), per_op.get("passthrough")
+    if cost is None:
         return "recording cost not measured", per_op, None
-    if ops_cost <= 0.5 or (bare is not None and bare <= 0.5):
+    if cost <= 0.5 or (bare is not None and bare <= 0.5):
         return ("the recorder's cost is below this run's timing noise (a shared or busy machine); "
                 "benchmarks/bench_trace_overhead.py measures it properly"), per_op, None
-    ratio = ops_cost / bare if bare else None
-    return (f"crash-safe recording costs {ops_cost:.1f} us per op" + (f" ({ratio:.2f}x a bare dispatch mode)"
-                                                                      if ratio else "")), per_op, ratio
+    ratio = cost / bare if bare else None
+    return (f"crash-safe recording ({mode} mode, as the chain records) costs {cost:.1f} us per op"
+            + (f" ({ratio:.2f}x a bare dispatch mode)" if ratio else "")), per_op, ratio
 
 
 def _where(rec: Any) -> tuple[OpRecord | None, OpRecord | None]:
@@ -187,14 +188,15 @@ def _ended(rec: Any) -> str:
     return rec.status
 
 
-def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str) -> tuple[str, dict[str, Any]]:
-    """Notebook 02's headline and metrics, from the first Recording, the overhead table (None: not measured)
-    and the stats-mode Recording (None: not run). The recording cost is stated only when this run could
+def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str, mode: str = "ops"
+            ) -> tuple[str, dict[str, Any]]:
+    """Notebook 02's headline and metrics, from the first Recording (made in `mode`), the overhead table (None:
+    not measured) and the stats-mode Recording (None: not run). The recording cost is stated only when this run could
     measure it: a cost below the run's noise (a negative or near-zero difference) is said to be too small to
     see. A run that did not finish says so first, with where it ended."""
     snap = rec.snapshot
     started = snap.started if snap is not None else 0
-    cost, per_op, ratio = _cost(ov)
+    cost, per_op, ratio = _cost(ov, mode)
     checked = stats_rec is not None and stats_rec.snapshot is not None
     bad = first_nonfinite(stats_rec.snapshot) if checked else None
     if not checked:
@@ -214,8 +216,8 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str) -> t
         headline += (f"; it started {rec.processes} other Python process(es), each recorded "
                      f"({getattr(rec, 'process_ops', 0)} ops together; 02 shows the one it started; 03 judges them "
                      "all)")
-    metrics = dict(status=rec.status, ops_recorded=started, exit_code=rec.returncode, overhead_us_per_op=per_op,
-                   ops_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
+    metrics = dict(status=rec.status, ops_recorded=started, exit_code=rec.returncode, recording_mode=mode,
+                   overhead_us_per_op=per_op, mode_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
                    first_nonfinite_seq=bad.seq if bad else None, nonfinite_checked=checked,
                    in_flight_op=open_op.name if open_op else None, last_op=last.name if last else None, log=log,
                    processes=getattr(rec, "processes", 0), process_ops=getattr(rec, "process_ops", 0))

@@ -80,7 +80,7 @@ def make_mode(rec):
 
     t = texts.op_texts(mm, lay, strings, torch, forget_walk)
     names, codes, threads, arg_cache, scalar_cls = t.names, t.codes, t.threads, t.arg_cache, t.scalar_cls
-    uninitialized, state, gen, intern = t.uninitialized, t.state, t.gen, t.intern
+    uninitialized, no_gpu_work, state, gen, intern = t.uninitialized, t.no_gpu_work, t.state, t.gen, t.intern
     name_of, code_kind, site_text, call_site, thread_name = t.name_of, t.code_kind, t.site_text, t.call_site, t.thread_name
     args_slow, args_miss = t.args_slow, t.args_miss
 
@@ -109,7 +109,7 @@ def make_mode(rec):
     hot = _native_hot(rec, mm, lay, skip, dict(
         tensor_type=Tensor, parameter_type=Parameter, scalar_types=scalar_cls, names=names, threads=threads,
         codes=codes, cache=arg_cache, depths=depths, on_name=name_of, on_thread=thread_name, on_code=code_kind,
-        on_site=site_text, on_args=args_slow, on_miss=args_miss))
+        on_site=site_text, on_args=args_slow, on_miss=args_miss, nomark=no_gpu_work))
     if hot is not None:  # one seq and completion count for both paths (composite records use them)
         next_seq, next_done = hot.next_seq, hot.next_done
     else:
@@ -306,7 +306,7 @@ def make_mode(rec):
                 mv_q[i_completed] = next_done()
                 raise
             if track and (track != WAIT or cuda_mod._initialized):
-                after(seq << 8 | (sig[1] + 2), func, out)
+                after(seq << 8 | ((-1 if func in no_gpu_work else sig[1]) + 2), func, out)
             mv_d[iq + i_tend] = now()
             mv_q[i_completed] = next_done()
             return out

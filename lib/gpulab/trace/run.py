@@ -189,16 +189,19 @@ def stats_recording(first: Recording, cfg_or_command, *, out_dir: str | os.PathL
                  f"end were checked.")
 
 
-def measure_overhead(first: Recording, cfg, *, repeats: int = 5, out_dir: str | os.PathLike = "outputs/trace",
-                     timeout_s: float = 600.0, stall_s: float | None = None):
-    """02's recording-cost table -> (DataFrame, "") or (None, a sentence saying why not). Measured only when the
-    first run finished well: a failing program's wall time is no cost figure, and re-running it would only
-    fail again. The timing children are stopped after stall_s seconds without progress."""
+def measure_overhead(first: Recording, cfg, *, mode: str = "ops", repeats: int = 5,
+                     out_dir: str | os.PathLike = "outputs/trace", timeout_s: float = 600.0,
+                     stall_s: float | None = None):
+    """02's recording-cost table -> (DataFrame, "") or (None, a sentence saying why not), with `mode` (the one
+    the chain records with) among the modes timed. Measured only when the first run finished well: a failing
+    program's wall time is no cost figure, and re-running it would only fail again. The timing children are
+    stopped after stall_s seconds without progress."""
     if not first.ok:
         return None, (f"**Recording cost not measured:** the workload did not finish ({first.status}), so its wall "
                       f"time measures nothing.")
     try:
-        ov = overhead(cfg, repeats=repeats, out_dir=out_dir, timeout_s=timeout_s, stall_s=stall_s)
+        ov = overhead(cfg, modes=modes_for(cfg, mode), repeats=repeats, out_dir=out_dir, timeout_s=timeout_s,
+                      stall_s=stall_s)
     except OverheadFailed as exc:
         return None, (f"**Recording cost not measured:** a timing run ended as {exc.status} (see "
                       f"{report.code(exc.output)}).")
@@ -263,9 +266,11 @@ def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s
                           "samples_s": s} for n, s in samples.items()])
 
 
-def modes_for(cfg) -> list[str]:
-    """Modes worth timing for this workload: auto, gpu and sync only differ from ops on CUDA; a user's
-    workload is timed as a whole process, so only ops is (each mode would be one more full run)."""
+def modes_for(cfg, mode: str = "ops") -> list[str]:
+    """Modes worth timing for this workload, `mode` always among them: auto, gpu and sync only differ from ops
+    on CUDA; a user's workload is timed as a whole process, so only `mode` is (each mode is one more full run)."""
+    _check_mode(mode)
     if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
-        return ["ops"]
-    return ["ops", "auto", "gpu", "sync", "stats"] if str(cfg.device).startswith("cuda") else ["ops", "stats"]
+        return [mode]
+    modes = ["ops", "auto", "gpu", "sync", "stats"] if str(cfg.device).startswith("cuda") else ["ops", "stats"]
+    return modes if mode in modes else [*modes[:1], mode, *modes[1:]]

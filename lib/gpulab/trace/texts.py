@@ -18,7 +18,17 @@ from gpulab.trace.ring import _IDS, _OFF_DEVICE, _OFF_IDS, _OFF_STARTED, _Q, _UN
 
 _HERE = str(Path(__file__).resolve().parent)
 _PROGRAM = str(Path(__file__).resolve().parents[1] / "program.py")   # gpulab.program runs the target: not a call site
+# ops that are neither views (OpOverload.is_view covers those) nor kernels: metadata and allocation only
+_NO_GPU_WORK = frozenset((b"aten._unsafe_view.default", b"aten.empty.memory_format", b"aten.empty_strided.default",
+                          b"aten.empty_like.default", b"aten.new_empty.default", b"aten.new_empty_strided.default"))
 _WRAP_TAIL = 4096  # newest records whose texts survive a wrap of the string table
+
+
+def enqueues_no_gpu_work(func: Any, text: bytes) -> bool:
+    """A view (its schema aliases an input without writing it) or an allocation: no kernel, so a GPU marker
+    after it would only repeat the previous op's (a stream completes in order), and it can never be the op
+    whose GPU work did not complete."""
+    return bool(getattr(func, "is_view", False)) or text in _NO_GPU_WORK
 
 
 def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[], None]) -> SimpleNamespace:
@@ -49,6 +59,7 @@ def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[]
     scalar_cls = frozenset((int, bool, type(None), str, torch.dtype, torch.device, torch.layout,
                             torch.memory_format))
     uninitialized: set = set()  # ids of ops whose output holds garbage (empty()): NaNs there are not a fault
+    no_gpu_work: set = set()    # ops that enqueue no GPU work (views, allocations): they need no GPU marker
     state = {"nonfinite_set": False, "device_unset": True}
     lock = threading.RLock()
     gen = [0]  # bumped when the string table wraps: ids looked up before are stale
@@ -105,6 +116,8 @@ def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[]
         names[id(func)] = sid
         if text.startswith(_UNINITIALIZED):
             uninitialized.add(id(func))
+        if enqueues_no_gpu_work(func, text):
+            no_gpu_work.add(func)
         keep.append(func)
         return sid
 
@@ -211,6 +224,7 @@ def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[]
                 return
 
     return SimpleNamespace(names=names, codes=codes, threads=threads, arg_cache=arg_cache, scalar_cls=scalar_cls,
-                           uninitialized=uninitialized, state=state, gen=gen, intern=intern, name_of=name_of,
+                           uninitialized=uninitialized, no_gpu_work=no_gpu_work, state=state, gen=gen, intern=intern,
+                           name_of=name_of,
                            code_kind=code_kind, site_text=site_text, call_site=call_site, thread_name=thread_name,
                            args_slow=args_slow, args_miss=args_miss)

@@ -96,9 +96,9 @@ def plot_warmup(ws, ax: Any = None, top: int = 12):
     return ax
 
 
-def plot_overhead(ov, device: str, rung: str, ax: Any = None):
-    """What each recording mode costs per op in this run, on a log axis (modes differ by decades); nothing
-    when it was not measured (ov None)."""
+def plot_overhead(ov, device: str, rung: str, ax: Any = None, mode: str | None = None):
+    """What each recording mode costs per op in this run, on a log axis (modes differ by decades), the chain's
+    own `mode` in a colour of its own; nothing when it was not measured (ov None)."""
     import matplotlib.pyplot as plt
 
     if ov is None:
@@ -107,9 +107,11 @@ def plot_overhead(ov, device: str, rung: str, ax: Any = None):
     rows = ov[(ov["variant"] != "none") & (ov["us_per_op"] > 0)]
     if rows.empty:
         return _nothing(ax, "the cost of recording was below this run's timing noise")
-    ax.bar(rows["variant"], rows["us_per_op"], color="#0969da")
+    ax.bar(rows["variant"], rows["us_per_op"],
+           color=["#cf222e" if v == mode else "#0969da" for v in rows["variant"]])
     log_axis(ax, "us per op over no recorder (log)", "y")
-    ax.set_title(f"recording cost per op ({device}, {rung} rung, measured in this run)")
+    ax.set_title(f"recording cost per op ({device}, {rung} rung, measured in this run)"
+                 + (f"; red: {mode}, the chain's mode" if mode in set(rows["variant"]) else ""))
     return ax
 
 

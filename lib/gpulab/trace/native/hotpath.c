@@ -47,13 +47,14 @@ typedef struct {
     PyObject *tensor_t, *param_t, *scalar_cls;
     PyObject *names, *threads, *codes, *cache, *depths;      /* dicts shared with the Python side */
     PyObject *on_name, *on_thread, *on_code, *on_site, *on_args, *on_miss;
+    PyObject *nomark;                                         /* ops that enqueue no GPU work (a set), or NULL */
     PyObject *walk_f, *walk_u, *walk_d;                       /* owned, or NULL */
     unsigned long last_tid;
     long last_tid_sid;
     unsigned long gen;                                        /* bumped by forget(): cached ids went stale */
     PyObject *s_dtype, *s_shape, *s_stride, *s_device;
     PyObject *getframe, *skip_obj;                            /* sys._getframe, skip as an int */
-    struct { void *func; long sid; } name_cache[NAME_CACHE];  /* direct-mapped: op -> name id */
+    struct { void *func; long sid; int nomark; } name_cache[NAME_CACHE];  /* direct-mapped: op -> name id */
     struct { void *code; int lasti; long sid; } site_cache[SITE_CACHE];
     struct Gpu *gpu;                                          /* NULL until gpu_start */
 } Hot;
@@ -145,15 +146,24 @@ static long id_of(PyObject *dict, PyObject *obj, PyObject *cb) {
     return r;
 }
 
-static long name_sid(Hot *self, PyObject *func) {
+/* the op's name id; *nomark: it enqueues no GPU work (a view, an allocation), so it needs no GPU marker */
+static long name_sid(Hot *self, PyObject *func, int *nomark) {
     size_t h = ((uintptr_t)func >> 4) % NAME_CACHE;
-    if (self->name_cache[h].func == (void *)func)
+    if (self->name_cache[h].func == (void *)func) {
+        *nomark = self->name_cache[h].nomark;
         return self->name_cache[h].sid;
-    long r = id_of(self->names, func, self->on_name);
-    if (r >= 0) {   /* the op object is kept alive by the Python side (its id stays unique) */
-        self->name_cache[h].func = (void *)func;
-        self->name_cache[h].sid = r;
     }
+    long r = id_of(self->names, func, self->on_name);   /* on_name also files the op in `nomark` */
+    if (r < 0)
+        return r;
+    int nm = self->nomark ? PySet_Contains(self->nomark, func) : 0;
+    if (nm < 0)
+        return -1;
+    *nomark = nm;
+    /* the op object is kept alive by the Python side (its id stays unique) */
+    self->name_cache[h].func = (void *)func;
+    self->name_cache[h].sid = r;
+    self->name_cache[h].nomark = nm;
     return r;
 }
 
@@ -639,16 +649,19 @@ static PyObject *Hot_begin(Hot *self, PyObject *const *argv, Py_ssize_t nargs) {
     long long seq = self->seq++;
     unsigned long tid = PyThread_get_thread_ident();
     long tsid, nsid, ssid, aid = 0, dev = -2;
+    int nomark = 0;
     for (int tries = 0; tries < 3; tries++) {   /* again if the string table wrapped meanwhile */
         unsigned long gen = self->gen;
         tsid = thread_sid(self, tid);
-        nsid = tsid < 0 ? -1 : name_sid(self, argv[0]);
+        nsid = tsid < 0 ? -1 : name_sid(self, argv[0], &nomark);
         ssid = nsid < 0 ? -1 : site_sid(self);
         if (ssid < 0 || args_sig(self, argv[1], &aid, &dev) < 0)
             return NULL;
         if (gen == self->gen)
             break;
     }
+    if (nomark)
+        dev = -1;   /* no marker: its event would only repeat the previous op's (the stream completes in order) */
     long depth = 0;
     if (PyDict_GET_SIZE(self->depths)) {
         PyObject *key = PyLong_FromUnsignedLong(tid);
@@ -838,7 +851,7 @@ static int Hot_traverse(Hot *self, visitproc visit, void *arg) {
     Py_VISIT(self->tensor_t); Py_VISIT(self->param_t); Py_VISIT(self->scalar_cls);
     Py_VISIT(self->names); Py_VISIT(self->threads); Py_VISIT(self->codes); Py_VISIT(self->cache);
     Py_VISIT(self->depths); Py_VISIT(self->on_name); Py_VISIT(self->on_thread); Py_VISIT(self->on_code);
-    Py_VISIT(self->on_site); Py_VISIT(self->on_args); Py_VISIT(self->on_miss);
+    Py_VISIT(self->on_site); Py_VISIT(self->on_args); Py_VISIT(self->on_miss); Py_VISIT(self->nomark);
     Py_VISIT(self->walk_f); Py_VISIT(self->walk_u); Py_VISIT(self->walk_d);
     if (self->gpu) {
         Py_VISIT(self->gpu->raw_stream); Py_VISIT(self->gpu->get_device); Py_VISIT(self->gpu->capturing);
@@ -853,7 +866,7 @@ static int Hot_clear(Hot *self) {
     Py_CLEAR(self->tensor_t); Py_CLEAR(self->param_t); Py_CLEAR(self->scalar_cls);
     Py_CLEAR(self->names); Py_CLEAR(self->threads); Py_CLEAR(self->codes); Py_CLEAR(self->cache);
     Py_CLEAR(self->depths); Py_CLEAR(self->on_name); Py_CLEAR(self->on_thread); Py_CLEAR(self->on_code);
-    Py_CLEAR(self->on_site); Py_CLEAR(self->on_args); Py_CLEAR(self->on_miss);
+    Py_CLEAR(self->on_site); Py_CLEAR(self->on_args); Py_CLEAR(self->on_miss); Py_CLEAR(self->nomark);
     Py_CLEAR(self->s_dtype); Py_CLEAR(self->s_shape); Py_CLEAR(self->s_stride); Py_CLEAR(self->s_device);
     Py_CLEAR(self->getframe); Py_CLEAR(self->skip_obj);
     return 0;
@@ -872,13 +885,18 @@ static int Hot_init(Hot *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"buffer", "slots_off", "capacity", "slot_size", "off_started", "off_completed",
                              "skip", "tensor_type", "parameter_type", "scalar_types", "names", "threads",
                              "codes", "cache", "depths", "on_name", "on_thread", "on_code", "on_site",
-                             "on_args", "on_miss", NULL};
-    PyObject *buf, *o[14];   /* borrowed until all parsed: a failed parse must leave no field half-owned */
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnnnnniOOOOOOOOOOOOOO", kwlist, &buf, &self->slots_off,
+                             "on_args", "on_miss", "nomark", NULL};
+    PyObject *buf, *o[14], *nomark = NULL;   /* borrowed until all parsed: a failed parse leaves nothing half-owned */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnnnnniOOOOOOOOOOOOOO|O", kwlist, &buf, &self->slots_off,
                                      &self->cap, &self->slot_size, &self->off_started, &self->off_completed,
                                      &self->skip, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
-                                     &o[9], &o[10], &o[11], &o[12], &o[13]))
+                                     &o[9], &o[10], &o[11], &o[12], &o[13], &nomark))
         return -1;
+    if (nomark != NULL && nomark != Py_None && !PyAnySet_Check(nomark)) {
+        PyErr_SetString(PyExc_TypeError, "nomark must be a set");
+        return -1;
+    }
+    Py_XSETREF(self->nomark, nomark == Py_None ? NULL : Py_XNewRef(nomark));
     PyObject **owned[] = {&self->tensor_t, &self->param_t, &self->scalar_cls, &self->names, &self->threads,
                           &self->codes, &self->cache, &self->depths, &self->on_name, &self->on_thread,
                           &self->on_code, &self->on_site, &self->on_args, &self->on_miss};
