@@ -21,16 +21,20 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 VPY="$VENV/bin/python"
-PIP=("$VPY" -m pip install -q --disable-pip-version-check)
+# pip compiles each installed file to bytecode one at a time (half of set-up); compileall below does it on
+# every core instead. Not skipping it: the chain's children would then each compile what they import.
+PIP=("$VPY" -m pip install -q --disable-pip-version-check --no-compile)
+# Every dependency but torch, read from pyproject.toml (the one list; environment.yml is checked against it).
+mapfile -t DEPS < <("$VPY" scripts/deps.py --exclude torch --extras "${GPULAB_EXTRAS:-}")
 if "$VPY" -c 'import torch' 2>/dev/null; then
   echo "setup: using the installed torch $("$VPY" -c 'import torch; print(torch.__version__)')" >&2
 else
   echo "setup: no importable torch; installing $TORCH_SPEC" >&2
-  "${PIP[@]}" "$TORCH_SPEC"
+  DEPS=("$TORCH_SPEC" "${DEPS[@]}")   # one pip run: one resolution
 fi
-# Every dependency but torch, read from pyproject.toml (the one list; environment.yml is checked against it).
-mapfile -t DEPS < <("$VPY" scripts/deps.py --exclude torch --extras "${GPULAB_EXTRAS:-}")
 "${PIP[@]}" "${DEPS[@]}"
 "${PIP[@]}" --no-deps --no-build-isolation -e . 2>/dev/null || "${PIP[@]}" --no-deps -e .
+"$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+  >/dev/null 2>&1 || true   # a few packages ship files for other Pythons that do not compile: harmless
 "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (gpulab)" >/dev/null
 echo "setup: ready ($("$VPY" -c 'import torch, gpulab; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")'))" >&2
