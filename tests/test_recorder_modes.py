@@ -509,10 +509,7 @@ def test_auto_mode_gpu_path_with_a_stand_in_driver(tmp_path, fake_driver, monkey
     never tracked."""
     import torch
 
-    monkeypatch.setattr(gpu, "load", lambda: fake_driver)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5000 + dev, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    _stand_in_cuda(monkeypatch, fake_driver)
     log = tmp_path / "auto.log"
     with trace.Recorder(log, "auto", native=native_path) as rec:
         x = torch.ones(3) + 1                            # before "CUDA": plain ops
@@ -553,10 +550,7 @@ def test_ops_without_gpu_work_get_no_marker(tmp_path, fake_driver, monkeypatch, 
     around it still do, on both hot paths."""
     import torch
 
-    monkeypatch.setattr(gpu, "load", lambda: fake_driver)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5000 + dev, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    _stand_in_cuda(monkeypatch, fake_driver)
     log = tmp_path / "nomark.log"
     with trace.Recorder(log, "auto", native=native_path) as rec:
         torch.ones(1)

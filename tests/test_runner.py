@@ -79,10 +79,27 @@ ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[1
 btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime"))
 pathlib.Path("kernel_started_02").write_text(str(btime + ticks / os.sysconf("SC_CLK_TCK")))"""
 
+# a cell that waits (at most 30 s) until the papermill child started ahead for notebook NAME has its kernel
+AWAIT_AHEAD = """import os, time
+def _ahead_kernel(name):
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    def read(p, f):
+        try:
+            return open(f"/proc/{p}/{f}", "rb").read()
+        except OSError:
+            return b""
+    ahead = {p for p in pids if b"gpulab.chain.ahead" in read(p, "cmdline") and name.encode() in read(p, "cmdline")}
+    return any(read(p, "stat").rsplit(b")", 1)[-1].split()[1:2] == [a.encode()] for p in pids for a in ahead)
+deadline = time.time() + 30
+while not _ahead_kernel("NAME") and time.time() < deadline:
+    time.sleep(0.1)"""
+
 
 def test_next_notebooks_kernel_starts_while_this_one_runs(tmp_path):
-    """gpulab.chain.ahead: 02's papermill child and kernel start while 01 still runs, not after it."""
-    first = notebook("First", "", "import time, pathlib; time.sleep(10); pathlib.Path('ended_01').write_text(str(time.time()))")
+    """gpulab.chain.ahead: 02's papermill child and kernel start while 01 still runs, not after it (01 waits
+    for that kernel at most 30 s, then ends)."""
+    first = notebook("First", "", AWAIT_AHEAD.replace("NAME", "02_second"),
+                     "import time, pathlib; pathlib.Path('ended_01').write_text(str(time.time()))")
     second = notebook("Second", "", KERNEL_STARTED, RECORD.format(name="02_second", headline="ran second"))
     proj = project(tmp_path, {"01_first": first, "02_second": second})
     code, idx = runner.run(_cfg(proj), progress=lambda m: None)
@@ -97,7 +114,8 @@ def test_a_head_start_for_a_notebook_that_is_then_skipped_leaves_nothing(tmp_pat
     name, mark = new_marker()
     monkeypatch.setenv(name, mark)
     nbs = _nbs()
-    nbs["02_bad"] = notebook("Bad", "", "import time; time.sleep(8)", "raise ValueError('planted failure in cell')")
+    nbs["02_bad"] = notebook("Bad", "", AWAIT_AHEAD.replace("NAME", "03_after"),
+                             "raise ValueError('planted failure in cell')")
     nbs["03_after"].metadata["gpulab"] = {"needs": ["02_bad"]}
     proj = project(tmp_path, nbs)
     code, idx = runner.run(_cfg(proj, only=("02", "03")), progress=lambda m: None)

@@ -175,7 +175,10 @@ class _NextUp:
         self._thread.start()
 
     def _start(self, run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict) -> None:
-        base = _scenario_env(scen, run) or os.environ
+        # a copy: the live os.environ gains gpulab.proc's guard token once the first child starts, which
+        # would make it another environment than the one the question was asked for
+        base = dict(_scenario_env(scen, run) or os.environ)
+        run.auto.env_for(base)   # the question, if this environment has none yet
         while not run.auto.ready(base) and not self._now.wait(0.1):
             pass
         if self._now.is_set() or run.stopping.is_set():
