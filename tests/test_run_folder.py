@@ -3,7 +3,6 @@ it runs. Real recorder, real watchdog children, a real `gpulab run` child."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import proc, report, trace
-from gpulab.chain import index, runner, state
+from gpulab.chain import index, state
 from gpulab.hang import ladder
 from gpulab.trace import ring
 from nbfactory import RECORD, notebook, project

@@ -79,7 +79,8 @@ ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[1
 btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime"))
 pathlib.Path("kernel_started_02").write_text(str(btime + ticks / os.sysconf("SC_CLK_TCK")))"""
 
-# a cell that waits (at most 30 s) until the papermill child started ahead for notebook NAME has its kernel
+# a cell that waits (at most 30 s) until the papermill child started ahead for notebook NAME (its path) has its
+# kernel
 AWAIT_AHEAD = """import os, time
 def _ahead_kernel(name):
     pids = [p for p in os.listdir("/proc") if p.isdigit()]
@@ -98,7 +99,7 @@ while not _ahead_kernel("NAME") and time.time() < deadline:
 def test_next_notebooks_kernel_starts_while_this_one_runs(tmp_path):
     """gpulab.chain.ahead: 02's papermill child and kernel start while 01 still runs, not after it (01 waits
     for that kernel at most 30 s, then ends)."""
-    first = notebook("First", "", AWAIT_AHEAD.replace("NAME", "02_second"),
+    first = notebook("First", "", AWAIT_AHEAD.replace("NAME", str(tmp_path / "notebooks" / "02_second.ipynb")),
                      "import time, pathlib; pathlib.Path('ended_01').write_text(str(time.time()))")
     second = notebook("Second", "", KERNEL_STARTED, RECORD.format(name="02_second", headline="ran second"))
     proj = project(tmp_path, {"01_first": first, "02_second": second})
@@ -114,7 +115,7 @@ def test_a_head_start_for_a_notebook_that_is_then_skipped_leaves_nothing(tmp_pat
     name, mark = new_marker()
     monkeypatch.setenv(name, mark)
     nbs = _nbs()
-    nbs["02_bad"] = notebook("Bad", "", AWAIT_AHEAD.replace("NAME", "03_after"),
+    nbs["02_bad"] = notebook("Bad", "", AWAIT_AHEAD.replace("NAME", str(tmp_path / "notebooks" / "03_after.ipynb")),
                              "raise ValueError('planted failure in cell')")
     nbs["03_after"].metadata["gpulab"] = {"needs": ["02_bad"]}
     proj = project(tmp_path, nbs)
@@ -213,3 +214,21 @@ def test_a_kernel_takes_the_runners_answer_without_importing_torch(known, asked,
     env.update({"PYTHONPATH": str(ROOT / "lib")}, **({"GPULAB_DEVICE_AUTO": known} if known else {}))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.split() == [expect, "False"], out.stderr[-1000:]
+
+
+def test_the_device_question_ignores_gpulab_bookkeeping_and_ends_with_the_run():
+    """The answer for an environment is found again once gpulab.proc's guard token joined it; a question still
+    running when the run ends is ended (this test's orphan check fails on a child left running)."""
+    from gpulab import proc
+    from gpulab.chain.autodevice import AutoDevice
+
+    auto = AutoDevice()
+    env = {k: v for k, v in os.environ.items() if k != proc.ENV_VAR}
+    auto.env_for(env)
+    time.sleep(0.5)   # the question child is running (it imports torch)
+    auto.close()
+    deadline = time.monotonic() + 20
+    while not auto.ready({**env, proc.ENV_VAR: "c0123"}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert auto.ready({**env, proc.ENV_VAR: "c0123"})
+    assert auto.env_for(env) == env   # ended before it answered: no answer, the kernels ask torch themselves

@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     km = AsyncKernelManager(kernel_name=ns.kernel)
     run_sync(km.start_kernel)(cwd=ns.cwd)
     try:
-        if sys.stdin.readline().strip() != "go":
+        said = sys.stdin.readline().strip()
+        if said != "go":
+            print(f"gpulab.chain.ahead: not run ({said or 'end of input'}): the runner did not need it",
+                  file=sys.stderr)
             return 0
         papermill.execute_notebook(ns.notebook, ns.output, parameters=read_yaml_file(ns.parameters_file) or {},
                                    kernel_name=ns.kernel, cwd=ns.cwd, execution_timeout=ns.execution_timeout,
