@@ -6,6 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+FIX = Path(__file__).parent / "fixtures"
+
+
+def ended_chain(root: Path, out: Path, fixture: str) -> tuple[dict, dict]:
+    """`gpulab run` on tests/fixtures/<fixture> with the smoke parameters -> (its scenario in run.json, each
+    notebook's metrics), after checking that the index was written and every notebook ran to its end."""
+    res, run, metrics = chain(root, out, str(FIX / fixture))
+    assert (out / "latest" / "index.html").exists(), res.stderr[-3000:]
+    every_notebook_ended(run, metrics)
+    return run["scenarios"][0], metrics
+
 
 def chain(root: Path, out: Path, program: str) -> tuple[subprocess.CompletedProcess, dict, dict]:
     res = subprocess.run([sys.executable, "-m", "gpulab", "run", "--params", "params/smoke.yaml", "--out", str(out),

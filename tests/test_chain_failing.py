@@ -5,21 +5,14 @@ One chain per file: a file's tests run on one test worker, and two whole chains 
 the other at the end of the suite while the other worker idled."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from chainrun import chain, every_notebook_ended
-
-FIX = Path(__file__).parent / "fixtures"
+from chainrun import ended_chain
 
 
 @pytest.mark.slow
 def test_the_chain_on_a_gemm_that_hangs_on_a_transposed_operand(root, tmp_path):
-    res, run, m = chain(root, tmp_path, str(FIX / "fix_transposed_gemm.py"))
-    assert (tmp_path / "latest" / "index.html").exists(), res.stderr[-3000:]
-    every_notebook_ended(run, m)
-    sc = run["scenarios"][0]
+    sc, m = ended_chain(root, tmp_path, "fix_transposed_gemm.py")
     assert sc["verdict"] == "hang" and "aten.mm" in sc["evidence"]
     assert m["02_instrument"]["status"] == "hang"
     assert m["03_bisect_hang"]["status"] == "hang" and "contiguous_gemm_inputs" in m["03_bisect_hang"]["suggested"]

@@ -75,7 +75,7 @@ class Ahead:
 
     def __init__(self, nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, kernel: str,
                  cell_timeout_s: float, log: Path, env: dict[str, str] | None = None):
-        self.nb_path, self.out_ipynb = nb_path, out_ipynb
+        self.nb_path, self.out_ipynb, self.log = nb_path, out_ipynb, log
         self.went = False
         cmd = [sys.executable, "-m", "gpulab.chain.ahead", str(nb_path), str(out_ipynb), "-k", kernel,
                "--cwd", str(root), "-f", str(param_file), "--execution-timeout", str(int(cell_timeout_s))]
@@ -112,16 +112,12 @@ class Ahead:
             self._runtime.cleanup()
 
 
-def execute(nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, kernel: str, cell_timeout_s: float,
-            notebook_timeout_s: float, log: Path, progress: Callable[[str], None],
-            stopping: threading.Event | None = None, env: dict[str, str] | None = None,
-            ahead: Ahead | None = None) -> Execution:
-    """Run one notebook in a papermill child (`ahead`: the one started for it before its turn, else a new
-    one). `stopping` set by another thread (an interrupt while scenarios run in parallel) stops it as
-    `interrupted`."""
-    if ahead is None:
-        ahead = Ahead(nb_path, out_ipynb, param_file, root=root, kernel=kernel, cell_timeout_s=cell_timeout_s,
-                      log=log, env=env)
+def execute(ahead: Ahead, *, notebook_timeout_s: float, progress: Callable[[str], None],
+            stopping: threading.Event | None = None) -> Execution:
+    """Run the notebook of a started papermill child (`Ahead`) to its end, its wall-clock limit or an
+    interrupt; the child is ended either way. `stopping` set by another thread (an interrupt while scenarios
+    run in parallel) stops it as `interrupted`."""
+    nb_path, out_ipynb, log = ahead.nb_path, ahead.out_ipynb, ahead.log
     t0 = time.monotonic()
     try:
         child = ahead.child

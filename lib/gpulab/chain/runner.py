@@ -195,17 +195,14 @@ class _NextUp:
 def _run_notebook(run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict,
                   ahead: notebook.Ahead | None = None) -> NotebookResult:
     cfg, name = run.cfg, nb_path.stem
-    pfile = sc_dir / "logs" / f"{name}.params.yaml"
     if ahead is None:
         ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
                        run.auto.env_for(_scenario_env(scen, run) or os.environ))
-    out_ipynb = sc_dir / f"{name}.ipynb"
+    out_ipynb = ahead.out_ipynb
     run.say(f"[{scen}] {name}: running")
     run.begin(scen, name, out_ipynb)
-    ex = notebook.execute(nb_path, out_ipynb, pfile, root=cfg.root, kernel=cfg.kernel,
-                          cell_timeout_s=cfg.cell_timeout_s, notebook_timeout_s=cfg.notebook_timeout_s,
-                          log=sc_dir / "logs" / f"{name}.log", progress=run.say, stopping=run.stopping,
-                          ahead=ahead)
+    ex = notebook.execute(ahead, notebook_timeout_s=cfg.notebook_timeout_s, progress=run.say,
+                          stopping=run.stopping)
     _, _, cells_s = notebook.cells_done(out_ipynb)
     t_render = time.monotonic()
     rep, full, render_err = notebook.render(out_ipynb) if out_ipynb.exists() else (None, None, "no notebook was written")
