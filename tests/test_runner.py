@@ -204,6 +204,7 @@ def test_device_auto_is_asked_once_per_environment_and_handed_to_later_kernels()
     assert later[device.AUTO_ENV] == device.resolve("auto")  # what this process finds with torch
     hidden = {**env, "CUDA_VISIBLE_DEVICES": ""}              # another environment: its own question
     assert device.AUTO_ENV not in auto.env_for(hidden)
+    auto.close()   # as the run does at its end: that question's child is not left running
 
 
 @pytest.mark.parametrize("known, asked, expect", [("cuda", "auto", "cuda"), ("cuda", "cuda:1", "cuda:1"),
