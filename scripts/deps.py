@@ -28,9 +28,37 @@ def deps(exclude: set[str] = frozenset(), extras: list[str] = ()) -> list[str]:
     return [r for r in reqs if name(r) not in exclude]
 
 
+def missing(reqs: list[str]) -> list[str]:
+    """The requirements this Python cannot satisfy (not installed, or at a version outside the range): what a
+    set-up run still has to install. Without `packaging` every requirement with a range counts as missing."""
+    from importlib import metadata
+
+    try:
+        from packaging.requirements import Requirement
+    except ModuleNotFoundError:
+        Requirement = None
+    out = []
+    for r in reqs:
+        try:
+            have = metadata.version(name(r))
+        except metadata.PackageNotFoundError:
+            out.append(r)
+            continue
+        if Requirement is None:
+            if name(r) != r.strip().lower():
+                out.append(r)
+        elif not Requirement(r).specifier.contains(have, prereleases=True):
+            out.append(r)
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--exclude", action="append", default=[])
     ap.add_argument("--extras", default="")
+    ap.add_argument("--missing", action="store_true", help="only those not installed in this Python")
     a = ap.parse_args()
-    print("\n".join(deps(set(a.exclude), [e for e in a.extras.split(",") if e])))
+    reqs = deps(set(a.exclude), [e for e in a.extras.split(",") if e])
+    reqs = missing(reqs) if a.missing else reqs
+    if reqs:
+        print("\n".join(reqs))

@@ -5,36 +5,97 @@
 #   PYTHON=python3.12 scripts/setup.sh        # which Python to build the venv from
 #   GPULAB_TORCH='torch==2.13.0' (default)   # what to install when no torch is importable
 #   GPULAB_EXTRAS=test,lab                    # extras to add (test: pytest, py-spy; lab: jupyterlab)
+#   GPULAB_INSTALLER=pip                      # never uv (default: uv where it can be used, else pip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${GPULAB_VENV:-.venv}
+VPY="$VENV/bin/python"
 TORCH_SPEC=${GPULAB_TORCH:-torch==2.13.0}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
 
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "gpulab needs Python >= 3.10, found " + sys.version)'
-if [ ! -x "$VENV/bin/python" ]; then
-  if "$PY" -c 'import torch' 2>/dev/null; then
-    echo "setup: $PY already has torch $("$PY" -c 'import torch; print(torch.__version__)'); the venv will use it" >&2
-    "$PY" -m venv --system-site-packages "$VENV"
+
+# uv installs the dependencies in seconds where pip takes half a minute. It is used only where it sees what
+# pip sees: not when pip is pointed at an index of its own (a mirror), and never for torch (pip's
+# configuration may name wheels on disk that uv does not look at). Any uv failure falls back to pip.
+UV=""
+find_uv() {
+  if [ -n "$UV" ] || [ "${GPULAB_INSTALLER:-auto}" = pip ] || [ -n "${PIP_INDEX_URL:-}" ] \
+     || "$PY" -m pip config list 2>/dev/null | grep -Eq '^[^.]*\.index-url='; then
+    return
+  fi
+  UV=$(command -v uv || true)
+  if [ -z "$UV" ] && "$PY" -m pip install -q --disable-pip-version-check --retries 1 --timeout 15 --target "$TMP/uv" uv >/dev/null 2>&1 \
+     && [ -x "$TMP/uv/bin/uv" ]; then
+    UV="$TMP/uv/bin/uv"
+  fi
+}
+PIP=("$VPY" -m pip install -q --disable-pip-version-check --no-compile)   # bytecode: scripts/warm.py below
+install() {
+  find_uv
+  if [ -n "$UV" ] && "$UV" pip install -q --python "$VPY" "$@"; then
+    return
+  fi
+  "${PIP[@]}" "$@"
+}
+
+if [ ! -x "$VPY" ]; then
+  SITE=()
+  if TV=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+    echo "setup: $PY already has torch $TV; the venv will use it" >&2
+    SITE=(--system-site-packages)
+  fi
+  find_uv
+  if [ -n "$UV" ]; then   # ensurepip takes 5 s; uv puts the same pip in the venv in a fraction of one
+    "$PY" -m venv --without-pip "${SITE[@]}" "$VENV"
+    "$UV" pip install -q --python "$VPY" pip setuptools || "$VPY" -m ensurepip -q
   else
-    "$PY" -m venv "$VENV"
+    "$PY" -m venv "${SITE[@]}" "$VENV"
   fi
 fi
-VPY="$VENV/bin/python"
-# pip compiles each installed file to bytecode one at a time (half of set-up); compileall below does it on
-# every core instead. Not skipping it: the chain's children would then each compile what they import.
-PIP=("$VPY" -m pip install -q --disable-pip-version-check --no-compile)
-# Every dependency but torch, read from pyproject.toml (the one list; environment.yml is checked against it).
-mapfile -t DEPS < <("$VPY" scripts/deps.py --exclude torch --extras "${GPULAB_EXTRAS:-}")
-if "$VPY" -c 'import torch' 2>/dev/null; then
-  echo "setup: using the installed torch $("$VPY" -c 'import torch; print(torch.__version__)')" >&2
+if TV=$("$VPY" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+  echo "setup: using the installed torch $TV" >&2
 else
   echo "setup: no importable torch; installing $TORCH_SPEC" >&2
-  DEPS=("$TORCH_SPEC" "${DEPS[@]}")   # one pip run: one resolution
+  # pip picks the wheel (its configuration may name wheels on disk); uv, when usable, unpacks it (7 s, not 18)
+  find_uv
+  if ! { [ -n "$UV" ] && "$VPY" -m pip download -q --disable-pip-version-check --no-deps -d "$TMP/torch" "$TORCH_SPEC" \
+         && "$UV" pip install -q --python "$VPY" "$TMP"/torch/*.whl; }; then
+    "${PIP[@]}" "$TORCH_SPEC"
+  fi
 fi
-"${PIP[@]}" "${DEPS[@]}"
-"${PIP[@]}" --no-deps --no-build-isolation -e . 2>/dev/null || "${PIP[@]}" --no-deps -e .
-"$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-  >/dev/null 2>&1 || true   # a few packages ship files for other Pythons that do not compile: harmless
+# Every dependency but torch, read from pyproject.toml (the one list; environment.yml is checked against it);
+# only those not installed yet, so that a set-up with nothing to do takes no installer's time.
+mapfile -t DEPS < <("$VPY" scripts/deps.py --exclude torch --extras "${GPULAB_EXTRAS:-}" --missing)
+if [ ${#DEPS[@]} -gt 0 ]; then
+  install "${DEPS[@]}"
+fi
+if ! "$VPY" -c 'import gpulab, pathlib, sys; sys.exit(pathlib.Path(gpulab.__file__).parents[1] != pathlib.Path("lib").resolve())' 2>/dev/null; then
+  find_uv
+  if [ -n "$UV" ]; then
+    install --no-deps -e .
+  else
+    "${PIP[@]}" --no-deps --no-build-isolation -e . 2>/dev/null || "${PIP[@]}" --no-deps -e .
+  fi
+fi
 "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (gpulab)" >/dev/null
-echo "setup: ready ($("$VPY" -c 'import torch, gpulab; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")'))" >&2
+
+# Bytecode for what a chain run imports (scripts/warm.py says why), again only when the installed packages
+# changed; gpulab's own modules on every set-up (compileall skips those already compiled).
+"$VPY" -m compileall -q lib >/dev/null
+PURE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+STAMP="$VENV/.gpulab-warm"
+ls "$PURE" | grep -E '\.dist-info$' > "$TMP/installed" || true
+if ! cmp -s "$TMP/installed" "$STAMP" 2>/dev/null; then
+  "$VPY" scripts/warm.py science > "$TMP/warm-science.log" 2>&1 & SCIENCE=$!
+  "$VPY" scripts/warm.py jupyter > "$TMP/warm-jupyter.log" 2>&1 & JUPYTER=$!
+  ok=1
+  wait $SCIENCE || { ok=0; echo "setup: warning: importing torch and gpulab failed:" >&2; tail -20 "$TMP/warm-science.log" >&2; }
+  wait $JUPYTER || { ok=0; echo "setup: warning: a notebook cell through papermill failed:" >&2; tail -20 "$TMP/warm-jupyter.log" >&2; }
+  if [ $ok = 1 ]; then cp "$TMP/installed" "$STAMP"; fi
+fi
+READY=$(tail -1 "$TMP/warm-science.log" 2>/dev/null | grep '^torch ' \
+        || "$VPY" -c 'import torch, gpulab; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')
+echo "setup: ready ($READY)" >&2

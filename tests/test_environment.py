@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
 import yaml
 
 spec = importlib.util.spec_from_file_location("deps", __import__("pathlib").Path(__file__).resolve().parents[1] / "scripts" / "deps.py")
@@ -36,3 +37,24 @@ def test_ci_calls_the_readme_test_command(root):
     readme = (root / "README.md").read_text()
     assert "make test" in readme and "make run" in readme
     assert "make test" in (root / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("req,missing", [("pytest", False), ("pytest>=1", False), ("pytest<1", True),
+                                         ("no-such-package-gpulab", True), ("PyYAML", False)])
+def test_setup_installs_only_what_is_missing(req, missing):
+    """A set-up with nothing to install starts no installer (scripts/deps.py --missing)."""
+    assert deps.missing([req]) == ([req] if missing else [])
+
+
+@pytest.mark.parametrize("part", ["science", "jupyter"])
+def test_setup_warm_step_runs(root, part):
+    """scripts/warm.py (set-up's bytecode step, which only warns when it fails) still imports everything and
+    runs a cell through papermill; science's last line is set-up's "ready" text."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, str(root / "scripts" / "warm.py"), part], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    if part == "science":
+        assert res.stdout.strip().splitlines()[-1].startswith("torch ")

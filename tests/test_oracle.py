@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import textwrap
 
 import numpy as np
@@ -52,6 +51,26 @@ def test_rule_atol_is_rounding_at_gold_plus_0p3(dtype, ulp):
     out = gold + 0.9 * r.atol  # zero baseline error: only the atol term allows this
     assert oracle.rule(out, gold, [gold], dtype).passed
     assert not oracle.rule(gold + 1.1 * r.atol, gold, [gold], dtype).passed
+
+
+def test_rule_bar_is_shared_by_a_case_candidates_and_never_stale():
+    """The baselines' error is computed once per case for all its candidates; a tensor changed in place, or a
+    new one at a reused address, is measured again, and no case's tensors are kept alive."""
+    import gc
+    import weakref
+
+    gold, base = _gold_and_base()
+    first = oracle.rule(base, gold, [base], torch.float32)
+    assert oracle.rule(gold, gold, [base], torch.float32).ref_error == first.ref_error
+    base.mul_(1.0).add_(gold - base, alpha=0.5)   # in place: the baseline error halves
+    assert oracle.rule(gold, gold, [base], torch.float32).ref_error == pytest.approx(first.ref_error / 2)
+    gone = weakref.ref(gold)
+    del gold, base
+    gc.collect()
+    assert gone() is None
+    for seed in range(1, 6):                      # fresh tensors, maybe at the old addresses
+        g2, b2 = _gold_and_base(seed=seed)
+        assert oracle.rule(g2, g2, [b2], torch.float32).ref_error == float((b2 - g2).abs().max())
 
 
 def test_rule_nonfinite_where_gold_finite_fails_and_where_gold_nan_is_excluded():
@@ -492,9 +511,22 @@ def test_isolated_rejects_a_bad_worker_count():
         oracle.isolated(["sdpa_math"], CASE, "cpu", workers=-1)
 
 
-def test_oracle_workers_on_the_cpu_is_one():
-    from gpulab.device import oracle_workers
-    assert oracle_workers("cpu", 320) == 1 and oracle_workers("cpu", 320, cores=64) == 1
+@pytest.mark.parametrize("cores,n_cases,workers,threads", [(1, 320, 1, 1), (2, 320, 2, 1), (3, 320, 3, 1),
+                                                            (64, 320, 4, 16), (16, 2, 2, 8), (8, 0, 1, 8)])
+def test_oracle_workers_on_the_cpu_share_the_cores(cores, n_cases, workers, threads):
+    from gpulab.device import oracle_threads, oracle_workers
+    assert oracle_workers("cpu", n_cases, cores=cores) == workers
+    assert oracle_threads(workers, cores=cores) == threads
+
+
+def test_cpu_oracle_workers_get_their_share_of_threads_unless_the_user_set_it(monkeypatch):
+    from gpulab.oracle import pooled
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(pooled, "oracle_threads", lambda w: 4 // w)
+    assert pooled._worker_env("cpu", 2)["OMP_NUM_THREADS"] == "2"
+    assert pooled._worker_env("cpu", 1) is None and pooled._worker_env("cuda:0", 2) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert pooled._worker_env("cpu", 2) is None
 
 
 @pytest.mark.parametrize("cores,n_cases,expected", [(16, 320, 3), (64, 320, 3), (8, 320, 2), (4, 320, 1),

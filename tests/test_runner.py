@@ -111,6 +111,38 @@ def test_next_notebooks_kernel_starts_while_this_one_runs(tmp_path):
     assert run["scenarios"][0]["notebooks"][1]["headline"] == "ran second"
 
 
+def test_next_notebooks_kernel_imports_its_modules_before_its_turn(tmp_path):
+    """gpulab.chain.ahead: the waiting kernel imports what the notebook's cells import (here a module of the
+    project that marks its import), so 02's first cell finds it loaded though no cell of 02 has run yet."""
+    first = notebook("First", "", "import pathlib, time\ndeadline = time.time() + 30\n"
+                     "while not pathlib.Path('probe_imported').exists() and time.time() < deadline:\n"
+                     "    time.sleep(0.1)")
+    second = notebook("Second", "", "import sys\nprint('loaded before any cell:', 'probe_mod' in sys.modules)",
+                      "import probe_mod", RECORD.format(name="02_second", headline="ran second"))
+    proj = project(tmp_path, {"01_first": first, "02_second": second})
+    (proj / "probe_mod.py").write_text("import pathlib\npathlib.Path('probe_imported').write_text('yes')\n")
+    code, idx = runner.run(_cfg(proj), progress=lambda m: None)
+    assert code == 0
+    executed = json.loads((idx.parent / "baseline" / "02_second.ipynb").read_text())
+    texts = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", []))
+    assert "loaded before any cell: True" in texts
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("import numpy as np\nimport os.path", ["numpy", "os.path"]),
+    ("from gpulab import bench, report\nfrom . import x", ["torch", "gpulab", "gpulab.bench", "gpulab.report"]),
+    ("from __future__ import annotations\nfrom json import *", ["json"]),
+    ("def f():\n    import csv\n%matplotlib inline", []),   # not top level; a magic does not parse
+])
+def test_head_start_imports_what_the_cells_import(tmp_path, source, expected):
+    from gpulab.chain.ahead import imports_of
+    import nbformat
+    nb = notebook("T", "x: int = 1\nimport zlib\n", source)   # the parameters cell is not read
+    path = tmp_path / "t.ipynb"
+    nbformat.write(nb, str(path))
+    assert imports_of(str(path)) == expected
+
+
 def test_a_head_start_for_a_notebook_that_is_then_skipped_leaves_nothing(tmp_path, monkeypatch):
     name, mark = new_marker()
     monkeypatch.setenv(name, mark)

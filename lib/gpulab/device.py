@@ -63,15 +63,23 @@ def trial_jobs(jobs: int, device: str = "auto", light: bool = False) -> int:
 
 
 def oracle_workers(device: str, n_cases: int, cores: int | None = None) -> int:
-    """Warm workers side by side for the oracle (gpulab.oracle.pooled): on a GPU its time is CPU-side (Python,
-    cuDNN building a plan per shape), so one per 4 cores, at most 3 (each holds a CUDA context on the shared
-    GPU) and never more than the cases; on the CPU 1: the candidates are compute-bound and torch already
-    uses every core. `cores`: the usable cores, counted when None."""
-    import os
-
+    """Warm workers side by side for the oracle (gpulab.oracle.pooled). On a GPU its time is CPU-side (Python,
+    cuDNN building a plan per shape): one per 4 cores, at most 3 (each holds a CUDA context on the shared GPU).
+    On the CPU one per core, at most 4, each with its share of the cores as torch threads (oracle_threads):
+    the cases are small, and torch's threads gain 1.35x on two cores where two workers gain 1.9x (this
+    project's 2-core machine, 11-26). Never more than the cases. `cores`: the usable cores, counted when None."""
     dev = str(device)
+    cores = usable_cores() if cores is None else cores
     if not (dev.startswith("cuda") or (dev == "auto" and has_gpu())):
-        return 1
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(4, cores, n_cases))
     return max(1, min(3, max(1, cores // 4), n_cases))
+
+
+def oracle_threads(workers: int, cores: int | None = None) -> int:
+    """torch threads for each of `workers` CPU oracle workers: an even share of the cores (more threads than
+    cores only take turns)."""
+    return max(1, (usable_cores() if cores is None else cores) // max(1, workers))
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

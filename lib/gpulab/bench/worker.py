@@ -12,7 +12,7 @@ import json
 import re
 import sys
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -186,6 +186,9 @@ def worker(spec: Spec, result_path: Path) -> dict[str, Any]:
         res["roof"] = asdict(roof)
     except Exception as exc:  # noqa: BLE001 - no peak: the sweep still gives TFLOP/s
         res["stage_errors"]["peak"] = _first_line(exc)
+    # A sweep point draws a curve on a log scale, where a few percent is plenty: a quarter of the cap each (on a
+    # GPU they pin the median long before either cap; on a CPU they ran to it: 16 s of the default chain's 06)
+    sweep_cfg = replace(cfg, max_time_s=spec.max_time_s / 4, min_time_s=min(cfg.min_time_s, spec.max_time_s / 16))
     for sc in spec.sweep_calls():
         sq, sk, sv, smask = sc.inputs(dev)
         f = flops.attention_flops(sc.batch, sc.heads, sc.seq_len, sc.keys, sc.head_dim, causal=sc.causal)
@@ -196,7 +199,7 @@ def worker(spec: Spec, result_path: Path) -> dict[str, Any]:
                 fn = cands[n].fn
                 with torch.no_grad():
                     m = measure(lambda fn=fn: fn(sq, sk, sv, attn_mask=smask, is_causal=sc.causal), name=n,
-                                device=dev, config=cfg)
+                                device=dev, config=sweep_cfg)
                 row.update(median_ms=m.median_ms, ci_ms=list(m.ci_ms), n=m.n,
                            **flops.figures(f, nbytes, m.median_ms, roof))
             except Exception as exc:  # noqa: BLE001 - one length a kernel refuses is a row

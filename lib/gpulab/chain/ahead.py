@@ -28,6 +28,57 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def imports_of(notebook: str) -> list[str]:
+    """The modules the notebook's own import statements name (parameters cell aside), in order: `from a
+    import b` names a and a.b (b may be a module). torch comes first where gpulab is named: gpulab imports it
+    lazily, at the first call that needs it (platform facts, a device), which every chain notebook makes."""
+    import ast
+
+    import nbformat
+
+    mods: list[str] = []
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
+            continue
+        try:
+            body = ast.parse(cell.source).body
+        except SyntaxError:   # a magic: not Python
+            continue
+        for node in body:
+            if isinstance(node, ast.Import):
+                mods += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
+                mods += [node.module, *(f"{node.module}.{a.name}" for a in node.names if a.name != "*")]
+    if any(m == "gpulab" or m.startswith("gpulab.") for m in mods):
+        mods.insert(0, "torch")
+    return list(dict.fromkeys(mods))
+
+
+def _preimport(km, run_sync, mods: list[str]):
+    """Ask the kernel to import the notebook's modules (torch, pandas, gpulab: 2-3 s a notebook) while it
+    waits for its turn. Silent and in a throwaway namespace: the notebook's cells run as they would, only
+    their imports find the modules loaded. The request is not waited for: a kernel still importing when the
+    notebook starts runs its first cell right after. What the imports print is lost (a warning at import
+    time shows once per process, so the notebook does not repeat it either). Returns the client to close."""
+    if not mods:
+        return None
+    code = ("import importlib\n"
+            f"for m in {mods!r}:\n"
+            "    try:\n"
+            "        importlib.import_module(m)\n"
+            "    except Exception:\n"
+            "        pass\n")
+    try:
+        kc = km.client()
+        kc.start_channels()
+        run_sync(kc.wait_for_ready)(timeout=60)
+        kc.execute(f"exec({code!r}, {{}})", silent=True, store_history=False)
+        return kc
+    except Exception as exc:  # noqa: BLE001 - only a head start: the notebook imports them itself
+        print(f"gpulab.chain.ahead: no pre-import ({exc})", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -40,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     km = AsyncKernelManager(kernel_name=ns.kernel)
     run_sync(km.start_kernel)(cwd=ns.cwd)
     try:
+        kc = _preimport(km, run_sync, imports_of(ns.notebook))
         said = sys.stdin.readline().strip()
+        if kc is not None:
+            kc.stop_channels()
         if said != "go":
             print(f"gpulab.chain.ahead: not run ({said or 'end of input'}): the runner did not need it",
                   file=sys.stderr)

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-from gpulab.device import oracle_workers, resolve
+from gpulab.device import oracle_threads, oracle_workers, resolve
 from gpulab.oracle.cases import Case, case_set, make_inputs, resolve_dtypes
 from gpulab.oracle.check import (CaseResult, OracleReport, _as_candidate, _judge, _keep_worst_tensors, _report,
                                  _validate_signature)
@@ -197,6 +197,16 @@ def _reports(run: _Run, dev: str, tile: int) -> dict[str, OracleReport]:
     return reports
 
 
+def _worker_env(dev: str, workers: int) -> dict[str, str] | None:
+    """CPU workers side by side share the cores: each gets its share as torch threads, unless the user set
+    OMP_NUM_THREADS (then theirs stands). A GPU's workers keep torch's default."""
+    import os
+
+    if workers < 2 or dev.startswith("cuda") or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return {**os.environ, "OMP_NUM_THREADS": str(oracle_threads(workers))}
+
+
 # ------------------------------------------------------------------------------------------ the calls
 
 def isolated(specs: Sequence[str], cases: str | Sequence[Case] = "default", device: str | None = None,
@@ -209,9 +219,10 @@ def isolated(specs: Sequence[str], cases: str | Sequence[Case] = "default", devi
     worker is stopped, and the next job there starts a fresh one, so the other candidates are still judged.
 
     `workers`: how many run side by side, each taking whole cases; 0 picks gpulab.device.oracle_workers (up
-    to 3 on a GPU, 1 on the CPU). The pass/fail results do not depend on it. The explain budget (how many
-    failures get their bug named: alternative golds cost fp64 attentions) stays one per candidate, shared,
-    so with several workers which failures get the bug named can differ from one worker's run; never more.
+    to 3 on a GPU; on the CPU one per core, up to 4). The pass/fail results do not depend on it. The explain
+    budget (how many failures get their bug named: alternative golds cost fp64 attentions) stays one per
+    candidate, shared, so with several workers which failures get the bug named can differ from one worker's
+    run; never more.
     wall_s adds up each job's seconds, whichever worker ran it. `pool`: a caller's own, reused and not closed;
     with it one worker runs (workers is ignored)."""
     from gpulab.pool import Pool
@@ -229,7 +240,7 @@ def isolated(specs: Sequence[str], cases: str | Sequence[Case] = "default", devi
     pools = [] if pool is None else [pool]
     try:
         while len(pools) < w:
-            pools.append(Pool(init=INIT, label="oracle"))
+            pools.append(Pool(init=INIT, label="oracle", env=_worker_env(dev, w)))
         if w == 1:
             _drive(run, pools[0], dev, tile, worst_k, timeout_s)
         else:

@@ -4,6 +4,7 @@ test between them. Pure: tensors in, numbers out, so it is tested on synthetic t
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -68,29 +69,50 @@ class RuleResult:
     passed: bool
 
 
+_BARS: dict[tuple, tuple[tuple, float, float]] = {}   # recent cases' (ref_error, atol), by their tensors
+
+
+def _emax(x: torch.Tensor, gold: torch.Tensor, fin: torch.Tensor | None) -> tuple[float, int]:
+    """max|x - gold| where both are finite, and how many entries of x are not finite where gold is."""
+    if x.numel() == 0:
+        return 0.0, 0
+    xd = x.to(torch.float64)
+    d = (xd - gold).abs()
+    if fin is None and bool(torch.isfinite(xd.sum())):
+        return float(d.max()), 0
+    xfin = torch.isfinite(xd)
+    ok = xfin if fin is None else fin & xfin
+    bad = ~xfin if fin is None else fin & ~xfin
+    return float(torch.where(ok, d, torch.zeros((), dtype=torch.float64, device=d.device)).max()), int(bad.sum())
+
+
+def _bar(gold: torch.Tensor, fin: torch.Tensor | None, baselines: Sequence[torch.Tensor], dtype: torch.dtype
+         ) -> tuple[float, float]:
+    """(ref_error, atol): what every candidate on the case is held to, computed once for all of them (the 4
+    baselines' errors were most of the rule's time when each candidate recomputed them). Keyed by the tensors'
+    identity through weak references (no tensor is kept alive, and a reused id never matches) and version
+    counters (a tensor changed in place since is measured again)."""
+    key = (gold, *baselines)
+    ids = (*(id(t) for t in key), dtype)
+    hit = _BARS.get(ids)
+    if hit is not None and all(r() is t and v == t._version for (r, v), t in zip(hit[0], key)):
+        return hit[1], hit[2]
+    ref_error = max((_emax(b, gold, fin)[0] for b in baselines), default=0.0)
+    g = (gold if fin is None else torch.where(fin, gold, torch.zeros((), dtype=torch.float64, device=gold.device)))
+    g = g.to(dtype)
+    atol = 2.0 * float((((g + 0.3) - 0.3) - g).abs().max()) if g.numel() else 0.0
+    if len(_BARS) >= 8:   # up to 4 per case (out, S, P, lse)
+        _BARS.pop(next(iter(_BARS)))
+    _BARS[ids] = (tuple((weakref.ref(t), t._version) for t in key), ref_error, atol)
+    return ref_error, atol
+
+
 def rule(out: torch.Tensor, gold: torch.Tensor, baselines: Sequence[torch.Tensor], dtype: torch.dtype) -> RuleResult:
     """FlashAttention's forward rule plus the non-finite rule; pure (tensors in, numbers out)."""
-    gold = gold.to(torch.float64)
-    zero = torch.zeros((), dtype=torch.float64, device=gold.device)
-    gold_all_finite = bool(torch.isfinite(gold.sum()))  # fast path: masks only when something is not finite
-    fin = None if gold_all_finite else torch.isfinite(gold)
-
-    def emax(x: torch.Tensor) -> tuple[float, int]:
-        if x.numel() == 0:
-            return 0.0, 0
-        xd = x.to(torch.float64)
-        d = (xd - gold).abs()
-        if gold_all_finite and bool(torch.isfinite(xd.sum())):
-            return float(d.max()), 0
-        xfin = torch.isfinite(xd)
-        ok = xfin if fin is None else fin & xfin
-        bad = ~xfin if fin is None else fin & ~xfin
-        return float(torch.where(ok, d, zero).max()), int(bad.sum())
-
-    error, nonfinite = emax(out)
-    ref_error = max((emax(b)[0] for b in baselines), default=0.0)
-    g = (gold if fin is None else torch.where(fin, gold, zero)).to(dtype)
-    atol = 2.0 * float((((g + 0.3) - 0.3) - g).abs().max()) if g.numel() else 0.0
+    g64 = gold.to(torch.float64)
+    fin = None if bool(torch.isfinite(g64.sum())) else torch.isfinite(g64)   # masks only when needed
+    ref_error, atol = _bar(g64, fin, baselines, dtype)
+    error, nonfinite = _emax(out, g64, fin)
     allowed = 2.0 * ref_error + atol
     ratio = error / ref_error if ref_error > 0 else (0.0 if error == 0 else float("inf"))
     return RuleResult(error, ref_error, atol, allowed, ratio, nonfinite, 0 if fin is None else int((~fin).sum()),
