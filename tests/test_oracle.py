@@ -71,6 +71,9 @@ def test_rule_bar_is_shared_by_a_case_candidates_and_never_stale():
     for seed in range(1, 6):                      # fresh tensors, maybe at the old addresses
         g2, b2 = _gold_and_base(seed=seed)
         assert oracle.rule(g2, g2, [b2], torch.float32).ref_error == float((b2 - g2).abs().max())
+    with torch.inference_mode():                  # no version counter: judged, never cached
+        g3, b3 = _gold_and_base(seed=7)
+    assert oracle.rule(g3, g3, [b3], torch.float32).ref_error == float((b3 - g3).abs().max())
 
 
 def test_rule_nonfinite_where_gold_finite_fails_and_where_gold_nan_is_excluded():

@@ -4,6 +4,7 @@ test between them. Pure: tensors in, numbers out, so it is tested on synthetic t
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Sequence
@@ -69,7 +70,8 @@ class RuleResult:
     passed: bool
 
 
-_BARS: dict[tuple, tuple[tuple, float, float]] = {}   # recent cases' (ref_error, atol), by their tensors
+_BARS: dict[tuple, tuple[tuple, tuple, float, float]] = {}   # recent cases' (ref_error, atol), by their tensors
+_BARS_LOCK = threading.Lock()
 
 
 def _emax(x: torch.Tensor, gold: torch.Tensor, fin: torch.Tensor | None) -> tuple[float, int]:
@@ -86,6 +88,13 @@ def _emax(x: torch.Tensor, gold: torch.Tensor, fin: torch.Tensor | None) -> tupl
     return float(torch.where(ok, d, torch.zeros((), dtype=torch.float64, device=d.device)).max()), int(bad.sum())
 
 
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:   # an inference-mode tensor keeps no version counter: never cached
+        return None
+
+
 def _bar(gold: torch.Tensor, fin: torch.Tensor | None, baselines: Sequence[torch.Tensor], dtype: torch.dtype
          ) -> tuple[float, float]:
     """(ref_error, atol): what every candidate on the case is held to, computed once for all of them (the 4
@@ -94,16 +103,21 @@ def _bar(gold: torch.Tensor, fin: torch.Tensor | None, baselines: Sequence[torch
     counters (a tensor changed in place since is measured again)."""
     key = (gold, *baselines)
     ids = (*(id(t) for t in key), dtype)
-    hit = _BARS.get(ids)
-    if hit is not None and all(r() is t and v == t._version for (r, v), t in zip(hit[0], key)):
-        return hit[1], hit[2]
+    versions = tuple(_version(t) for t in key)
+    with _BARS_LOCK:
+        hit = _BARS.get(ids)
+    if hit is not None and None not in versions and all(r() is t for r, t in zip(hit[0], key)) \
+            and hit[1] == versions:
+        return hit[2], hit[3]
     ref_error = max((_emax(b, gold, fin)[0] for b in baselines), default=0.0)
     g = (gold if fin is None else torch.where(fin, gold, torch.zeros((), dtype=torch.float64, device=gold.device)))
     g = g.to(dtype)
     atol = 2.0 * float((((g + 0.3) - 0.3) - g).abs().max()) if g.numel() else 0.0
-    if len(_BARS) >= 8:   # up to 4 per case (out, S, P, lse)
-        _BARS.pop(next(iter(_BARS)))
-    _BARS[ids] = (tuple((weakref.ref(t), t._version) for t in key), ref_error, atol)
+    if None not in versions:
+        with _BARS_LOCK:
+            while len(_BARS) >= 8:   # up to 4 per case (out, S, P, lse)
+                _BARS.pop(next(iter(_BARS)))
+            _BARS[ids] = (tuple(weakref.ref(t) for t in key), versions, ref_error, atol)
     return ref_error, atol
 
 
