@@ -8,6 +8,7 @@ and imports cancelled out. An instruction count is not a time (cache misses and 
 not in it), so this settles the work each mode adds per op, not its seconds.
 
     python benchmarks/bench_trace_instructions.py --out /tmp/ti [--ops 1000,4000] [--variants passthrough,ops,auto]
+    python benchmarks/bench_trace_instructions.py --out /tmp/ti --work step --ops 1,3
 """
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ from gpulab.trace import userbench  # noqa: E402
 _REFS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
 
 
-def count(v: userbench.Variant, n: int, out: Path) -> int:
-    """Instructions of the whole program (every process it starts) with a loop of n tiny ops, run twice."""
-    d = out / f"{v.name}-{n}"
+def count(v: userbench.Variant, n: int, out: Path, work: str) -> int:
+    """Instructions of the whole program (every process it starts): a loop of n tiny ops run twice, or n
+    training steps run twice (plus two more, the program's warm-up and op count)."""
+    d = out / f"{work}-{v.name}-{n}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    program = [str(out / "program.py"), str(d / "result.json"), "--device", "cpu", "--tiny", str(n), "--blocks", "1"]
+    what = ["--tiny", str(n), "--blocks", "1"] if work == "tiny" else ["--steps", str(n), "--step-blocks", "1"]
+    program = [str(out / "program.py"), str(d / "result.json"), "--device", "cpu", *what]
     cmd = ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={d}/cg.%p",
            *userbench.variant_command(v, program, d / "ops.log")]
     with open(d / "valgrind.log", "w") as err:
@@ -52,6 +55,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--ops", default="1000,4000", help="two loop lengths (each loop runs twice: warm-up, timed)")
+    ap.add_argument("--work", default="tiny", choices=("tiny", "step"),
+                    help="tiny CPU ops, or the built-in training step (--ops then counts steps, e.g. 1,3)")
     ap.add_argument("--variants", default="passthrough,ops,auto")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
@@ -61,13 +66,19 @@ def main() -> int:
     variants = userbench.pick_variants(userbench.standard_variants("cpu"), a.variants)
     jobs = [(v, n) for v in variants for n in (n1, n2)]
     with ThreadPoolExecutor(a.jobs) as pool:
-        counts = dict(zip([(v.name, n) for v, n in jobs], pool.map(lambda j: count(j[0], j[1], a.out), jobs)))
-    per_op = {v.name: (counts[(v.name, n2)] - counts[(v.name, n1)]) / (2 * (n2 - n1)) for v in variants}
+        counts = dict(zip([(v.name, n) for v, n in jobs], pool.map(lambda j: count(j[0], j[1], a.out, a.work), jobs)))
+    per_unit = 1
+    if a.work == "step":   # ops per step, as the program counted them
+        res = json.loads((a.out / f"step-none-{n1}" / "result.json").read_text())["transformer_step"]
+        per_unit = res["ops_per_unit"] // res["steps_per_unit"]
+    per_op = {v.name: (counts[(v.name, n2)] - counts[(v.name, n1)]) / (2 * (n2 - n1) * per_unit) for v in variants}
     base = per_op.get("passthrough")
     rows = [{"variant": k, "instructions_per_op": round(x), "vs_passthrough": round(x / base, 3) if base else None,
              "totals": [counts[(k, n1)], counts[(k, n2)]]} for k, x in per_op.items()]
-    (a.out / "instructions.json").write_text(json.dumps({"ops": [n1, n2], "rows": rows}, indent=2) + "\n")
-    print(f"tiny CPU ops, instructions per op (callgrind; loops of {n1} and {n2} ops, each run twice)")
+    (a.out / f"instructions_{a.work}.json").write_text(json.dumps({"work": a.work, "lengths": [n1, n2],
+                                                                    "ops_per_step": per_unit, "rows": rows}, indent=2) + "\n")
+    what = "tiny CPU ops" if a.work == "tiny" else f"the built-in training step ({per_unit} ops a step)"
+    print(f"{what}, instructions per op (callgrind; loops of {n1} and {n2}, each run twice)")
     for r in rows:
         print(f"  {r['variant']:<12} {r['instructions_per_op']:>9,}  {r['vs_passthrough'] or '-'}x pass-through")
     return 0
