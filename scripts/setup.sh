@@ -21,8 +21,13 @@ trap 'rm -rf "$TMP"' EXIT
 # pip sees: not when pip is pointed at an index of its own (a mirror), and never for torch (pip's
 # configuration may name wheels on disk that uv does not look at). Any uv failure falls back to pip.
 UV=""
-find_uv() {
-  if [ -n "$UV" ] || [ "${GPULAB_INSTALLER:-auto}" = pip ] || [ -n "${PIP_INDEX_URL:-}" ] \
+UV_ASKED=""
+find_uv() {   # once a run: offline, a failed bootstrap must not cost its timeout at every install
+  if [ -n "$UV_ASKED" ]; then
+    return
+  fi
+  UV_ASKED=1
+  if [ "${GPULAB_INSTALLER:-auto}" = pip ] || [ -n "${PIP_INDEX_URL:-}" ] \
      || "$PY" -m pip config list 2>/dev/null | grep -Eq '^[^.]*\.index-url='; then
     return
   fi
