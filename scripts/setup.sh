@@ -55,7 +55,7 @@ if [ ! -x "$VPY" ]; then
   find_uv
   if [ -n "$UV" ]; then   # ensurepip takes 5 s; uv puts the same pip in the venv in a fraction of one
     "$PY" -m venv --without-pip "${SITE[@]}" "$VENV"
-    "$UV" pip install -q --python "$VPY" pip setuptools || "$VPY" -m ensurepip -q
+    "$UV" pip install -q --python "$VPY" pip setuptools || "$VPY" -m ensurepip --default-pip >/dev/null
   else
     "$PY" -m venv "${SITE[@]}" "$VENV"
   fi
