@@ -78,8 +78,7 @@ if [ ${#DEPS[@]} -gt 0 ]; then
   install "${DEPS[@]}"
 fi
 if ! "$VPY" -c 'import gpulab, pathlib, sys; sys.exit(pathlib.Path(gpulab.__file__).parents[1] != pathlib.Path("lib").resolve())' 2>/dev/null; then
-  find_uv
-  if [ -n "$UV" ]; then
+  if [ -n "$UV" ]; then   # uv only when already found: fetching it for this alone costs what it saves
     install --no-deps -e .
   else
     "${PIP[@]}" --no-deps --no-build-isolation -e . 2>/dev/null || "${PIP[@]}" --no-deps -e .

@@ -44,7 +44,7 @@ def has_gpu() -> bool:
 
 GPU_TRIAL_JOBS = 2      # trials side by side on one GPU: they share it (reports say so)
 GPU_LIGHT_TRIAL_JOBS = 4  # ... when each needs little of it (the built-in workload at small sizes)
-CPU_TRIAL_JOBS_MAX = 4
+CPU_JOBS_MAX = 4         # CPU trials, or CPU oracle workers, side by side (one per core up to this)
 
 
 def trial_jobs(jobs: int, device: str = "auto", light: bool = False) -> int:
@@ -56,10 +56,9 @@ def trial_jobs(jobs: int, device: str = "auto", light: bool = False) -> int:
         return int(jobs)
     dev = str(device)
     on_gpu = dev.startswith("cuda") or (dev == "auto" and has_gpu())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if on_gpu:
         return GPU_LIGHT_TRIAL_JOBS if light else GPU_TRIAL_JOBS
-    return max(1, min(cores, CPU_TRIAL_JOBS_MAX))
+    return max(1, min(usable_cores(), CPU_JOBS_MAX))
 
 
 def oracle_workers(device: str, n_cases: int, cores: int | None = None) -> int:
@@ -71,7 +70,7 @@ def oracle_workers(device: str, n_cases: int, cores: int | None = None) -> int:
     dev = str(device)
     cores = usable_cores() if cores is None else cores
     if not (dev.startswith("cuda") or (dev == "auto" and has_gpu())):
-        return max(1, min(4, cores, n_cases))
+        return max(1, min(CPU_JOBS_MAX, cores, n_cases))
     return max(1, min(3, max(1, cores // 4), n_cases))
 
 

@@ -54,7 +54,7 @@ def imports_of(notebook: str) -> list[str]:
     return list(dict.fromkeys(mods))
 
 
-def _preimport(km, run_sync, mods: list[str]):
+def _preimport(km, mods: list[str]):
     """Ask the kernel to import the notebook's modules (torch, pandas, gpulab: 2-3 s a notebook) while it
     waits for its turn. Silent and in a throwaway namespace: the notebook's cells run as they would, only
     their imports find the modules loaded. The request is not waited for: a kernel still importing when the
@@ -62,6 +62,8 @@ def _preimport(km, run_sync, mods: list[str]):
     time shows once per process, so the notebook does not repeat it either). Returns the client to close."""
     if not mods:
         return None
+    from jupyter_core.utils import run_sync
+
     code = ("import importlib\n"
             f"for m in {mods!r}:\n"
             "    try:\n"
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     km = AsyncKernelManager(kernel_name=ns.kernel)
     run_sync(km.start_kernel)(cwd=ns.cwd)
     try:
-        kc = _preimport(km, run_sync, imports_of(ns.notebook))
+        kc = _preimport(km, imports_of(ns.notebook))
         said = sys.stdin.readline().strip()
         if kc is not None:
             kc.stop_channels()

@@ -337,47 +337,45 @@ def run(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> tuple[
     state = RunState(cfg, run_dir, notebooks, resolved, say)
     notebook.preload_renderer()
     say(f"gpulab run {run_dir.name}: {len(cfg.scenarios)} scenario(s) x {len(notebooks)} notebook(s) -> {run_dir}")
-    try:
-        with follow(state):   # stopped before the final index is written
-            try:
+    # follow stops before the final index is written; a device question still running (a short run) ends with the run
+    with contextlib.closing(state.auto), follow(state):
+        try:
+            state.write_index()
+            if cfg.jobs == 1 or len(cfg.scenarios) == 1:
+                for scen in cfg.scenarios:
+                    _run_scenario(state, scen, schema)
+            else:
+                with ThreadPoolExecutor(max_workers=cfg.jobs, thread_name_prefix="scenario") as pool:
+                    futures = [pool.submit(_on_gpu, state, scen, schema) for scen in cfg.scenarios]
+                    try:
+                        for f in futures:
+                            while not f.done():
+                                time.sleep(0.2)  # the main thread stays interruptible
+                            f.result()
+                    except BaseException:
+                        state.stopping.set()
+                        proc.stop_all(grace_s=1)
+                        raise
+        except proc.Interrupted as exc:
+            state.stopping.set()
+            proc.stop_all(grace_s=1)
+            state.status, state.note = "interrupted", f"interrupted by {exc.name}"
+            state.finish_unrun("not_run", f"not run: the run was interrupted by {exc.name}")
+            with contextlib.suppress(OSError):
                 state.write_index()
-                if cfg.jobs == 1 or len(cfg.scenarios) == 1:
-                    for scen in cfg.scenarios:
-                        _run_scenario(state, scen, schema)
-                else:
-                    with ThreadPoolExecutor(max_workers=cfg.jobs, thread_name_prefix="scenario") as pool:
-                        futures = [pool.submit(_on_gpu, state, scen, schema) for scen in cfg.scenarios]
-                        try:
-                            for f in futures:
-                                while not f.done():
-                                    time.sleep(0.2)  # the main thread stays interruptible
-                                f.result()
-                        except BaseException:
-                            state.stopping.set()
-                            proc.stop_all(grace_s=1)
-                            raise
-            except proc.Interrupted as exc:
-                state.stopping.set()
-                proc.stop_all(grace_s=1)
-                state.status, state.note = "interrupted", f"interrupted by {exc.name}"
-                state.finish_unrun("not_run", f"not run: the run was interrupted by {exc.name}")
-                with contextlib.suppress(OSError):
-                    state.write_index()
-                say(f"interrupted by {exc.name}: children stopped; {run_dir / 'index.html'} says what finished")
-                raise
-            except DiskFull as exc:
-                state.stopping.set()
-                proc.stop_all()
-                state.status, state.note = "failed", str(exc)
-                state.finish_unrun("not_run", "not run: the run stopped when the disk was full")
-                try:
-                    path = state.write_index()
-                except OSError:
-                    path = run_dir / "index.html"
-                say(f"gpulab run: {exc}; the run stopped (nothing is reported as a success)")
-                return 1, path
-    finally:
-        state.auto.close()   # a device question still running (a short run) ends with the run
+            say(f"interrupted by {exc.name}: children stopped; {run_dir / 'index.html'} says what finished")
+            raise
+        except DiskFull as exc:
+            state.stopping.set()
+            proc.stop_all()
+            state.status, state.note = "failed", str(exc)
+            state.finish_unrun("not_run", "not run: the run stopped when the disk was full")
+            try:
+                path = state.write_index()
+            except OSError:
+                path = run_dir / "index.html"
+            say(f"gpulab run: {exc}; the run stopped (nothing is reported as a success)")
+            return 1, path
     statuses = [n.status for r in state.results.values() for n in r.notebooks]
     failed = any(s not in verdict.FINISHED for s in statuses)
     state.status = "failed" if failed else "ok"

@@ -13,6 +13,7 @@ check_isolated and judge_job for the callers that name them there.
 """
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -200,8 +201,6 @@ def _reports(run: _Run, dev: str, tile: int) -> dict[str, OracleReport]:
 def _worker_env(dev: str, workers: int) -> dict[str, str] | None:
     """CPU workers side by side share the cores: each gets its share as torch threads, unless the user set
     OMP_NUM_THREADS (then theirs stands). A GPU's workers keep torch's default."""
-    import os
-
     if workers < 2 or dev.startswith("cuda") or "OMP_NUM_THREADS" in os.environ:
         return None
     return {**os.environ, "OMP_NUM_THREADS": str(oracle_threads(workers))}
