@@ -12,7 +12,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from gpulab.hang import capture, classify
+from gpulab.hang import capture, classify, owner
 from gpulab.trace.analysis import localize  # noqa: F401 - hang.verdict.localize, as before
 from gpulab.trace.liveness import STATUSES
 
@@ -62,6 +62,14 @@ class Verdict:
     processes: tuple[dict, ...] = ()
     divergence: dict | None = None
     culprit: str | None = None
+    # whose code the culprit is (gpulab.hang.owner.Owner as a dict: kind program|library|platform|unknown, where,
+    # why) and, for a GPU memory fault where compute-sanitizer ran, its report (gpulab.hang.memcheck)
+    owner: dict | None = None
+    memcheck: dict | None = None
+    # `gpulab watch --on-stall keep`: every stall seen ({"t", "for_s", "where", "recovered", "pause", "window",
+    # "capture"}), bounded (gpulab.hang.stalls.kept); and a signal the watchdog passed on to the job
+    stalls: tuple[dict, ...] = ()
+    interrupted: dict | None = None
 
     @property
     def drill(self) -> bool:
@@ -78,7 +86,8 @@ class Verdict:
     def from_dict(cls, d: Mapping[str, Any]) -> "Verdict":
         kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         kw["cls"] = d.get("class")
-        for k in ("evidence", "command", "open_ops", "oplog_tail", "notes", "left_running", "suggested", "processes"):
+        for k in ("evidence", "command", "open_ops", "oplog_tail", "notes", "left_running", "suggested", "processes",
+                  "stalls"):
             kw[k] = tuple(d.get(k) or ())
         return cls(**kw)
 
@@ -111,6 +120,7 @@ class Observation:
     notes: tuple[str, ...] = ()
     left_running: tuple = ()
     tail: int = 20
+    registered: tuple[tuple[str, str], ...] = ()   # custom-op namespaces and kernels in the program's sources
 
 
 # ------------------------------------------------------------------------------------ pure helpers
@@ -285,6 +295,10 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     if obs.dropped:
         notes.append(f"op log ring dropped {obs.dropped} old record(s)")
     oplog_tail = tuple(op_dict(r) for r in records[-obs.tail:])
+    who = None if status == "ok" else owner.decide(
+        {"status": status, "class": cls, "in_flight_op": op_dict(inflight), "localized": localized, "pid": obs.pid,
+         "stacks": {"python": py_threads, "native": native_threads, "gpu": obs.gpu_text},
+         "stderr_tail": obs.stderr_tail}, dict(obs.registered)).to_dict()
     return Verdict(
         status=status, phase=phase, cls=cls, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
         last_completed_op=op_dict(last_done), ops_completed=obs.ops_completed, signal=sig,
@@ -298,7 +312,7 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
                            if obs.hang_started_s is not None and obs.verdict_at_s is not None else None),
         open_ops=tuple(op_dict(r) for r in open_recs), oplog_tail=oplog_tail,
         collapsed={"python": capture.collapse(py_threads), "native": capture.collapse(native_threads)},
-        notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized, driver_call=api)
+        notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized, driver_call=api, owner=who)
 
 
 def _signal_name(rc: int | None) -> str | None:
@@ -356,5 +370,5 @@ def finding(v: Verdict) -> tuple[str, dict]:
         "call_site": op.get("call_site"), "host_blocked_in": (v.host_blocked_in or {}).get("name"),
         "localized": v.localized, "planted": v.planted, "drill": v.drill, "time_to_verdict_s": v.time_to_verdict_s,
         "capture_s": v.capture_s.get("total"), "ops_completed": v.ops_completed, "elapsed_s": v.elapsed_s,
-        "processes": len(v.processes), "culprit": v.culprit,
+        "processes": len(v.processes), "culprit": v.culprit, "owner": v.owner,
         "divergence": {k: (v.divergence or {}).get(k) for k in ("group", "seq", "op")} if v.divergence else None}

@@ -10,13 +10,22 @@ computes is not. Non-Python commands have neither log nor heartbeat: progress is
 threads of the process tree, or new output. The verdict is computed from what was observed
 (`gpulab.hang.verdict.judge`).
 
-    gpulab watch [--stall S] [--timeout S] [--json FILE] [--mode M] [--fault SPEC] -- COMMAND [ARGS...]
+For a job that runs for days: no timeout unless asked for; the job's output shown live with a bounded tail
+kept in OUT (gpulab.tee); OUT/status.json rewritten every few seconds (gpulab.hang.status); the job
+folder and the watchdog's memory bounded (ended processes' files beyond the latest few go); a signal passed on
+to the job, which gets a grace period to end by itself; and with --on-stall keep, each stall captured into its
+own folder while the watch goes on, judged as a usual pause or not (gpulab.hang.stalls).
 
-Exit codes: 0 ok, 1 error (non-zero exit), 3 hang, 4 crash, 5 timeout, 2 bad usage, 127 command not found,
-128+N when a signal N stopped the watchdog (the watched program is stopped too).
+    gpulab watch [--stall S] [--timeout S] [--on-stall stop|keep] [--grace S] [--json FILE] [--mode M]
+                 [--fault SPEC] -- COMMAND [ARGS...]
+
+Exit codes: the job's own when it ended by itself (0 ok, its exit status, 128+N when signal N ended it), 3
+hang, 5 timeout, 2 bad usage, 127 command not found, 128+N when a signal N stopped the watchdog (passed on to
+the job first).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,9 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpulab import beat, proc, trace, workloads
+from gpulab import beat, proc, tee, trace, workloads
 from gpulab.args import BadInput, json_target, parser, positive, writable_dir
-from gpulab.hang import capture, faults, job, jobread
+from gpulab.hang import capture, faults, job, jobread, stalls
+from gpulab.hang import status as status_mod
 from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_line
 from gpulab.report import write_json, write_text
 from gpulab.trace import follow, liveness, native
@@ -43,6 +53,11 @@ _PY = re.compile(r"^python(\d+(\.\d+)*)?$")
 _PY_FLAGS_NOARG = {"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-b", "-bb", "-q", "-v"}
 STDERR_TAIL_CHARS = 4000
 FIXES_VAR = "GPULAB_FIXES"   # gpulab.fixes.compose.FIXES_VAR: names the fixes a child installs
+ON_STALL = ("stop", "keep")
+GRACE_S = 30.0           # the CLI's wait for a job that was passed a signal
+MAX_CAPTURES = 20        # capture folders kept under keep: the first and the latest half each
+KEEP_ENDED = 32          # ended processes whose files stay in the job folder: the latest ones
+PRUNE_EVERY_S = 30.0
 
 
 # ------------------------------------------------------------------------------------ the command
@@ -156,7 +171,7 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
     if record and follow_children:   # every Python process the command starts is recorded into procs/
         procs.mkdir(parents=True, exist_ok=True)
         child_env = follow.child_env(child_env, procs, mode)
-        native.ensure()   # the followed processes' hot path is built here, never inside the job
+        native.ensure_all()   # the followed processes' hot path is built here, never inside the job
     if pyc is None:
         return Launch(tuple(command), child_env, False, out)
     child_env.pop(follow.ENV, None)   # the recorded root follows its children itself (--follow)
@@ -171,36 +186,98 @@ def launch_plan(command: Sequence[str], out: Path, *, record: bool, mode: str, f
 
 # ------------------------------------------------------------------------------------ progress
 
-def _wait(child: proc.Child, launch: Launch, stall_s: float, timeout_s: float, t0: float,
-          say: Callable[[str], None]) -> tuple[str | None, float | None, Any]:
-    """Poll until the child ends (None, None), stalls ('hang', last progress) or runs out ('timeout', None);
-    and the progress tracker (a JobProgress when the command's processes are followed)."""
-    tracker = Progress(child.pid, launch.log if launch.recorded else None, launch.beat,
-                       (launch.stdout, launch.stderr))
+def _tracker(child: proc.Child, launch: Launch) -> Any:
+    """liveness's judge of the child (a JobProgress when the command's processes are followed)."""
+    tracker: Any = Progress(child.pid, launch.log if launch.recorded else None, launch.beat,
+                            (launch.stdout, launch.stderr))
     if launch.procs.is_dir():
         tracker = liveness.JobProgress(tracker, launch.procs)
-    stopped, last = liveness.wait(child, tracker, stall_s=stall_s, timeout_s=timeout_s, t0=t0, poll_s=POLL_S)
-    if stopped == "hang":
-        say(f"no progress for {stall_s:g} s: capturing evidence")
-    elif stopped == "timeout":
-        say(f"timeout after {timeout_s:g} s: capturing evidence")
-    return stopped, last, tracker
+    return tracker
+
+
+def _poll(child: proc.Child, tracker: Any, stall_s: float, deadline: float | None,
+          beat: Callable[[float | None], None]) -> tuple[str | None, float | None]:
+    """liveness.wait's rule (no progress for stall_s, or only weak progress for SPIN_WINDOWS windows), polled
+    here so that the status file, the job folder's bounds and a signal are served between polls: (None, None)
+    when the child ended, ('hang', monotonic time of the last strong progress) or ('timeout', None)."""
+    last = strong = time.monotonic()
+    while child.poll() is None:
+        now = time.monotonic()
+        level = tracker.advanced()
+        if level:
+            last = now
+        if level == liveness.STRONG:
+            strong = now
+        beat(last)
+        if now - last > stall_s or now - strong > liveness.SPIN_WINDOWS * stall_s:
+            return "hang", strong
+        if deadline is not None and now > deadline:
+            return "timeout", None
+        time.sleep(POLL_S)
+    return None, None
+
+
+def _recovered(child: proc.Child, tracker: Any, deadline: float | None,
+               beat: Callable[[float | None], None]) -> float | None:
+    """After a stall captured under --on-stall keep: when the job progressed again (strong progress: ops
+    completing, Python working), or None when it ended or ran out of time first."""
+    while child.poll() is None:
+        now = time.monotonic()
+        if tracker.advanced() == liveness.STRONG:
+            return now
+        if deadline is not None and now > deadline:
+            return None
+        beat(None)
+        time.sleep(POLL_S)
+    return None
+
+
+# ------------------------------------------------------------------------------------ bounds over days
+
+def _prune(procs: Path, tracker: Any, keep_ended: int = KEEP_ENDED) -> None:
+    """Bound the job folder and the watchdog's memory whatever the job's length: an ended process's op log is
+    cut to what it recorded; beyond the latest `keep_ended` ended processes (DataLoader workers respawned every
+    epoch), the oldest ones' files go, and the tracker forgets them."""
+    metas = follow.metas(procs)
+    ended = sorted((m.get("started") or 0, pid) for pid, m in metas.items()
+                   if not m.get("root") and not jobread.live(pid))
+    for _, pid in ended[-keep_ended:]:
+        files = follow.files(procs, pid)
+        if files["log"].exists() and not files["log"].with_suffix(".kept").exists():
+            keep_recorded(files["log"])
+            with contextlib.suppress(OSError):
+                files["log"].with_suffix(".kept").touch()
+    for _, pid in ended[:-keep_ended] if len(ended) > keep_ended else ():
+        for p in procs.glob(f"{pid}.*"):
+            with contextlib.suppress(OSError):
+                p.unlink()
+        for held in ("procs", "last"):
+            getattr(tracker, held, {}).pop(pid, None)
+        getattr(tracker, "seen", set()).discard(pid)
+
+
+def _thin_captures(root: Path, limit: int = MAX_CAPTURES) -> None:
+    """Keep the first and the latest capture folders of a job that stalls again and again."""
+    caps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    half = limit // 2
+    for p in caps[half:-half] if len(caps) > limit else ():
+        shutil.rmtree(p, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------ a job of processes
 
 def _job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, native_tools: Sequence[str],
-                 stacks: bool) -> tuple[list, Any, dict]:
+                 stacks: bool, dest: Path) -> tuple[list, Any, dict]:
     """Every followed process's Python stacks (at once), the views, the cross-process finding, and the
-    native stacks of the process the finding names; each process's op-log tail written from the same read.
-    Before the stop: the processes are still stuck."""
+    native stacks of the process the finding names; each process's op-log tail written (into `dest`) from the
+    same read. Before the stop: the processes are still stuck."""
     left = jobread.read_job(launch.procs)
     metas = {pid: lf.meta for pid, lf in left.items()}
     pythons = {pid: c.text for pid, c in jobread.capture_python(launch.procs, metas).items()} if stacks else {}
     if root_python and not pythons.get(root_pid):
         pythons[root_pid] = root_python
     views = jobread.views(launch.procs, pythons, getattr(tracker, "last", None), left=left)
-    jobread.write_tails(launch.procs, left)
+    jobread.write_tails(dest, left)
     finding = job.analyse(views)
     natives: dict = {}
     culprit = next((p for p in views if p.role == finding.culprit), None)
@@ -209,13 +286,13 @@ def _job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, 
     return views, finding, {"python": pythons, "native": natives}
 
 
-def _with_job(v: Verdict, launch: Launch, root: int, views: list, finding: Any, stacks: Mapping[str, dict]) -> Verdict:
+def _with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stacks: Mapping[str, dict]) -> Verdict:
     """The verdict of a job: the finding's class, culprit and evidence first, the per-process table, and every
-    process's stacks as files in the job folder."""
+    process's stacks as files in the job folder `procs`."""
     for kind, by_pid in stacks.items():
         for pid, text in by_pid.items():
             if text:
-                write_text(launch.procs / f"{pid}.stacks_{kind}.txt", text)
+                write_text(procs / f"{pid}.stacks_{kind}.txt", text)
     rows = []
     for row in finding.processes:
         files = {k: f"procs/{row['pid']}.stacks_{k}.txt" for k in stacks if stacks[k].get(row["pid"])}
@@ -272,6 +349,35 @@ def _capture(child: proc.Child, launch: Launch, *, capture_gpu: bool | str, cuda
     return caps
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """The evidence taken at a stall (or at the end), before it is judged."""
+    caps: dict
+    jobbed: Any
+    snap: Any
+    notes: tuple[str, ...]
+
+
+def _evidence(child: proc.Child, launch: Launch, tracker: Any, dest: Path, *, stacks: bool,
+              capture_gpu: bool | str, cuda_gdb: bool, coredump: bool, native_tools: Sequence[str]) -> _Seen:
+    """Stacks (every process's, for a job) and the op log as the stall left them; the child still runs."""
+    if stacks:
+        caps = _capture(child, launch, capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
+                        native_tools=native_tools)
+    else:
+        caps = {"python": capture.Capture("python", "", None, 0.0, False, "not taken (stack capture off)")}
+    jobbed = None
+    if getattr(tracker, "procs", None):   # the job has processes besides the one started
+        t_job = time.monotonic()
+        jobbed = _job_capture(launch, tracker, child.pid, caps["python"].text, native_tools, stacks, dest)
+        caps["processes"] = capture.Capture("processes", "", "faulthandler", time.monotonic() - t_job, True)
+    t_log = time.monotonic()
+    snap, log_notes = _read_log(launch)  # last: the op-log tail as the stall left it
+    caps["oplog"] = capture.Capture("oplog", "", "gpulab.trace" if snap is not None else None,
+                                    time.monotonic() - t_log, snap is not None)
+    return _Seen(caps, jobbed, snap, tuple(log_notes))
+
+
 def _tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
     if not path.exists():
         return ""
@@ -280,12 +386,12 @@ def _tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
         return fh.read().decode("utf-8", "replace")
 
 
-def _products(launch: Launch, v: Verdict) -> dict:
-    """Stacks and the op-log tail as files beside the verdict (paths relative to the products folder)."""
-    out = launch.out
+def _products(launch: Launch, v: Verdict, dest: Path | None = None) -> dict:
+    """Stacks and the op-log tail as files beside the verdict (paths relative to `dest`, the products folder)."""
+    out = dest or launch.out
     files = {"stdout": launch.stdout.name, "stderr": launch.stderr.name,
-             "op_log": launch.log.name if launch.log.exists() else None,
-             "faulthandler": launch.faulthandler.name if launch.faulthandler.exists() else None}
+             "op_log": launch.log.name if (out / launch.log.name).exists() else None,
+             "faulthandler": launch.faulthandler.name if (out / launch.faulthandler.name).exists() else None}
     for name, text in (("stacks_python.txt", v.stacks.get("python")), ("stacks_native.txt", v.stacks.get("native")),
                        ("stacks_gpu.txt", v.stacks.get("gpu"))):
         if text:
@@ -298,28 +404,130 @@ def _products(launch: Launch, v: Verdict) -> dict:
     return files
 
 
+def _judge(command: Sequence[str], launch: Launch, seen: _Seen, *, status: str, rc: int | None, t0: float,
+           hang_started: float | None, stall_s: float, timeout_s: float | None, mode: str, spec: Any, pid: int,
+           left: tuple, tail: int, py_text: str | None = None) -> Verdict:
+    """judge() over what was seen; times are the watchdog's monotonic clock, t0 its start."""
+    caps = seen.caps
+    planted = faults.planted_from_stderr(_tail(launch.stderr, 200_000))
+    capture_s = {k: round(c.seconds, 3) for k, c in caps.items()}
+    capture_s["total"] = round(sum(c.seconds for k, c in caps.items() if k != "oplog"), 3)
+    snap = seen.snap
+    obs = Observation(
+        command=tuple(command), status=status, exit_code=rc, elapsed_s=time.monotonic() - t0,
+        recorded=launch.recorded and snap is not None, records=tuple(snap.records) if snap is not None else (),
+        ops_started=snap.started if snap is not None else 0, ops_completed=snap.completed if snap is not None else 0,
+        dropped=snap.dropped if snap is not None else 0,
+        python_text=py_text if py_text is not None else (caps["python"].text if "python" in caps else ""),
+        native_text=caps["native"].text if "native" in caps else "",
+        gpu_text=caps["gpu"].text if "gpu" in caps else None,
+        capture_notes=tuple((c.step, c.note) for c in caps.values() if c.note), capture_s=capture_s,
+        stderr_tail=_tail(launch.stderr),
+        planted=str(spec) if spec else (planted[0].split("planted ", 1)[1] if planted else None),
+        mode=mode if launch.recorded else None, stall_s=stall_s, timeout_s=timeout_s or 0.0,
+        hang_started_s=None if hang_started is None else hang_started - t0,
+        verdict_at_s=time.monotonic() - t0, pid=pid, notes=seen.notes, left_running=left, tail=tail)
+    return judge(obs)
+
+
+# ------------------------------------------------------------------------------------ a stall under keep
+
+def _snapshot(launch: Launch, dest: Path, limit: int = 32) -> None:
+    """The op logs as a stall left them, copied into its capture folder (the live ones go on being written):
+    the root's and, for a job, each process's <pid>.json and log (at most `limit`), each cut to what it holds."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if launch.recorded and launch.log.exists():
+        shutil.copyfile(launch.log, dest / launch.log.name)
+        keep_recorded(dest / launch.log.name)
+    for name, keep in ((launch.stdout.name, 64_000), (launch.stderr.name, 64_000)):
+        text = _tail(launch.out / name, keep)
+        if text:
+            write_text(dest / name, text)
+    if not launch.procs.is_dir():
+        return
+    (dest / "procs").mkdir(exist_ok=True)
+    metas = follow.metas(launch.procs)
+    for pid in sorted(metas, key=lambda p: (not jobread.live(p), p))[:limit]:
+        f = follow.files(launch.procs, pid)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(f["meta"], dest / "procs" / f["meta"].name)
+            if f["log"].exists():
+                shutil.copyfile(f["log"], dest / "procs" / f["log"].name)
+                keep_recorded(dest / "procs" / f["log"].name)
+
+
+def _stall_record(v: Verdict, seen: _Seen, *, t: float, stall_s: float, capture_dir: str,
+                  last_wall: float) -> dict:
+    """A stall as the verdict lists it: when, where, whether the evidence shows one of the usual pauses, and
+    how the window compares with the job's own gaps between ops (from the op log up to the stall)."""
+    culprit = next((p for p in v.processes if p.get("role") == v.culprit), None) if v.culprit else None
+    open_op = v.in_flight_op
+    py = v.stacks.get("python") or ""
+    frame = jobread.main_frame(py).where if py else None
+    frames = jobread.main_frame(py).frames if py else ()
+    views = seen.jobbed[0] if seen.jobbed else []
+    if culprit is not None and not open_op:
+        frame = culprit.get("frame") or frame
+        pythons = seen.jobbed[2].get("python", {}) if seen.jobbed else {}
+        frames = jobread.main_frame(pythons.get(culprit.get("pid"), "")).frames or frames
+    ranks_at = [p.frame or "" for p in views if p.kind == "rank"]
+    pause = stalls.judge_pause(open_op, frames, v.divergence, ranks_at)
+    records = list(seen.snap.records) if seen.snap is not None else []
+    if not records and seen.jobbed:   # a launcher records nothing: the ranks' rhythm is the job's
+        busiest = max((lf for lf in jobread.read_job(Path(v.log.get("dir", "")) / "procs").values()
+                       if lf.snap is not None), key=lambda lf: lf.snap.completed, default=None) \
+            if v.log.get("dir") else None
+        records = list(busiest.snap.records) if busiest is not None else []
+    gaps = stalls.gaps(records, before=last_wall)
+    return {"t": round(t, 3), "for_s": None, "where": stalls.where(open_op, v.divergence, frame,
+                                                                    v.culprit if culprit else None),
+            "recovered": False, "pause": {"kind": pause.kind, "usual": pause.usual, "why": pause.why},
+            "window": stalls.window_note(stall_s, gaps), "gaps": gaps.to_dict() if gaps else None,
+            "capture": capture_dir}
+
+
 # ------------------------------------------------------------------------------------ the watchdog
 
-def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 3600.0, record: bool = True,
+def _exit_code_of(rc: int | None) -> int:
+    """The job's code as a shell gives it: its exit status, or 128+N when signal N ended it."""
+    if rc is None:
+        return 1
+    return 128 - rc if rc < 0 else rc
+
+
+def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | None = None, record: bool = True,
         mode: str = "auto", fault: str | None = None, out_dir: str | os.PathLike | None = None,
         capture_gpu: bool | str = "auto", cuda_gdb: bool = False, coredump: bool = False,
         env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
         tail: int = 20, native_tools: tuple[str, ...] = ("py-spy", "gdb"), progress: Any = None,
         fixes: Sequence[str] = (), stacks: bool = True,
-        finish: Callable[[Verdict, str | None], Verdict] | None = None) -> Verdict:
+        finish: Callable[[Verdict, str | None], Verdict] | None = None, on_stall: str = "stop",
+        grace_s: float = 0.0, echo: bool = False, keep_output: int | None = None, status: bool = False,
+        status_every_s: float = status_mod.EVERY_S, say_every_s: float = 0.0) -> Verdict:
     """Run COMMAND under the watchdog and return the verdict (also written to out_dir/verdict.json).
     `log` paths in the verdict are relative to out_dir (`Verdict.log['dir']` is out_dir itself).
     stacks=False skips the stacks and the GPU view on a hang (a bisection probe needs only the outcome
     and the op log; gdb alone can take seconds). `finish(verdict, device)` amends the verdict before it is
     saved: how a caller above gpulab.hang adds what the watchdog cannot know (the fixes to try:
-    gpulab.fixes.suggest.with_suggestions). `fixes` only labels the run: `env` must carry them."""
+    gpulab.fixes.suggest.with_suggestions). `fixes` only labels the run: `env` must carry them.
+
+    For a job that runs for days: timeout_s None (no bound; the stall window judges it); on_stall 'keep'
+    captures each stall into captures/NN/ and goes on watching (the verdict's `stalls` lists them);
+    grace_s > 0 passes SIGINT/SIGTERM/SIGHUP on to the job and waits that long for it to end (it may
+    checkpoint) before stopping it; echo shows the job's output live on this process's stdout/stderr and
+    keep_output bounds OUT/stdout.txt and stderr.txt to their last bytes (gpulab.tee); status rewrites
+    OUT/status.json every status_every_s seconds (a line on stderr every say_every_s, 0: never)."""
     command = [str(c) for c in command]
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not valid; choose one of {', '.join(MODES)}")
-    if not (stall_s > 0 and timeout_s > 0):
-        raise ValueError(f"stall_s={stall_s!r} and timeout_s={timeout_s!r} must both be > 0")
+    if not (stall_s > 0 and (timeout_s is None or timeout_s > 0)):
+        raise ValueError(f"stall_s={stall_s!r} and timeout_s={timeout_s!r} must both be > 0 (timeout_s None: no bound)")
     if capture_gpu not in (True, False, "auto"):
         raise ValueError(f"capture_gpu={capture_gpu!r}; choose True, False or 'auto'")
+    if on_stall not in ON_STALL:
+        raise ValueError(f"on_stall={on_stall!r} is not valid; choose one of {', '.join(ON_STALL)}")
+    if grace_s < 0:
+        raise ValueError(f"grace_s={grace_s!r} must be >= 0 seconds")
     spec = faults.parse(fault)
     check_command(command, cwd)
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="gpulab-watch-"))
@@ -327,60 +535,187 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     say = progress or (lambda msg: print(f"[gpulab watch] {msg}", file=sys.stderr, flush=True))
     launch = launch_plan(command, out, record=record, mode=mode, fault=spec, env=env, coredump=coredump,
                          fixes=fixes)
-    for p in (launch.log, launch.faulthandler, launch.beat):
+    for p in (launch.log, launch.faulthandler, launch.beat, out / "status.json"):
         if p.exists():
             p.unlink()
-    say(f"running {' '.join(launch.argv)}  (stall {stall_s:g} s, timeout {timeout_s:g} s, out {out})")
+    shutil.rmtree(out / "captures", ignore_errors=True)
+    bound = f"timeout {timeout_s:g} s" if timeout_s else "no timeout"
+    say(f"running {' '.join(launch.argv)}  (stall {stall_s:g} s, {bound}, on stall: {on_stall}, out {out})")
     t0 = time.monotonic()
-    caps: dict[str, capture.Capture] = {}
-    with proc.Child(launch.argv, stdout=launch.stdout, stderr=launch.stderr, env=launch.env, cwd=cwd,
-                    label="watched") as child:
-        stalled, hang_started, tracker = _wait(child, launch, stall_s, timeout_s, t0, say)
-        if stalled and stacks:
-            caps = _capture(child, launch, capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
-                            native_tools=native_tools)
-        elif stalled:
-            caps = {"python": capture.Capture("python", "", None, 0.0, False, "not taken (stack capture off)")}
-        jobbed = None
-        if stalled and getattr(tracker, "procs", None):   # the job has processes besides the one started
-            t_job = time.monotonic()
-            jobbed = _job_capture(launch, tracker, child.pid, caps["python"].text, native_tools, stacks)
-            caps["processes"] = capture.Capture("processes", "", "faulthandler", time.monotonic() - t_job, True)
-        t_log = time.monotonic()
-        snap, log_notes = _read_log(launch)  # last, before the stop: the op-log tail as the hang left it
-        caps["oplog"] = capture.Capture("oplog", "", "gpulab.trace" if snap is not None else None,
-                                        time.monotonic() - t_log, snap is not None)
-        left = child.stop()
+    deadline = t0 + timeout_s if timeout_s else None
+    tees: list[tee.Tee] = []
+    if echo or keep_output:
+        keep = keep_output or tee.KEEP_BYTES
+        tees = [tee.Tee(launch.stdout, 1 if echo else None, keep, name="stdout"),
+                tee.Tee(launch.stderr, 2 if echo else None, keep, name="stderr")]
+    found: list[dict] = []
+    interrupted: dict | None = None
+    writer = None
+    seen: _Seen | None = None
+    stalled: str | None = None
+    hang_started: float | None = None
+    try:
+        with proc.Child(launch.argv, stdout=tees[0].fd if tees else launch.stdout,
+                        stderr=tees[1].fd if tees else launch.stderr, env=launch.env, cwd=cwd,
+                        label="watched") as child:
+            for t in tees:
+                t.started()
+            tracker = _tracker(child, launch)
+            if status:
+                writer = status_mod.Writer(out, lambda: status_mod.job_processes(
+                    child.pid, launch.log if launch.recorded else None,
+                    launch.procs if launch.procs.is_dir() else None), say, status_every_s, say_every_s).start()
+            pruned = [time.monotonic()]
+
+            def beat(last: float | None, phase: str = "running") -> None:
+                now = time.monotonic()
+                if writer is not None and (last is None or now - getattr(beat, "t", 0.0) >= 1.0):
+                    beat.t = now   # type: ignore[attr-defined]
+                    by = dict(getattr(tracker, "last", {}) or {})
+                    if last is not None:
+                        by.setdefault(child.pid, last)
+                    writer.update(status_mod.State(
+                        phase="stalled" if last is None else phase, t0=t0, last=last, last_by_pid=by,
+                        stalls=len(found), recovered=sum(1 for s in found if s["recovered"]),
+                        note=found[-1]["where"] if found and not found[-1]["recovered"] else ""))
+                if launch.procs.is_dir() and now - pruned[0] > PRUNE_EVERY_S:
+                    pruned[0] = now
+                    _prune(launch.procs, tracker)
+
+            try:
+                while True:
+                    stalled, hang_started = _poll(child, tracker, stall_s, deadline, beat)
+                    if stalled == "hang":
+                        say(f"no progress for {stall_s:g} s: capturing evidence")
+                    elif stalled == "timeout":
+                        say(f"timeout after {timeout_s:g} s: capturing evidence")
+                    if stalled != "hang" or on_stall == "stop":
+                        break
+                    n = len(found) + 1
+                    cap = out / "captures" / f"{n:02d}"
+                    if writer is not None:
+                        writer.update(dataclasses.replace(writer.state, phase="capturing"), now=True)
+                    found.append(_keep_capture(child, launch, tracker, cap, command=command, t0=t0,
+                                               hang_started=hang_started, stall_s=stall_s, timeout_s=timeout_s,
+                                               mode=mode, spec=spec, tail=tail, stacks=stacks,
+                                               capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
+                                               native_tools=native_tools))
+                    _thin_captures(out / "captures")
+                    rec = found[-1]
+                    say(f"stall {n} captured in {cap} ({rec['where']}; "
+                        f"{rec['pause']['kind'] or 'no usual pause'}): watching on")
+                    back = _recovered(child, tracker, deadline, beat)
+                    rec["for_s"] = round((back or time.monotonic()) - hang_started, 3)
+                    if back is None:
+                        break
+                    rec["recovered"] = True
+                    say(f"stall {n} recovered after {rec['for_s']:.1f} s")
+                    if child.poll() is not None:
+                        break
+                if on_stall == "keep" and child.poll() is not None:
+                    stalled = None   # it ended by itself, after its stalls: judged by how it ended
+                if stalled:   # a hang (stop, or keep's stall that outlasted the timeout) or a timeout
+                    seen = _evidence(child, launch, tracker, launch.procs, stacks=stacks, capture_gpu=capture_gpu,
+                                     cuda_gdb=cuda_gdb, coredump=coredump, native_tools=native_tools)
+            except proc.Interrupted as exc:
+                if not grace_s:
+                    raise
+                interrupted = _pass_on(child, exc, grace_s, say)
+                stalled = None
+            if seen is None:   # ended by itself (or passed a signal): the op log as it was left
+                snap, notes = _read_log(launch)
+                seen = _Seen({}, None, snap, tuple(notes))
+            left = child.stop()
+    finally:
+        kept = [t.close() for t in tees]
+        if writer is not None:
+            writer.stop(dataclasses.replace(writer.state, phase="ended"))
+    return _finish(command, launch, seen, child, out, t0=t0, stalled=stalled, hang_started=hang_started,
+                   stall_s=stall_s, timeout_s=timeout_s, mode=mode, spec=spec, left=left, tail=tail,
+                   found=found, interrupted=interrupted, kept=kept, finish=finish, say=say)
+
+
+def _keep_capture(child: proc.Child, launch: Launch, tracker: Any, cap: Path, *, command: Sequence[str],
+                  t0: float, hang_started: float, stall_s: float, timeout_s: float | None, mode: str, spec: Any,
+                  tail: int, stacks: bool, capture_gpu: bool | str, cuda_gdb: bool, coredump: bool,
+                  native_tools: Sequence[str]) -> dict:
+    """One stall under --on-stall keep: the evidence, as a stop would take it, into its own folder (a verdict
+    of status hang, the op logs as they were, every process's stacks), the job left running; -> its record."""
+    cap.mkdir(parents=True, exist_ok=True)
+    capped = dataclasses.replace(launch, out=cap)
+    seen = _evidence(child, launch, tracker, cap / "procs", stacks=stacks, capture_gpu=capture_gpu,
+                     cuda_gdb=cuda_gdb, coredump=coredump, native_tools=native_tools)
+    _snapshot(launch, cap)
+    v = _judge(command, launch, seen, status="hang", rc=None, t0=t0, hang_started=hang_started, stall_s=stall_s,
+               timeout_s=timeout_s, mode=mode, spec=spec, pid=child.pid, left=(), tail=tail)
+    if seen.jobbed is not None:
+        v = _with_job(v, cap / "procs", child.pid, *seen.jobbed)
+    v = dataclasses.replace(v, log={"dir": str(cap), **_products(capped, v)})
+    v = dataclasses.replace(v, evidence=tuple(e for e in v.evidence if not e.startswith("the watchdog stopped"))
+                            + ("the watchdog left the job running (--on-stall keep)",))
+    last_wall = time.time() - (time.monotonic() - hang_started)
+    rec = _stall_record(v, seen, t=hang_started - t0, stall_s=stall_s,
+                        capture_dir=str(cap.relative_to(launch.out)), last_wall=last_wall)
+    write_json(cap / "verdict.json", {**v.to_dict(), "stall": rec})
+    return rec
+
+
+def _pass_on(child: proc.Child, exc: proc.Interrupted, grace_s: float, say: Callable[[str], None]) -> dict:
+    """A signal to the watchdog goes to the job (its process group), which gets grace_s seconds to end (it may
+    write a checkpoint); a second signal meanwhile is not waited for."""
+    say(f"{exc.name}: passed on to the job; waiting up to {grace_s:g} s for it to end")
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, exc.signum)
+    rc = child.wait(grace_s)
+    ended = rc is not None
+    say(f"the job ended with {'exit code ' + str(rc) if rc is not None and rc >= 0 else 'signal ' + str(-rc)}"
+        if ended else f"the job did not end within {grace_s:g} s: stopping it")
+    return {"signal": exc.name, "signum": exc.signum, "passed_to_job": True, "grace_s": grace_s,
+            "job_ended": ended}
+
+
+def _finish(command: Sequence[str], launch: Launch, seen: _Seen, child: proc.Child, out: Path, *, t0: float,
+            stalled: str | None, hang_started: float | None, stall_s: float, timeout_s: float | None, mode: str,
+            spec: Any, left: tuple, tail: int, found: list[dict], interrupted: dict | None, kept: list,
+            finish: Callable[[Verdict, str | None], Verdict] | None, say: Callable[[str], None]) -> Verdict:
     rc = child.returncode
     if launch.recorded:
         keep_recorded(launch.log)   # the finished op log cut to what was recorded (gpulab.trace.ring.shrink)
     followed = keep_followed(launch.procs) if launch.procs.is_dir() else []
-
+    ended_by_us = interrupted is not None and not interrupted["job_ended"]
     status = stalled or ("ok" if rc == 0 else ("crash" if rc is not None and rc < 0 else "error"))
-    py_text = caps["python"].text if "python" in caps else ""
-    if status == "crash" and launch.faulthandler.exists():
+    if ended_by_us:
+        status = "crash"   # judged as the kill it was; relabelled below
+    py_text = seen.caps["python"].text if "python" in seen.caps else ""
+    if status == "crash" and launch.faulthandler.exists() and not ended_by_us:
         py_text = launch.faulthandler.read_text(errors="replace")
-    stderr_tail = _tail(launch.stderr)
-    planted = faults.planted_from_stderr(_tail(launch.stderr, 200_000))
-    capture_s = {k: round(c.seconds, 3) for k, c in caps.items()}
-    capture_s["total"] = round(sum(c.seconds for k, c in caps.items() if k != "oplog"), 3)
-    obs = Observation(
-        command=tuple(command), status=status, exit_code=rc, elapsed_s=time.monotonic() - t0,
-        recorded=launch.recorded and snap is not None, records=tuple(snap.records) if snap is not None else (),
-        ops_started=snap.started if snap is not None else 0, ops_completed=snap.completed if snap is not None else 0,
-        dropped=snap.dropped if snap is not None else 0, python_text=py_text,
-        native_text=caps["native"].text if "native" in caps else "",
-        gpu_text=caps["gpu"].text if "gpu" in caps else None,
-        capture_notes=tuple((c.step, c.note) for c in caps.values() if c.note), capture_s=capture_s,
-        stderr_tail=stderr_tail, planted=str(spec) if spec else (planted[0].split("planted ", 1)[1] if planted else None),
-        mode=mode if launch.recorded else None, stall_s=stall_s, timeout_s=timeout_s, hang_started_s=hang_started,
-        verdict_at_s=time.monotonic() - t0, pid=child.pid, notes=tuple(log_notes), left_running=left, tail=tail)
-    v = judge(obs)
+    v = _judge(command, launch, seen, status=status, rc=rc, t0=t0, hang_started=hang_started, stall_s=stall_s,
+               timeout_s=timeout_s, mode=mode, spec=spec, pid=child.pid, left=left, tail=tail, py_text=py_text)
+    jobbed = seen.jobbed
     if jobbed is None and status != "ok" and followed:   # ended by itself: who ended how
         views = jobread.views(launch.procs, {})
         jobbed = (views, job.analyse(views), {})
     if jobbed is not None:
-        v = _with_job(v, launch, child.pid, *jobbed)
+        v = _with_job(v, launch.procs, child.pid, *jobbed)
+    extra: list[str] = []
+    for s in found:
+        extra.append(f"stall at {s['t']:.1f} s for {s['for_s']:.1f} s at {s['where']}: "
+                     + ("recovered" if s["recovered"] else "never recovered") + f" ({s['pause']['why']})")
+    if found:
+        extra.append(found[-1]["window"])
+    if len(found) > stalls.MAX_KEPT:
+        extra.append(f"{len(found)} stalls in all; the first and the latest {stalls.MAX_KEPT // 2} are listed")
+    for k in kept:
+        if k.written > k.kept:
+            extra.append(f"{Path(k.path).name} keeps the last {k.kept} of the {k.written} bytes the job wrote")
+    changes: dict = {"stalls": tuple(stalls.kept(found)), "interrupted": interrupted}
+    if interrupted is not None:
+        extra.append(f"gpulab watch got {interrupted['signal']} and passed it to the job; "
+                     + (f"the job ended by itself within {interrupted['grace_s']:g} s" if interrupted["job_ended"]
+                        else f"the job did not end within {interrupted['grace_s']:g} s and was stopped"))
+        if ended_by_us:
+            changes.update(status="interrupted", signal=None, cls=None)
+    v = dataclasses.replace(v, evidence=tuple(v.evidence) + tuple(extra), **changes)
     v = dataclasses.replace(v, log={"dir": str(out), **_products(launch, v)})
     if finish is not None:
         v = finish(v, log_device(launch.log if launch.recorded else None))
@@ -388,6 +723,16 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float = 360
     say(f"{v.status}" + (f" ({v.cls})" if v.cls else "") + (f" in {v.in_flight_op['name']}" if v.in_flight_op
                                                             else "") + f"; verdict {out / 'verdict.json'}")
     return v
+
+
+def exit_code(v: Verdict) -> int:
+    """gpulab watch's exit code: the job's own when it ended by itself (128+N for signal N, as a shell says),
+    3 hang, 5 timeout, 128+N when a signal N to the watchdog ended the job."""
+    if v.status == "interrupted":
+        return 128 + int((v.interrupted or {}).get("signum") or 15)
+    if v.status in ("ok", "error", "crash"):
+        return _exit_code_of(v.exit_code) if v.status != "ok" else 0
+    return EXIT_CODES.get(v.status, 1)
 
 
 def log_device(log: str | os.PathLike | None) -> str | None:
@@ -402,12 +747,26 @@ def log_device(log: str | os.PathLike | None) -> str | None:
 
 def _parser():
     p = parser("gpulab watch", "Run COMMAND under the hang watchdog and write a verdict JSON (status, phase, "
-               "class, in-flight op, stacks, evidence). Exit codes: 0 ok, 1 error, 3 hang, 4 crash, 5 timeout, "
-               "2 bad usage, 127 command not found, 128+N stopped by signal N.",
-               "gpulab watch --stall 30 --json verdict.json -- python train.py --lr 1e-4")
+               "class, in-flight op, stacks, evidence). The job's output reaches this terminal live (OUT keeps its "
+               "last bytes), OUT/status.json is rewritten every few seconds, and a signal to gpulab is passed on "
+               "to the job. Exit codes: the job's own (0 ok, its exit status, 128+N when signal N ended it), 3 "
+               "hang, 5 timeout, 2 bad usage, 127 command not found, 128+N stopped by signal N.",
+               "gpulab watch --stall 120 --on-stall keep --out run1 -- python train.py --lr 1e-4")
     p.add_argument("--stall", type=positive("--stall"), default=60.0, metavar="S",
-                   help="no progress for S seconds is a hang")
-    p.add_argument("--timeout", type=positive("--timeout"), default=3600.0, metavar="S", help="bound on the whole run")
+                   help="no progress for S seconds is a stall")
+    p.add_argument("--timeout", type=positive("--timeout"), default=None, metavar="S",
+                   help="bound on the whole run (default: none; the stall window judges the job)")
+    p.add_argument("--on-stall", default="stop", choices=ON_STALL,
+                   help="stop: capture the evidence and stop the job (a hang); keep: capture it into "
+                        "OUT/captures/NN/ and go on watching (a stall that recovers is listed in the verdict)")
+    p.add_argument("--grace", type=positive("--grace"), default=GRACE_S, metavar="S",
+                   help="after SIGTERM/SIGINT/SIGHUP, passed on to the job: seconds it gets to end by itself")
+    p.add_argument("--status-every", type=float, default=status_mod.SAY_EVERY_S, metavar="S",
+                   help="a status line on stderr every S seconds (0: none); OUT/status.json is rewritten every "
+                        f"{status_mod.EVERY_S:g} s regardless")
+    p.add_argument("--keep-output", type=positive("--keep-output"), default=tee.KEEP_BYTES / 2**20, metavar="MB",
+                   help="OUT/stdout.txt and stderr.txt keep the job's last MB megabytes each")
+    p.add_argument("--quiet", action="store_true", help="do not show the job's output here (OUT keeps its tail)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the verdict here")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="products folder (default: a new temp dir)")
     p.add_argument("--mode", default="auto", choices=MODES, help="op recording mode of gpulab.trace (auto: ops, plus GPU completion tracking once CUDA is up)")
@@ -431,13 +790,18 @@ def main(argv: Sequence[str] | None = None,
         print("gpulab watch: give the command after '--', e.g. gpulab watch --stall 30 -- python train.py",
               file=sys.stderr)
         return proc.EXIT_BAD_INPUT
+    if args.status_every < 0:
+        print(f"gpulab watch: --status-every {args.status_every:g} is not valid; it must be >= 0 seconds "
+              f"(0: no status line)", file=sys.stderr)
+        return proc.EXIT_BAD_INPUT
     try:
         json_target(args.json)
         if args.out:
             writable_dir(args.out, "--out")
         v = run(command, stall_s=args.stall, timeout_s=args.timeout, record=not args.no_record, mode=args.mode,
                 fault=args.fault, out_dir=args.out, cuda_gdb=args.cuda_gdb, coredump=args.coredump,
-                finish=finish)
+                finish=finish, on_stall=args.on_stall, grace_s=args.grace, echo=not args.quiet,
+                keep_output=int(args.keep_output * 2**20), status=True, say_every_s=args.status_every)
     except proc.CommandNotFound as exc:
         print(f"gpulab watch: {exc}", file=sys.stderr)
         return proc.EXIT_NOT_FOUND
@@ -453,11 +817,18 @@ def main(argv: Sequence[str] | None = None,
           + (f"  process {v.culprit}" if v.culprit else "")
           + (f"  collective {v.divergence['op']} (group {v.divergence['group']}, seq {v.divergence['seq']})"
              if v.divergence else "")
+          + (f"  stalls {len(v.stalls)} ({sum(1 for s in v.stalls if s.get('recovered'))} recovered)"
+             if v.stalls else "")
           + (f"  SELF-TEST (planted {v.planted})" if v.planted else ""))
     for fact in v.evidence:
         print(f"  - {fact}")
     print(Path(v.log["dir"]) / v.log["verdict"])
-    return EXIT_CODES.get(v.status, 1)
+    code = exit_code(v)
+    if v.interrupted:   # the last line says what the signal did, as for every other command
+        print(f"gpulab watch: interrupted by {v.interrupted['signal']}; passed to the job, which "
+              + ("ended by itself" if v.interrupted["job_ended"] else "was stopped after the grace period")
+              + f"; every child process was stopped; exit {code}", file=sys.stderr, flush=True)
+    return code
 
 
 # ------------------------------------------------------------------------------------ the workload
