@@ -22,8 +22,8 @@ smoke: setup
 	$(PY) -m gpulab run --params params/smoke.yaml $(ARGS)
 
 ## test: set up, then the whole test suite (GPU tests skip without a GPU), three tests at a time: most of the
-## suite waits on stall windows of real hangs, so a third worker still helps on CI's two cores (on this 2-core
-## machine, 11-26: 11 min 35 s with 3 workers, 12 min 49 s with 2); a file's tests stay on one worker, which
+## suite waits on stall windows of real hangs, so a third worker still helps on CI's two cores (on a 2-core
+## machine the suite took about 10% less time with 3 workers than with 2); a file's tests stay on one worker, which
 ## builds its module-scoped fixtures (a whole chain run) once, not once per worker
 TEST_WORKERS ?= 3
 test: setup-test

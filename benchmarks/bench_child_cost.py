@@ -39,7 +39,7 @@ def variants(py: str, device: str, tmp: Path) -> dict[str, list[str]]:
                                                    "--mode", "ops", "--", *work],
         "workload under gpulab.trace --mode auto": [py, "-m", "gpulab.trace", "--log", str(tmp / "auto.log"),
                                                     "--mode", "auto", "--", *work],
-        # torch._dynamo imported by the recorder before the program, as until 11-25 (now: when the program does)
+        # torch._dynamo imported by the recorder before the program (by default: when the program does)
         "... --mode ops --dynamo eager": [py, "-m", "gpulab.trace", "--log", str(tmp / "opse.log"), "--mode",
                                           "ops", "--dynamo", "eager", "--", *work],
         "... --mode auto --dynamo eager": [py, "-m", "gpulab.trace", "--log", str(tmp / "autoe.log"), "--mode",

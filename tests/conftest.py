@@ -27,7 +27,7 @@ def _has_gpu() -> bool:
         return False
 
 
-# The files that take longest (seconds of test time on the 2-core CPU machine, 11-26), handed out first: with
+# The files that take longest (seconds of test time on a 2-core CPU machine), handed out first: with
 # `--dist loadfile` a worker takes whole files in collection order, so a long file collected last keeps one
 # worker busy after the other has finished (about 50 s of a 13-minute suite). Order only; nothing is skipped.
 LONGEST_FIRST = ("test_jobs", "test_liveness", "test_oracle", "test_fixes", "test_ladder_bisect", "test_chain",

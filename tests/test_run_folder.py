@@ -1,4 +1,4 @@
-"""Fast and light by default (issue 20): a run folder keeps what a reader needs, and says the truth while
+"""Fast and light by default: a run folder keeps what a reader needs, and says the truth while
 it runs. Real recorder, real watchdog children, a real `gpulab run` child."""
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def oracle_workers(device: str, n_cases: int, cores: int | None = None) -> int:
     cuDNN building a plan per shape): one per 4 cores, at most 3 (each holds a CUDA context on the shared GPU).
     On the CPU one per core, at most 4, each with its share of the cores as torch threads (oracle_threads):
     the cases are small, and torch's threads gain 1.35x on two cores where two workers gain 1.9x (this
-    project's 2-core machine, 11-26). Never more than the cases. `cores`: the usable cores, counted when None."""
+    project's 2-core machine). Never more than the cases. `cores`: the usable cores, counted when None."""
     dev = str(device)
     cores = usable_cores() if cores is None else cores
     if not (dev.startswith("cuda") or (dev == "auto" and has_gpu())):

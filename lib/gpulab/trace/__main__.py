@@ -12,7 +12,7 @@ record before the fault blocks inside it.
 
 torch._dynamo is imported when the program imports it, as without the recorder, not by the recorder's first
 op (gpulab.trace.lazydynamo; 1.7 s of a 5 s recorded forward run on a 2-core CPU); `--dynamo eager` imports
-it before the program, as the recorder did until 11-25. Where torch imports it inside an op (a custom op's
+it before the program, to compare the two. Where torch imports it inside an op (a custom op's
 first call does), the heartbeat tells the watchdog that the main thread is importing (gpulab.beat).
 """
 from __future__ import annotations
