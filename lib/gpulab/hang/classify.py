@@ -1,20 +1,41 @@
 """Evidence -> failure class, citing the facts used. Pure: no processes, no files, no torch.
 
-Classes (DESIGN.md): gemm, softmax, layout, sync, library_load, host_lock, collective, unknown; a job of
-several processes adds collective_mismatch, rank_stuck, worker_stuck (gpulab.hang.job judges those).
+Classes (DESIGN.md): gemm, softmax, layout, sync, library_load, host_lock, collective, unknown; memory faults
+read from what the driver or the runtime said (illegal_address, misaligned_address, out_of_bounds,
+device_assert, launch_failure, gpu_page_fault); a job of several processes adds collective_mismatch,
+rank_stuck, worker_stuck (gpulab.hang.job judges those).
 The rules go from the most specific observation to the least: frames that only appear in one situation
 (NCCL waits, the dynamic loader running a constructor, a host thread parked on a mutex) beat the op's name,
 and the op's name and layouts beat generic hints. Every rule that fires says, in words, what it saw.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab.hang.capture import Thread, parse_native, parse_python
 from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vocabulary
 
-CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown")
+# What the driver or the runtime said when a kernel faulted, most specific first: a device-side assert also
+# surfaces as a launch failure on some stacks, an illegal address report as a page fault on ROCm.
+MEMORY_FAULTS = (
+    ("device_assert", re.compile(r"device-side assert(ion)? triggered|Assertion `[^`]*` failed|"
+                                 r"cudaErrorAssert|CUDA_ERROR_ASSERT", re.I)),
+    ("misaligned_address", re.compile(r"misaligned address|cudaErrorMisalignedAddress|CUDA_ERROR_MISALIGNED_ADDRESS",
+                                      re.I)),
+    ("illegal_address", re.compile(r"illegal memory access|illegal address|cudaErrorIllegalAddress|"
+                                   r"CUDA_ERROR_ILLEGAL_ADDRESS|hipErrorIllegalAddress", re.I)),
+    ("gpu_page_fault", re.compile(r"Memory access fault by GPU node|Page not present or supervisor privilege", re.I)),
+    ("out_of_bounds", re.compile(r"IndexError: [^\n]*out of (range|bounds)|index -?\d+ is out of bounds for dimension|"
+                                 r"index out of range in self|out of bounds for dimension", re.I)),
+    ("launch_failure", re.compile(r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED|"
+                                  r"too many resources requested for launch|invalid configuration argument|"
+                                  r"no kernel image is available for execution|illegal instruction was encountered|"
+                                  r"hipErrorLaunchFailure", re.I)),
+)
+FAULT_CLASSES = tuple(c for c, _ in MEMORY_FAULTS)
+CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown") + FAULT_CLASSES
 JOB_CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck")   # gpulab.hang.job.CLASSES: across processes
 ALL_CLASSES = CLASSES + JOB_CLASSES
 # Failures whose cause is the program's own code when no fix removed them: the next step (04's and the index's)
@@ -32,11 +53,16 @@ _BUSY = ("a rank runs the program's own code outside any op or collective (03 na
          "comes, a branch only that rank takes); `py-spy dump --pid` on that rank shows it live")
 
 
-def program_cause(cls: str | None, culprit: str | None = None, processes: Sequence[Mapping] = ()) -> str | None:
+def program_cause(cls: str | None, culprit: str | None = None, processes: Sequence[Mapping] = (),
+                  owner: Mapping | None = None) -> str | None:
     """Why the failure is the program's own bug, in the next step's words, or None (a fix or an upstream report
     is the next step). By class (IN_THE_PROGRAM); a stuck rank only when the stacks show it in its own Python
     code (or the standard library on its behalf) with no op, collective or GPU wait open: a rank inside a torch
-    call or a kernel is not the program's to fix."""
+    call or a kernel is not the program's to fix. Else the verdict's owner (gpulab.hang.owner) when it is the
+    program: its place and what the evidence says is wrong there."""
+    if owner and owner.get("kind") == "program" and cls not in IN_THE_PROGRAM:
+        return (f"the bug is in the program's own code, at {owner.get('where')}: {owner.get('why')}; fix it there "
+                f"(an upstream report would not reach it)")
     if cls in IN_THE_PROGRAM:
         return IN_THE_PROGRAM[cls]
     if cls != "rank_stuck" or not culprit:
@@ -219,6 +245,28 @@ def host_phase(recorded: bool, ops_started: int, native: Sequence[Thread], pytho
     return "ops"
 
 
+def memory_fault(text: str) -> tuple[str, str] | None:
+    """(class, the line that says so) when a program's last words report a GPU memory fault or a kernel's
+    rejected input, else None."""
+    for cls, rx in MEMORY_FAULTS:
+        m = rx.search(text or "")
+        if m:
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            return cls, text[start:end if end >= 0 else len(text)].strip()[:300]
+    return None
+
+
+_ASSERT = re.compile(r"(?P<file>[^\s:]+\.(?:cu|cuh|cpp|h|py)):(?P<line>\d+): (?P<kernel>[^:\n]+): block: \[(?P<block>[\d,]+)\], "
+                     r"thread: \[(?P<thread>[\d,]+)\] Assertion `(?P<cond>[^`]*)` failed")
+
+
+def device_assert(text: str) -> dict | None:
+    """The first device-side assertion the runtime printed: kernel, source line, block, thread, condition."""
+    m = _ASSERT.search(text or "")
+    return {k: m.group(k) for k in ("file", "line", "kernel", "block", "thread", "cond")} if m else None
+
+
 # ------------------------------------------------------------------------------------ the classifier
 
 def classify(ev: Evidence) -> Classification:
@@ -247,6 +295,20 @@ def classify(ev: Evidence) -> Classification:
         facts.append(f"host thread blocked in {ev.host_blocked_in.get('name')} ("
                      + (f"in the driver's {api}" if api else "a sync") + ", waiting behind the in-flight op's GPU "
                      "work, which never completed)")
+
+    # 0. the driver or the runtime said what went wrong: a GPU memory fault, a kernel's failed check of its
+    #    input, a launch that failed. The op the host was in when it was said may only be the next sync.
+    said = memory_fault(ev.stderr_tail) if ev.status in ("crash", "error") else None
+    if said:
+        cls, line = said
+        facts.append(f"the program's last words report {cls.replace('_', ' ')}: {line}")
+        da = device_assert(ev.stderr_tail) if cls == "device_assert" else None
+        if da:
+            facts.append(f"kernel {da['kernel']} ({da['file']}:{da['line']}) failed its check `{da['cond']}` in "
+                         f"block [{da['block']}], thread [{da['thread']}]")
+        if op and op_kind(op.get("name")) == "sync":
+            facts.append(f"{op.get('name')} only reported it: GPU errors surface at the next sync")
+        return Classification(cls, tuple(facts))
 
     # 1. collectives: the op or NCCL/gloo frames
     coll = _hits(all_native, _COLLECTIVE_FRAMES)

@@ -296,7 +296,8 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
         notes.append(f"op log ring dropped {obs.dropped} old record(s)")
     oplog_tail = tuple(op_dict(r) for r in records[-obs.tail:])
     who = None if status == "ok" else owner.decide(
-        {"status": status, "class": cls, "in_flight_op": op_dict(inflight), "localized": localized, "pid": obs.pid,
+        {"status": status, "class": cls, "signal": sig, "in_flight_op": op_dict(inflight), "localized": localized,
+         "pid": obs.pid,
          "stacks": {"python": py_threads, "native": native_threads, "gpu": obs.gpu_text},
          "stderr_tail": obs.stderr_tail}, dict(obs.registered)).to_dict()
     return Verdict(

@@ -42,6 +42,7 @@ from gpulab import beat, proc, tee, trace, workloads
 from gpulab.args import BadInput, json_target, parser, positive, writable_dir
 from gpulab.hang import capture, faults, job, jobread, stalls
 from gpulab.hang import status as status_mod
+from gpulab.hang import memcheck, owner
 from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_line
 from gpulab.report import write_json, write_text
 from gpulab.trace import follow, liveness, native
@@ -716,6 +717,9 @@ def _finish(command: Sequence[str], launch: Launch, seen: _Seen, child: proc.Chi
         if ended_by_us:
             changes.update(status="interrupted", signal=None, cls=None)
     v = dataclasses.replace(v, evidence=tuple(v.evidence) + tuple(extra), **changes)
+    if v.status not in ("ok", "interrupted"):   # whose bug, on all that was gathered (the job's finding too)
+        v = _attributed(v, command, launch, out, timeout_s=min(timeout_s or memcheck.TIMEOUT_S, memcheck.TIMEOUT_S),
+                        say=say)
     v = dataclasses.replace(v, log={"dir": str(out), **_products(launch, v)})
     if finish is not None:
         v = finish(v, log_device(launch.log if launch.recorded else None))
@@ -733,6 +737,65 @@ def exit_code(v: Verdict) -> int:
     if v.status in ("ok", "error", "crash"):
         return _exit_code_of(v.exit_code) if v.status != "ok" else 0
     return EXIT_CODES.get(v.status, 1)
+
+
+SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp")
+SOURCE_FILES_MAX, SOURCE_BYTES_MAX = 200, 512 << 10
+
+
+def program_sources(command: Sequence[str], cwd: str | os.PathLike | None = None) -> dict[str, str]:
+    """The program's own sources, where it registers custom ops and defines kernels: the script and the source
+    files beside it (bounded: a folder of data must not cost the verdict)."""
+    pyc = python_command(command)
+    if pyc is None or pyc[2][0] == "-m":
+        return {}
+    script = Path(pyc[2][0]) if Path(pyc[2][0]).is_absolute() else Path(cwd or Path.cwd()) / pyc[2][0]
+    out: dict[str, str] = {}
+    try:
+        files = [script] + sorted(p for p in script.parent.iterdir() if p.suffix in SOURCE_SUFFIXES and p != script)
+    except OSError:
+        return out
+    for p in files[:SOURCE_FILES_MAX]:
+        try:
+            if p.is_file() and p.stat().st_size <= SOURCE_BYTES_MAX:
+                out[str(p)] = p.read_text(errors="replace")
+        except OSError:
+            continue
+    return out
+
+
+def plain_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A watched child's environment without the recorder's variables: the program as it runs without gpulab."""
+    out = {k: v for k, v in env.items() if k not in (follow.ENV, follow.MODE_ENV, beat.ENV)}
+    if out.get("PYTHONPATH"):
+        out["PYTHONPATH"] = os.pathsep.join(p for p in out["PYTHONPATH"].split(os.pathsep) if p != follow.SITE_DIR)
+    return out
+
+
+def _attributed(v: Verdict, command: Sequence[str], launch: Launch, out: Path, *, timeout_s: float,
+                say: Callable[[str], None]) -> Verdict:
+    """The verdict with its owner decided on everything gathered (the program's sources, where they register
+    custom ops and define kernels; the job's finding) and, for a GPU memory fault, what one bounded memcheck
+    run of the program (without the recorder) said. Relative paths are this process's: as the child's."""
+    registered = owner.registrations(program_sources(command))
+    device = str((v.in_flight_op or {}).get("device") or "")
+    mc = None
+    if v.cls == "gpu_page_fault":
+        mc = memcheck.Report(False, note=memcheck.ROCM_NOTE)
+    elif memcheck.applies(v.cls, v.status) and not device.startswith("cpu"):
+        pyc = python_command(command)
+        plain = [workloads.fix_interpreter(pyc[0], launch.env.get(workloads.PYTHON_ENV)), *pyc[1], *pyc[2]] \
+            if pyc else list(command)
+        say(f"{v.cls}: one compute-sanitizer memcheck run of the program (at most {timeout_s:g} s)")
+        mc = memcheck.run(plain, out, timeout_s=timeout_s, env=plain_env(launch.env))
+    d = v.to_dict()
+    evidence = tuple(v.evidence)
+    if mc is not None:
+        d["memcheck"] = mc.to_dict()
+        evidence += tuple(mc.facts())
+    who = owner.decide(d, registered)
+    said = f"whose code: {who.kind}" + (f", {who.where}" if who.where else "") + f" ({who.why})"
+    return dataclasses.replace(v, owner=who.to_dict(), memcheck=d.get("memcheck"), evidence=evidence + (said,))
 
 
 def log_device(log: str | os.PathLike | None) -> str | None:
@@ -822,6 +885,8 @@ def main(argv: Sequence[str] | None = None,
           + (f"  SELF-TEST (planted {v.planted})" if v.planted else ""))
     for fact in v.evidence:
         print(f"  - {fact}")
+    if owner.next_step(v.owner):
+        print(f"next step: {owner.next_step(v.owner)}")
     print(Path(v.log["dir"]) / v.log["verdict"])
     code = exit_code(v)
     if v.interrupted:   # the last line says what the signal did, as for every other command

@@ -1,0 +1,385 @@
+"""Whose bug is it: the program's, a library's or the platform's. Pure: a verdict's facts in, an Owner out.
+
+The op the watchdog names is right far more often than the next step that followed from it: a program whose
+own custom op dereferences a null pointer was sent upstream. Ownership is decided from what the verdict
+already holds, most direct evidence first: what the driver or the hardware said (Xid, ECC: the platform),
+where a faulting kernel's source lives (memcheck), where a custom op was registered, the Python and native
+frames the failure happened in, and the namespace of the op in flight. An aten op that rejects or faults on
+the program's input (an index out of range, a device-side assert: the kernel's own check of its input) is
+the program's bug, named with the program's line that made the call. When nothing says, the owner is
+`unknown`, with why: never a confident wrong answer.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from gpulab.hang import capture, classify, memcheck
+
+KINDS = ("program", "library", "platform", "unknown")
+# failures whose class says the program's input was rejected by the kernel that checked it
+INPUT_CLASSES = ("out_of_bounds", "device_assert")
+# op namespaces that are PyTorch's own (the dispatcher's built-ins and torch's bundled libraries)
+TORCH_NAMESPACES = {"aten", "prims", "prim", "c10d", "_c10d_functional", "_c10d_functional_autograd",
+                    "c10d_functional", "_dtensor", "quantized", "_quantized", "rngprims", "higher_order",
+                    "profiler", "inductor", "mkl", "mkldnn", "onednn", "debugprims", "_native", "export",
+                    "torch", "_test", "fbgemm", "sparse", "_nested", "xnnpack", "cuda"}
+_PLATFORM = re.compile(r"(NVRM: Xid|\bXid \d+|uncorrectable ECC|\bECC error|fallen off the bus|GPU is lost|"
+                       r"cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|cudaErrorHardwareStackError)[^\n]*",
+                       re.I)
+_RDNA12 = re.compile(r"gfx10(1[0-2]|3[0-6])\b")   # RDNA1 (gfx1010-1012) and RDNA2 (gfx1030-1036)
+_ROCM_FAULT = "memory access fault by gpu node"
+# native libraries by whose code they are (basename prefixes, lower case)
+_SYSTEM_LIBS = ("libc.so", "libc-", "libpthread", "ld-linux", "ld.so", "libffi", "libdl", "libstdc++", "libgcc",
+                "libpython", "_ctypes", "python3", "libm.so", "librt.so")
+_LIBRARY_LIBS = {"libtorch": "PyTorch", "libc10": "PyTorch", "libshm": "PyTorch", "libcaffe2": "PyTorch",
+                 "libcublas": "cuBLAS", "libcublaslt": "cuBLASLt", "libcudnn": "cuDNN", "libnccl": "NCCL",
+                 "librccl": "RCCL", "libcufft": "cuFFT", "libcusparse": "cuSPARSE", "libcusolver": "cuSOLVER",
+                 "libcurand": "cuRAND", "libcudart": "the CUDA runtime", "libmiopen": "MIOpen",
+                 "librocblas": "rocBLAS", "libhipblas": "hipBLAS", "libamdhip": "HIP", "libgomp": "OpenMP (libgomp)",
+                 "libiomp": "OpenMP (libiomp)", "libmkl": "MKL", "libdnnl": "oneDNN", "libtriton": "Triton",
+                 "libnvrtc": "NVRTC", "libnvjitlink": "nvJitLink"}
+_DRIVER_LIBS = {"libcuda.so": "the NVIDIA driver (libcuda)", "libhsa-runtime": "the ROCm runtime (HSA)",
+                "libhsakmt": "the ROCm kernel driver interface"}
+_FRAME = re.compile(r"(?P<func>.*) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
+_TB = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+_REGISTER = re.compile(
+    r"""(?:custom_op|triton_op|define|register_fake|_register_fake|register_kernel|register_autograd|impl)\s*\(\s*[rbuf]?["'](?P<ns>[A-Za-z_]\w*)::(?P<op>\w+)"""
+    r"""|Library\s*\(\s*["'](?P<lib>[A-Za-z_]\w*)["']"""
+    r"""|TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*(?P<cpp>[A-Za-z_]\w*)\s*[,)]""")
+_TRITON = re.compile(r"@triton\.(?:jit|autotune|heuristics)[^\n]*\n(?:\s*@[^\n]*\n)*\s*def\s+(?P<name>\w+)")
+_CUDA_KERNEL = re.compile(r"__global__\s+(?:void|[\w:<>]+)\s+(?P<name>\w+)\s*\(")
+
+
+@dataclass(frozen=True)
+class Owner:
+    kind: str        # program | library | platform | unknown
+    where: str       # the place, as a person looks it up: prog.py:12 in f, aten.mm (PyTorch), an Xid line
+    why: str         # the evidence it rests on, in words
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"owner kind {self.kind!r} is not valid; choose one of {', '.join(KINDS)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "Owner | None":
+        return cls(d["kind"], d.get("where") or "", d.get("why") or "") if d and d.get("kind") else None
+
+
+# ------------------------------------------------------------------------------------ where code lives
+
+_PACKAGES = re.compile(r"[/\\](site|dist)-packages[/\\](?P<pkg>[^/\\]+)")
+_STDLIB = re.compile(r"([/\\]lib[/\\]python\d[\d.]*[/\\])|(^<)")
+_GPULAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def origin(path: str) -> tuple[str, str]:
+    """(whose, name) of a source file: ("program", path), ("library", package), ("stdlib", "") or
+    ("tool", "gpulab"): gpulab's own frames (the recorder, a planted fault) are never the culprit."""
+    if path.startswith(_GPULAB) or re.search(r"(^|[/\\])gpulab[/\\](trace|hang|fixes)[/\\]", path):
+        return "tool", "gpulab"
+    m = _PACKAGES.search(path)
+    if m:
+        pkg = m.group("pkg").split(".")[0].split("-")[0]
+        return "library", ("PyTorch" if pkg in ("torch", "torchgen", "functorch") else pkg)
+    if _STDLIB.search(path):
+        return "stdlib", ""
+    return "program", path
+
+
+def short(path: str, line: Any = None, func: str | None = None) -> str:
+    parts = str(path).split(os.sep)
+    where = os.sep.join(parts[-2:]) if len(parts) > 2 else str(path)
+    return where + (f":{line}" if line is not None else "") + (f" in {func}" if func else "")
+
+
+def namespace(op_name: str | None) -> str:
+    """'holdout.bad_gather.default' -> 'holdout'; 'mylib::f' -> 'mylib'."""
+    return str(op_name or "").replace("::", ".").split(".")[0]
+
+
+def _frames(threads: Sequence[capture.Thread]) -> list[tuple[str, str, str]]:
+    """The main thread's Python frames, innermost first: (func, file, line)."""
+    main = next((t for t in threads if t.main), threads[0] if threads else None)
+    out = []
+    for f in (main.frames if main else ()):
+        m = _FRAME.match(f)
+        if m:
+            out.append((m.group("func"), m.group("file"), m.group("line")))
+    return out
+
+
+def traceback_frames(text: str) -> list[tuple[str, str, str]]:
+    """The last Python traceback in a program's stderr, innermost first: (func, file, line)."""
+    blocks, cur = [], []
+    for line in (text or "").splitlines():
+        if line.startswith("Traceback (most recent call last)"):
+            cur = []
+            blocks.append(cur)
+        m = _TB.match(line)
+        if m and blocks:
+            cur.append((m.group("func").strip(), m.group("file"), m.group("line")))
+    return list(reversed(blocks[-1])) if blocks else []
+
+
+def _first(frames: Iterable[tuple[str, str, str]], kinds: Sequence[str]) -> tuple[str, tuple[str, str, str]] | None:
+    """The innermost frame whose origin is one of kinds (tool and stdlib frames are passed over unless asked)."""
+    for fr in frames:
+        who, _ = origin(fr[1])
+        if who in kinds:
+            return who, fr
+    return None
+
+
+def culprit_frame(frames: Sequence[tuple[str, str, str]]) -> tuple[str, str, tuple[str, str, str]] | None:
+    """(whose, name, frame): the innermost frame that is the program's or a library's. The standard library
+    runs on behalf of its caller, and gpulab's own frames are passed over: neither is a culprit."""
+    for fr in frames:
+        who, name = origin(fr[1])
+        if who in ("program", "library"):
+            return who, name, fr
+    return None
+
+
+def native_library(native: Sequence[capture.Thread]) -> tuple[str, str] | None:
+    """(kind, name) of the innermost native library on the main thread that is not the C runtime, libffi or
+    Python itself: ("library", "cuDNN"), ("platform", "the NVIDIA driver (libcuda)"), ("ctypes", "") for a
+    ctypes call (the Python frame that made it decides), or None."""
+    main = next((t for t in native if t.main), native[0] if native else None)
+    for f in (main.frames[:40] if main else ()):
+        where = f.rsplit(" (", 1)[-1].rstrip(")") if " (" in f else ""
+        low = where.lower()
+        func = f.split(" (", 1)[0]
+        if func in ("ffi_call", "_ctypes_callproc", "PyCFuncPtr_call", "_call_function_pointer"):
+            return "ctypes", ""
+        if not low or low.endswith((".py", ".c")) or ".py:" in low or ".c:" in low:
+            if ".py:" in low:   # a Python frame inside the native stack: Python code, not a native library
+                return None
+            continue
+        if any(low.startswith(s) for s in _SYSTEM_LIBS):
+            continue
+        for prefix, name in _DRIVER_LIBS.items():
+            if low.startswith(prefix):
+                return "driver", name
+        for prefix, name in _LIBRARY_LIBS.items():
+            if low.startswith(prefix):
+                return "library", name
+        return "unknown_lib", where
+    return None
+
+
+# ------------------------------------------------------------------------------------ registrations
+
+def registrations(sources: Mapping[str, str]) -> dict[str, str]:
+    """{namespace: "file:line"} of custom-op namespaces defined in the given source texts ({path: text}),
+    and {"kernel:NAME": "file:line"} of Triton and CUDA kernels defined there. Pure: the caller reads the files
+    (the program's own: its script and the sources beside it)."""
+    out: dict[str, str] = {}
+    for path, text in sources.items():
+        for m in _REGISTER.finditer(text):
+            ns = m.group("ns") or m.group("lib") or m.group("cpp")
+            if ns and ns not in TORCH_NAMESPACES:
+                out.setdefault(ns, f"{path}:{text.count(chr(10), 0, m.start()) + 1}")
+        for rx in (_TRITON, _CUDA_KERNEL):
+            for m in rx.finditer(text):
+                line = text.count("\n", 0, m.start("name")) + 1
+                out.setdefault(f"kernel:{m.group('name')}", f"{path}:{line}")
+    return out
+
+
+# ------------------------------------------------------------------------------------ the decision
+
+def _op_where(op: Mapping[str, Any]) -> str:
+    site = op.get("call_site")
+    return f"{op.get('name')}" + (f", called at {site}" if site else "")
+
+
+def _said(text: str, rx: re.Pattern) -> str | None:
+    m = rx.search(text or "")
+    return m.group(0).strip()[:200] if m else None
+
+
+def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
+           platform: Mapping[str, Any] | None = None) -> Owner:
+    """The owner of a failed run's culprit, from its verdict (DESIGN.md's dict: status, class, in_flight_op,
+    stacks, stderr_tail, memcheck, processes, culprit, divergence), where the program's sources register
+    custom ops and kernels (`registrations`), and what is known of the platform (its GPU arch, when 01 read it).
+    Never reads `planted`: a planted fault is judged like a real one."""
+    registered = dict(registered or {})
+    platform = dict(platform or {})
+    cls = v.get("class")
+    op = v.get("in_flight_op") or {}
+    name = op.get("name")
+    ns = namespace(name)
+    stacks = v.get("stacks") or {}
+    stderr = str(v.get("stderr_tail") or "")
+    gpu_text = str(stacks.get("gpu") or "")
+
+    # 1. the hardware or the driver said so
+    hw = _said(stderr + "\n" + gpu_text, _PLATFORM)
+    if hw:
+        return Owner("platform", hw, "the driver reported a hardware or driver fault (an Xid, an ECC error, a lost "
+                     "GPU): no program or library code can cause or fix that on its own")
+    arch = str(platform.get("arch") or platform.get("gpu_arch") or "")
+    if _ROCM_FAULT in stderr.lower() and _RDNA12.search(arch):
+        return Owner("platform", f"ROCm on {arch} (RDNA1/RDNA2)", "a GPU page fault ('Memory access fault by GPU "
+                     "node') on a consumer RDNA1/RDNA2 card, where ROCm's known faults of this kind are the driver's "
+                     "and the runtime's (rule rdna_rocm_memory_faults)")
+
+    # 2. a job: the cross-process rules already say whose it is
+    if cls in ("collective_mismatch", "worker_stuck"):
+        row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), {})
+        d = v.get("divergence") or {}
+        where = row.get("frame") or (f"{d.get('op')} (group {d.get('group')}, seq {d.get('seq')})" if d else "")
+        return Owner("program", where or str(v.get("culprit") or "the job"),
+                     "the ranks call different collectives at the same point" if cls == "collective_mismatch" else
+                     "the DataLoader worker blocks in the dataset's own code")
+    if cls == "rank_stuck":
+        row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), None)
+        if row and row.get("own_code") and not row.get("open_op") and row.get("wait") not in ("cuda_sync",
+                                                                                                "collective"):
+            return Owner("program", f"{row.get('role')}: {row.get('frame') or 'its own code'}",
+                         "the stuck rank runs the program's own code, with no op or collective open")
+
+    # 3. memcheck named the faulting kernel and where its code lives
+    mc = v.get("memcheck") or {}
+    for err in mc.get("errors") or ():
+        src = err.get("file")
+        if src:
+            who, pkg = origin(src)
+            kernel = err.get("kernel") or "?"
+            if who == "program":
+                return Owner("program", f"kernel {kernel} ({short(src, err.get('line'))})",
+                             f"compute-sanitizer found the faulting access in kernel {kernel}, whose source is the "
+                             f"program's own ({short(src, err.get('line'))})")
+            if who == "library":
+                return Owner("library", f"kernel {kernel} ({pkg}: {short(src, err.get('line'))})",
+                             f"compute-sanitizer found the faulting access in kernel {kernel} of {pkg}")
+        kernel = memcheck.kernel_name(err.get("kernel"))
+        if f"kernel:{kernel}" in registered:
+            place = registered[f"kernel:{kernel}"]
+            return Owner("program", f"kernel {kernel} ({short(place)})",
+                         f"compute-sanitizer found the faulting access in kernel {kernel}, defined in the program's "
+                         f"own sources ({short(place)})")
+
+    py = _frames(capture.parse_python(stacks.get("python") or "")
+                 if isinstance(stacks.get("python"), str) else stacks.get("python") or ())
+    tb = traceback_frames(stderr)
+    native = capture.parse_native(stacks.get("native") or "", v.get("pid")) \
+        if isinstance(stacks.get("native"), str) else tuple(stacks.get("native") or ())
+
+    # 4. the op's input was rejected by the kernel that checked it: the program made that input
+    if cls in INPUT_CLASSES:
+        mine = _first(tb, ("program",)) or _first(py, ("program",))
+        line = short(mine[1][1], mine[1][2], mine[1][0]) if mine else op.get("call_site")
+        what = ("an index out of range" if cls == "out_of_bounds" else
+                "an input that fails the kernel's own device-side check (typically an index out of range)")
+        if line or name:
+            return Owner("program", (f"{line}" if line else "") + (f" (calling {name})" if name else ""),
+                         f"{name or 'the op'} rejected {what}: the kernel checked its input and the program "
+                         f"passed it{' at ' + line if line else ''}")
+
+    # 5. a custom op: where was it registered?
+    if name and ns and ns not in TORCH_NAMESPACES:
+        place = registered.get(ns)
+        if place:
+            who, pkg = origin(place.rsplit(":", 1)[0])
+            if who == "program":
+                kernels = [k.split(":", 1)[1] for k, p in registered.items() if k.startswith("kernel:")
+                           and p.rsplit(":", 1)[0] == place.rsplit(":", 1)[0]]
+                inner = culprit_frame(py) or culprit_frame(tb)
+                mine = inner[2] if inner and inner[0] == "program" else None
+                lib = native_library(native) if v.get("status") in ("hang", "timeout") else None
+                how = " in a ctypes call" if mine and (lib == ("ctypes", "") or _calls_ctypes(py or tb, mine)) else ""
+                where = (short(mine[1], mine[2], mine[0]) if mine else op.get("call_site") or "its call site")
+                return Owner("program", f"{where} (the custom op {name}, registered at {short(place)}"
+                             + (f", called at {op.get('call_site')}" if mine and op.get("call_site") else "") + ")",
+                             f"{_what(v)} inside {name}, the program's own custom op (namespace {ns} registered at "
+                             f"{short(place)})" + (f", at {where}{how}" if mine else "")
+                             + (f"; its kernel(s) {', '.join(kernels)} are defined there" if kernels else ""))
+            if who == "library":
+                return Owner("library", f"{name} ({pkg})", f"the custom op's namespace {ns} is registered by {pkg}")
+
+    # 6. the frames the failure happened in
+    lib = native_library(native) if v.get("status") in ("hang", "timeout") else None
+    inner = culprit_frame(py) or culprit_frame(tb)
+    if lib and lib[0] == "library" and not (inner and inner[0] == "program" and ns not in TORCH_NAMESPACES):
+        return Owner("library", lib[1] + (f" (in {name})" if name else ""),
+                     f"the main thread is stuck inside {lib[1]}'s native code" + (f" during {name}" if name else ""))
+    if lib and lib[0] == "driver" and not name:
+        return Owner("unknown", lib[1], f"the host is inside {lib[1]} outside any recorded op: the GPU work it waits "
+                     "for is not localized, so whose it is stays unknown")
+    if inner:
+        who, pkg, fr = inner
+        place = short(fr[1], fr[2], fr[0])
+        if who == "program" and (not name or ns not in TORCH_NAMESPACES or not _in_torch_below(py or tb, fr)):
+            how = ("a ctypes call from the program's code" if lib and lib[0] == "ctypes" or
+                   _calls_ctypes(py or tb, fr) else "the program's own code")
+            return Owner("program", place + (f" (inside {name})" if name else ""),
+                         f"{_what(v)} in {how} at {place}"
+                         + (f", inside its custom op {name}" if name and ns not in TORCH_NAMESPACES else ""))
+        if who == "library" and pkg != "PyTorch":
+            return Owner("library", f"{pkg} ({place})", f"the failure happened in the package {pkg} at {place}")
+
+    # 7. an op of PyTorch's own, on inputs it accepted
+    if name and ns in TORCH_NAMESPACES:
+        if classify.op_kind(name) == "sync" and v.get("localized") != "gpu_event":
+            return Owner("unknown", _op_where(op), f"the host waits in {name}, a sync: the GPU work it waits for "
+                         "is not localized (the sync line lies), so whose code it is stays unknown")
+        return Owner("library", f"{name} (PyTorch)" + (f", called at {op.get('call_site')}" if op.get("call_site")
+                                                        else ""),
+                     f"the failure is inside PyTorch's own {name} on inputs it accepted"
+                     + (f" ({lib[1]} native code)" if lib and lib[0] == "library" else ""))
+    if name:
+        return Owner("unknown", _op_where(op), f"{name} is no PyTorch op and where its namespace {ns} is registered "
+                     "was not found in the program's sources nor on the stacks")
+    return Owner("unknown", "", "no op was in flight and no stack names the code that failed")
+
+
+def _what(v: Mapping[str, Any]) -> str:
+    """How the run failed, in a few words: 'a crash (SIGSEGV)', 'a hang (host_lock)', 'an error (illegal_address)'."""
+    status, cls = v.get("status"), v.get("class")
+    detail = v.get("signal") if status == "crash" and v.get("signal") else cls
+    return f"{'an' if status in ('error',) else 'a'} {status}" + (f" ({detail})" if detail else "")
+
+
+def _in_torch_below(frames: Sequence[tuple[str, str, str]], fr: tuple[str, str, str]) -> bool:
+    """Whether PyTorch's frames sit inside (innermost of) the program's frame: the program called torch and
+    the failure is in torch's code, not in the program's line itself."""
+    for f in frames:
+        if f is fr:
+            return False
+        if origin(f[1]) == ("library", "PyTorch"):
+            return True
+    return False
+
+
+def _calls_ctypes(frames: Sequence[tuple[str, str, str]], fr: tuple[str, str, str]) -> bool:
+    for f in frames:
+        if f is fr:
+            return False
+        if re.search(r"[/\\]ctypes[/\\]", f[1]):
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------------ what to do
+
+def next_step(o: Owner | Mapping[str, Any] | None) -> str | None:
+    """The next step that follows from the owner alone (None when unknown: the caller's own rules decide)."""
+    if isinstance(o, Mapping):
+        o = Owner.from_dict(o)
+    if o is None or o.kind == "unknown":
+        return None
+    if o.kind == "program":
+        return f"the bug is in the program's own code, at {o.where}: {o.why}; fix it there (not an upstream report)"
+    if o.kind == "library":
+        return (f"the fault is in {o.where}: report it upstream with 03's verified repro and bundle.zip "
+                f"(today's behaviour), and the workaround if 04 found one")
+    return (f"the platform: {o.where}; apply the fix registry's settings for this platform (gpulab fixes "
+            f"--scenario auto tries them) and check the driver, firmware and hardware ({o.why})")

@@ -1,0 +1,184 @@
+"""Whose bug it is, decided from the verdict's facts (pure): the program's own op, kernel, line or ctypes call;
+a library's kernel on inputs it accepted; the platform's driver or hardware; unknown when nothing says."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpulab.hang import classify, memcheck, owner
+
+EVIDENCE = Path(__file__).parent / "fixtures" / "evidence"
+SITE = "/opt/venv/lib/python3.11/site-packages"
+FH_OWN_CTYPES = (
+    "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f00 (most recent call first):\n"
+    '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at\n'
+    '  File "/home/u/prog.py", line 19 in bad_gather\n'
+    f'  File "{SITE}/torch/_library/custom_ops.py", line 502 in wrapped_fn\n'
+    f'  File "{SITE}/torch/_ops.py", line 875 in __call__\n'
+    '  File "/home/u/prog.py", line 27 in <module>\n')
+FH_PLANTED_IN_ATEN = (
+    "Current thread 0x00007f00 (most recent call first):\n"
+    '  File "/work/gpulab/lib/gpulab/hang/faults.py", line 120 in __torch_dispatch__\n'
+    f'  File "{SITE}/torch/_ops.py", line 875 in __call__\n'
+    f'  File "{SITE}/torch/nn/functional.py", line 2380 in linear\n'
+    '  File "/home/u/model.py", line 42 in forward\n')
+FH_PACKAGE = (
+    "Current thread 0x00007f00 (most recent call first):\n"
+    f'  File "{SITE}/tokenizers_x/fast.py", line 88 in encode\n'
+    '  File "/home/u/data.py", line 12 in __getitem__\n')
+NATIVE_CUDNN = ('Thread 11 (idle): "MainThread"\n    __lll_lock_wait (libc.so.6)\n'
+                '    cudnnConvolutionForward (libcudnn_cnn.so.9)\n    at::native::cudnn_convolution (libtorch_cuda.so)\n'
+                '    forward (model.py:42)\n')
+NATIVE_CTYPES = ('Thread 11 (idle): "MainThread"\n    pthread_mutex_lock (libc.so.6)\n    ffi_call (libffi.so.8)\n'
+                 '    _ctypes_callproc (callproc.c:1262)\n    locked_scale (prog.py:27)\n')
+FH_OWN_LOCK = ("Current thread 0x00007f00 (most recent call first):\n"
+               '  File "/home/u/prog.py", line 27 in locked_scale\n'
+               f'  File "{SITE}/torch/_ops.py", line 875 in __call__\n'
+               '  File "/home/u/prog.py", line 35 in <module>\n')
+INDEX_TB = ("Traceback (most recent call last):\n  File \"/home/u/train.py\", line 20, in <module>\n"
+            "    out = head(table(ids)).sum()\n"
+            f"  File \"{SITE}/torch/nn/functional.py\", line 2551, in embedding\n"
+            "    return torch.embedding(weight, input, padding_idx, scale_grad_by_freq, sparse)\n"
+            "IndexError: index out of range in self\n")
+
+
+def op(name, site="prog.py:27 in <module>", device="cpu", **kw):
+    return {"name": name, "call_site": site, "device": device, "shapes": [[4, 4]], **kw}
+
+
+def v(status="crash", cls="unknown", in_flight=None, python="", native="", stderr="", **kw):
+    return {"status": status, "class": cls, "in_flight_op": in_flight, "stderr_tail": stderr,
+            "stacks": {"python": python, "native": native, "gpu": kw.pop("gpu", "")}, **kw}
+
+
+CASES = [
+    # (id, verdict, registered sources, expected kind, words the where must hold)
+    ("own custom op segfault, registered in the program",
+     v(in_flight=op("holdout.bad_gather.default"), python=FH_OWN_CTYPES, signal="SIGSEGV"),
+     {"holdout": "/home/u/prog.py:15"}, "program", ("prog.py:19 in bad_gather", "holdout.bad_gather")),
+    ("own custom op segfault, no sources found: the stacks say", v(in_flight=op("holdout.bad_gather.default"),
+                                                                   python=FH_OWN_CTYPES), {}, "program",
+     ("prog.py:19 in bad_gather",)),
+    ("own op deadlock in its ctypes call", v(status="hang", cls="host_lock", in_flight=op("mine.locked.default"),
+                                             python=FH_OWN_LOCK, native=NATIVE_CTYPES),
+     {"mine": "/home/u/prog.py:19"}, "program", ("prog.py:27 in locked_scale",)),
+    ("ctypes null read at module level, no op", v(python="Current thread 0x1 (most recent call first):\n"
+                                                  '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at\n'
+                                                  '  File "/home/u/crash.py", line 11 in <module>\n'), {}, "program",
+     ("crash.py:11",)),
+    ("CPU embedding with an id past the table", v(status="error", cls="out_of_bounds",
+                                                  in_flight=op("aten.embedding.default", site="train.py:20 in <module>"),
+                                                  stderr=INDEX_TB), {}, "program", ("train.py:20", "aten.embedding")),
+    ("CUDA device-side assert in embedding", v(status="error", cls="device_assert",
+                                               in_flight=op("aten.embedding.default", site="train.py:20 in <module>",
+                                                            device="cuda:0")), {}, "program", ("train.py:20",)),
+    ("planted segfault inside aten.addmm stays PyTorch's", v(in_flight=op("aten.addmm.default", site="model.py:42"),
+                                                             python=FH_PLANTED_IN_ATEN, signal="SIGSEGV"), {},
+     "library", ("aten.addmm", "PyTorch")),
+    ("a hang inside cuDNN", v(status="hang", cls="unknown", in_flight=op("aten.convolution.default", device="cuda:0"),
+                              native=NATIVE_CUDNN), {}, "library", ("cuDNN",)),
+    ("a package's own Python", v(status="hang", python=FH_PACKAGE), {}, "library", ("tokenizers_x",)),
+    ("a custom op a package registers", v(in_flight=op("vendorlib.fused.default")),
+     {"vendorlib": f"{SITE}/vendorlib/ops.py:10"}, "library", ("vendorlib",)),
+    ("an Xid in the driver's words", v(status="error", cls="illegal_address", in_flight=op("aten.mm.default"),
+                                       stderr="NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n"), {},
+     "platform", ("Xid",)),
+    ("a sync that was not localized", v(status="hang", cls="sync", in_flight=op("aten._local_scalar_dense.default")),
+     {}, "unknown", ()),
+    ("an unknown namespace found nowhere", v(in_flight=op("stranger.op.default")), {}, "unknown", ("stranger",)),
+    ("ranks calling different collectives", v(status="hang", cls="collective_mismatch",
+                                              divergence={"op": "all_reduce", "group": "default", "seq": 3}), {},
+     "program", ("all_reduce",)),
+    ("nothing at all", v(status="crash"), {}, "unknown", ()),
+]
+
+
+@pytest.mark.parametrize("verdict,registered,kind,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_owner_from_the_verdicts_facts(verdict, registered, kind, words):
+    got = owner.decide(verdict, registered)
+    assert got.kind == kind, got
+    for w in words:
+        assert w in got.where, (w, got)
+    assert got.why
+    step = owner.next_step(got)
+    if kind == "program":
+        assert "program's own code" in step and "upstream" not in step.split("(")[0]
+    elif kind == "library":
+        assert "upstream" in step and "repro" in step
+    elif kind == "platform":
+        assert "platform" in step and "settings" in step
+    else:
+        assert step is None
+
+
+def test_memcheck_names_the_programs_kernel_and_a_packages_kernel():
+    rep = memcheck.parse(Path(__file__).parent.joinpath("fixtures", "memcheck", "triton_old_style_before.txt").read_text())
+    got = owner.decide(v(status="error", cls="illegal_address", memcheck=rep.to_dict()))
+    assert got.kind == "library" and "moelib" in got.where and "fused_moe_kernel" in got.where
+    mine = memcheck.parse("========= Invalid __global__ write of size 8 bytes\n"
+                          "=========     at _copy+0x80 in /home/u/prog.py:8\n"
+                          "=========     by thread (3,0,0) in block (1,0,0)\n"
+                          "=========     Address 0x7f00 is out of bounds\n")
+    got = owner.decide(v(status="error", cls="illegal_address", in_flight=op("aten.add.Tensor"), memcheck=mine.to_dict()))
+    assert got.kind == "program" and "_copy" in got.where and "prog.py:8" in got.where
+    no_line = memcheck.parse("========= Invalid __global__ write of size 4 bytes\n"
+                             "=========     at oob_kernel(float *, int)+0x70\n")
+    got = owner.decide(v(status="error", cls="illegal_address", memcheck=no_line.to_dict()),
+                       {"kernel:oob_kernel": "/home/u/ext.py:12"})
+    assert got.kind == "program" and "oob_kernel" in got.where
+
+
+def test_rdna_page_fault_is_the_platforms_only_where_the_arch_says_so():
+    fault = v(status="crash", cls="gpu_page_fault", in_flight=op("aten._local_scalar_dense.default", device="cuda:0"),
+              stderr="Memory access fault by GPU node-1 (Agent handle: 0x1) on address 0x7f. Reason: Page not present")
+    assert owner.decide(fault, platform={"arch": "gfx1030"}).kind == "platform"
+    assert owner.decide(fault, platform={"arch": "gfx90a"}).kind == "unknown"
+    assert owner.decide(fault).kind == "unknown"
+
+
+@pytest.mark.parametrize("text,found", [
+    ('@torch.library.custom_op("holdout::pack", mutates_args=())\n', {"holdout": "p.py:1"}),
+    ('x = 1\nlib = torch.library.Library("mine", "DEF")\n', {"mine": "p.py:2"}),
+    ('torch.library.define("ns2::f", "(Tensor x) -> Tensor")\n', {"ns2": "p.py:1"}),
+    ('TORCH_LIBRARY(extns, m) {\n  m.def("f(Tensor x) -> Tensor");\n}\n', {"extns": "p.py:1"}),
+    ('lib = torch.library.Library("aten", "IMPL")\n', {}),                       # PyTorch's own namespace
+    ('@triton.jit\ndef _copy(x_ptr, n):\n    pass\n', {"kernel:_copy": "p.py:2"}),
+    ('src = """\n__global__ void oob_kernel(float* x, int n) { x[n] = 0; }\n"""\n', {"kernel:oob_kernel": "p.py:2"}),
+])
+def test_registrations_in_the_programs_sources(text, found):
+    assert owner.registrations({"p.py": text}) == found
+
+
+@pytest.mark.parametrize("path,who", [
+    ("/home/u/prog.py", "program"), (f"{SITE}/torch/_ops.py", "library"), (f"{SITE}/numpy/core.py", "library"),
+    ("/usr/lib/python3.11/ctypes/__init__.py", "stdlib"), ("<frozen runpy>", "stdlib"),
+    (owner._GPULAB + "hang/faults.py", "tool"),
+])
+def test_origin_of_a_source_file(path, who):
+    assert owner.origin(path)[0] == who
+
+
+def test_bad_kind_is_named():
+    with pytest.raises(ValueError, match="'user'.*program, library, platform, unknown"):
+        owner.Owner("user", "", "")
+
+
+def test_program_cause_follows_a_program_owner_and_keeps_the_job_classes():
+    o = owner.Owner("program", "prog.py:19 in bad_gather", "a crash (SIGSEGV) in a ctypes call").to_dict()
+    assert "prog.py:19 in bad_gather" in classify.program_cause("unknown", owner=o)
+    assert classify.program_cause("unknown", owner={**o, "kind": "library"}) is None
+    assert "same collectives" in classify.program_cause("collective_mismatch", owner=o)
+
+
+@pytest.mark.parametrize("name,registered,kind", [
+    ("out_of_bounds_cpu_embedding_real", {}, "program"), ("device_assert_embedding_cuda", {}, "program"),
+    ("gemm_segfault", {}, "library"), ("seed_driver_page_fault_crash", {}, "unknown"),
+    # py-spy's stacks alone (short paths) do not say whose the op is; the program's sources do
+    ("host_lock_custom_op_real", {}, "unknown"),
+    ("host_lock_custom_op_real", {"gpulab_fixtures": "tests/fixtures/custom_op_deadlock.py:19"}, "program"),
+])
+def test_the_evidence_fixtures_owner(name, registered, kind):
+    fx = json.loads((EVIDENCE / f"{name}.json").read_text())
+    assert owner.decide({**fx["evidence"], "class": fx["expect"]}, registered).kind == kind
