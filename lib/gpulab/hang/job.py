@@ -29,6 +29,7 @@ class Collective:
     peer: int | None = None    # p2p: the other rank
     t_start: float = 0.0       # seconds, the process's op-log clock (comparable across processes of one host)
     t_end: float | None = None
+    source: str = "op log"     # "op log" (the Python call), "flight recorder" (PyTorch's own entry), or both
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,13 @@ class ProcessView:
     wait: str | None = None               # what its stacks show it waits in: lock | queue | collective | cuda_sync | io
     log: str | None = None                # its op log, relative to the job folder
     own_code: bool = False                # its main thread runs the program's own code (gpulab.hang.jobread)
+    place: str | None = None              # the program's own line its main thread is at: "train.py:40"
+    # the program's loops around the lines that matter (its call sites, its place): "train.py:40" -> the
+    # first and last line of the innermost for/while holding it (None: at no loop, or the source is unknown)
+    loops: dict = field(default_factory=dict)
+    # ops the program's own lines issued (depth 0), by line: "train.py:31" -> count; None when the op log
+    # lost records (then counts compare nothing)
+    line_ops: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,17 @@ per-process views gpulab.hang.job judges; and the capture of every live process 
 File and process handling only; the judgement is gpulab.hang.job's."""
 from __future__ import annotations
 
+import ast
+import functools
+import json
 import linecache
 import os
 import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -22,7 +26,7 @@ from gpulab.hang.job import Collective, ProcessView
 from gpulab.trace.analysis import localize
 from gpulab.trace import collectives, follow
 
-LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+LAUNCHERS = follow.LAUNCHERS
 HELPERS = {"multiprocessing.resource_tracker": "multiprocessing resource tracker",
            "multiprocessing.forkserver": "multiprocessing fork server"}
 _LOADER_WAITS = ("_try_get_data ", "_get_data ", "_next_data ")
@@ -105,7 +109,7 @@ def role_of(meta: Mapping[str, Any], metas: Mapping[int, Mapping[str, Any]]) -> 
     for mark, name in HELPERS.items():
         if mark in argv:
             return f"{name} (pid {meta.get('pid')})", "helper"
-    if any(re.search(rf"(^|[/ ]){re.escape(m)}( |$)", argv) for m in LAUNCHERS):
+    if follow.is_launcher(meta):
         return f"launcher (pid {meta.get('pid')}: {command_text(meta)})", "launcher"
     if meta.get("root"):
         return f"main (pid {meta.get('pid')})", "main"
@@ -127,11 +131,13 @@ def shapes_text(args: Sequence[Any]) -> str:
     return ", ".join(f"{_DTYPES.get(a.get('dtype'), a.get('dtype'))}{list(a.get('shape') or [])}" for a in ts)
 
 
-def collectives_of(records: Sequence[Any]) -> tuple[Collective, ...]:
-    """Each torch.distributed call of one process. Done: the call returned and none of the GPU work recorded
-    inside it is known pending. NCCL returns at launch, so a rank whose peer never joins has returned from
-    its all_reduce while its copy waits on the GPU (seen on two H100s: the peer's host stuck before the
-    call, the waiting rank's call 'completed' by its host)."""
+def collectives_of(records: Sequence[Any], answer: Mapping[str, Any] | None = None) -> tuple[Collective, ...]:
+    """Each collective of one process: its torch.distributed calls from the op log, and (answer: what the
+    process said when asked, gpulab.trace.follow.ask) the flight recorder's entries, which number the
+    collectives PyTorch issues itself (DDP's reducer, the functional collectives, FSDP) with the group's own
+    sequence number. A call is done when it returned, none of the GPU work recorded inside it is known
+    pending and the flight recorder retired it: NCCL returns at launch, so a rank whose peer never joins has
+    returned from its all_reduce while its copy waits on the GPU (seen on two H100s)."""
     out = []
     for i, r in enumerate(records):
         if not r.name.startswith(collectives.PREFIX):
@@ -141,7 +147,59 @@ def collectives_of(records: Sequence[Any]) -> tuple[Collective, ...]:
         out.append(Collective(op=r.name[len(collectives.PREFIX):], group=tags["group"] or collectives.DEFAULT_GROUP,
                               seq=tags["seq"], shapes=shapes_text(r.args), call_site=r.call_site or "",
                               done=done, peer=tags["peer"], t_start=r.t_start, t_end=r.t_end))
+    entries = [e for e in (answer or {}).get("fr") or () if not e.get("p2p") and e.get("seq")]
+    if not entries:
+        return tuple(out)
+    at = {(c.group, c.seq): i for i, c in enumerate(out) if c.seq is not None}
+    issued = [r for r in records if _family(r.name) and r.call_site and not r.name.startswith(collectives.PREFIX)]
+    for e in entries:
+        key = (e["group"], e["seq"])
+        if key in at:   # the Python call and the recorder's entry: one collective, done only if both say so
+            c = out[at[key]]
+            out[at[key]] = replace(c, done=c.done and e["retired"], source="op log + flight recorder")
+            continue
+        site = _site_of(e, issued)
+        out.append(Collective(op=e["op"], group=e["group"], seq=e["seq"], shapes=_fr_shapes(e), call_site=site,
+                              done=e["retired"], t_start=e["created"], t_end=e["created"] if e["retired"] else None,
+                              source="flight recorder"))
     return tuple(out)
+
+
+_FAMILIES = ("allreduce", "allgather", "reducescatter", "broadcast", "barrier", "alltoall", "reduce", "gather",
+             "scatter")
+
+
+def _family(name: str) -> str | None:
+    """The kind of collective an op's name is, whatever layer names it: c10d.allreduce_.default,
+    _c10d_functional.all_reduce.default, gloo:all_reduce, dist.all_reduce -> 'allreduce'."""
+    if not any(m in name for m in ("c10d", "gloo:", "nccl:", collectives.PREFIX)):
+        return None
+    flat = re.sub(r"[^a-z]", "", name.lower().split(".default")[0])
+    return next((f for f in _FAMILIES if f in flat), None)
+
+
+def _site_of(entry: Mapping[str, Any], issued: Sequence[Any]) -> str:
+    """The call site of a flight-recorder entry: its own Python frames when it kept them, else the op-log
+    record of the same kind nearest in time (the line that issued it: `loss.backward()` for DDP's)."""
+    for f in entry.get("frames") or ():
+        place, _, func = f.partition(" in ")
+        if _origin(f"{func} ({place})") == "own":
+            return f"{os.sep.join(place.split(os.sep)[-2:])} in {func}"
+    fam = _family("c10d." + entry.get("op", ""))
+    same = [r for r in issued if _family(r.name) == fam]
+    if not same:
+        return ""
+    t = entry.get("created") or 0.0
+    return min(same, key=lambda r: abs((r.t_start or 0.0) - t)).call_site
+
+
+def _fr_shapes(entry: Mapping[str, Any]) -> str:
+    dtypes = [_FR_DTYPES.get(d, d) for d in entry.get("dtypes") or ()]
+    return ", ".join(f"{_DTYPES.get(d, d)}{list(s)}" for d, s in zip(dtypes, entry.get("sizes") or ()))
+
+
+_FR_DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16", "Double": "float64", "Long": "int64",
+              "Int": "int32", "Byte": "uint8", "Bool": "bool"}
 
 
 def _gpu_pending_inside(records: Sequence[Any], i: int) -> bool:
@@ -165,6 +223,7 @@ class MainFrame:
     inner: str | None            # its innermost frame, library or not (what it waits in)
     frames: tuple[str, ...]      # all its frames, innermost first
     own_code: bool = False       # running the program's own code (or the standard library on its behalf)
+    own: str | None = None       # the program's innermost own frame, as faulthandler wrote it (full path)
 
 
 def main_frame(text: str) -> MainFrame:
@@ -181,10 +240,11 @@ def main_frame(text: str) -> MainFrame:
     i = origins.index("own") if "own" in origins else None
     # the program's own code, or the standard library called from it; not torch or another package
     own_code = i is not None and "package" not in origins[:i]
+    own = main.frames[i] if i is not None else None
     if i is None or i == 0:
-        return MainFrame(inner, inner, main.frames, own_code)
+        return MainFrame(inner, inner, main.frames, own_code, own)
     return MainFrame(f"{_where(main.frames[i])}, inside {_where(main.frames[0], quote=False)}", inner, main.frames,
-                     own_code)
+                     own_code, own)
 
 
 _FRAME = re.compile(r"(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
@@ -226,7 +286,7 @@ def source_line(path: str, line: int) -> str:
 def wait_of(frame: str | None, frames: Sequence[str], open_op: Mapping[str, Any] | None) -> str | None:
     """What the main thread waits in, from the open op and the Python frames (None when nothing says)."""
     name = (open_op or {}).get("name") or ""
-    if name.startswith(collectives.PREFIX):
+    if name.startswith(collectives.PREFIX) or _family(name) or "wait_tensor" in name:
         return "collective"
     if name and ("synchronize" in name or "_local_scalar_dense" in name):
         return "cuda_sync"
@@ -253,15 +313,21 @@ def _open_op(records: Sequence[Any]) -> dict | None:
 
 @dataclass(frozen=True)
 class Left:
-    """What one process left in the job folder: its <pid>.json and its op log as read (None: none, or torn)."""
+    """What one process left in the job folder: its <pid>.json and its op log as read (None: none, or torn),
+    and its answer when asked for its collectives (None: not asked, or no answer)."""
     meta: dict
     log: Path | None
     snap: Any
+    answer: dict | None = None
 
 
-def read_job(folder: str | os.PathLike) -> dict[int, Left]:
-    """Every process's <pid>.json and op log, read once (the views and the op-log tails share them)."""
+def read_job(folder: str | os.PathLike, ask: bool = False) -> dict[int, Left]:
+    """Every process's <pid>.json and op log, read once (the views and the op-log tails share them). ask: first
+    ask every live process for its collectives as PyTorch numbers them (its <pid>.collectives.json: the groups'
+    sequence numbers, the flight recorder's entries), while the job is still stuck."""
     folder = Path(folder)
+    if ask:
+        follow.ask(folder, [pid for pid in follow.metas(folder) if live(pid)])
     out = {}
     for pid, meta in follow.metas(folder).items():
         log = folder / meta["log"] if meta.get("log") else None
@@ -271,7 +337,12 @@ def read_job(folder: str | os.PathLike) -> dict[int, Left]:
                 snap = trace.read(log)
             except Exception:  # noqa: BLE001 - a torn log still leaves the process's role and stacks
                 snap = None
-        out[pid] = Left(meta, log, snap)
+        answer = follow.files(folder, pid)["collectives"]
+        try:
+            got = json.loads(answer.read_text()) if answer.exists() else None
+        except (OSError, ValueError):
+            got = None
+        out[pid] = Left(meta, log, snap, got)
     return out
 
 
@@ -286,6 +357,8 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
     left = read_job(folder) if left is None else left
     metas = {pid: lf.meta for pid, lf in left.items()}
     now = time.monotonic() if now is None else now
+    frames = {pid: main_frame(pythons.get(pid, "")) for pid in left}
+    paths = _known_paths(metas, frames)
     out = []
     for pid, lf in sorted(left.items()):
         meta, snap = lf.meta, lf.snap
@@ -293,21 +366,86 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
         role, kind = role_of(meta, metas)
         rank, world = rank_of(meta)
         open_op = _open_op(records)
-        mf = main_frame(pythons.get(pid, ""))
+        mf = frames[pid]
         row = (seen or {}).get(pid)
         if row is not None:
             state, progress = row.get("state") or "unknown", row.get("last_progress_s")
         else:
             t = (last_progress or {}).get(pid)
             state, progress = state_of(pid, meta), round(now - t, 2) if t is not None else None
+        calls = collectives_of(records, lf.answer)
+        place = _line(_site_of_frame(mf.own)) if mf.own else None
+        sites = {_line(c.call_site) for c in calls if c.call_site} | ({place} if place else set())
         out.append(ProcessView(
             pid=pid, ppid=meta.get("ppid"), role=role, kind=kind, state=state, rank=rank, world=world,
             worker=meta.get("worker"), node=node or meta.get("host") or socket.gethostname(), open_op=open_op,
-            collectives=collectives_of(records), ops_completed=snap.completed if snap is not None else 0,
+            collectives=calls, ops_completed=snap.completed if snap is not None else 0,
             last_progress_s=progress, frame=mf.where, wait=wait_of(mf.inner, mf.frames, open_op),
             own_code=mf.own_code,
-            log=os.path.relpath(lf.log, folder) if lf.log is not None else None))
+            log=os.path.relpath(lf.log, folder) if lf.log is not None else None,
+            place=place, loops={s_: loop_of(paths.get(s_.rsplit(":", 1)[0]), int(s_.rsplit(":", 1)[1]))
+                                for s_ in sorted(sites) if _LINE.match(s_)},
+            line_ops=_line_ops(records) if snap is not None and not snap.dropped else None))
     return out
+
+
+# ------------------------------------------------------------------------------------ the program's loops
+
+_LINE = re.compile(r"^(?P<file>.+\.py):(?P<line>\d+)$")
+
+
+def _line(site: str) -> str:
+    """'dir/train.py:12 in main' (a call site) -> 'dir/train.py:12'."""
+    return site.split(" in ", 1)[0].strip()
+
+
+def _site_of_frame(frame: str) -> str:
+    """faulthandler's 'func (/path/dir/train.py:12)' -> 'dir/train.py:12 in func', as a call site reads."""
+    m = _FRAME.match(frame or "")
+    if not m:
+        return ""
+    return f"{os.sep.join(m.group('file').split(os.sep)[-2:])}:{m.group('line')} in {m.group('func')}"
+
+
+def _known_paths(metas: Mapping[int, Mapping[str, Any]], frames: Mapping[int, MainFrame]) -> dict[str, str]:
+    """'dir/train.py' (how call sites name a file) -> its full path, from every stack and command line seen."""
+    full = set()
+    for mf in frames.values():
+        for f in mf.frames:
+            m = _FRAME.match(f)
+            if m and os.path.isabs(m.group("file")):
+                full.add(m.group("file"))
+    for meta in metas.values():
+        for a in meta.get("argv") or ():
+            if str(a).endswith(".py"):
+                full.add(os.path.join(meta.get("cwd") or "", str(a)))
+    return {os.sep.join(p.split(os.sep)[-2:]): p for p in sorted(full)}
+
+
+def loop_of(path: str | None, line: int) -> tuple[int, int] | None:
+    """The first and last line of the innermost for/while loop holding `line` in the source at `path`, or None
+    (at no loop, or the source cannot be read)."""
+    try:
+        mtime = os.stat(path).st_mtime if path else None
+    except OSError:
+        return None
+    spans = [sp for sp in _loops(path, mtime) if sp[0] <= line <= sp[1]] if path else []
+    return min(spans, key=lambda sp: sp[1] - sp[0]) if spans else None
+
+
+@functools.lru_cache(maxsize=64)
+def _loops(path: str, mtime: float | None) -> tuple[tuple[int, int], ...]:
+    try:
+        tree = ast.parse(Path(path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    return tuple((n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+                 if isinstance(n, (ast.For, ast.While, ast.AsyncFor)))
+
+
+def _line_ops(records: Sequence[Any]) -> dict[str, int]:
+    """How many ops each of the program's lines issued (depth 0: what the line called, not what ran inside)."""
+    return dict(Counter(_line(r.call_site) for r in records if r.call_site and not getattr(r, "depth", 0)))
 
 
 def stacks_files(folder: str | os.PathLike, kind: str = "python") -> dict[int, str]:

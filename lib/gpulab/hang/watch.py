@@ -272,7 +272,7 @@ def _job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, 
     """Every followed process's Python stacks (at once), the views, the cross-process finding, and the
     native stacks of the process the finding names; each process's op-log tail written (into `dest`) from the
     same read. Before the stop: the processes are still stuck."""
-    left = jobread.read_job(launch.procs)
+    left = jobread.read_job(launch.procs, ask=True)   # the ranks' own collective numbers, while stuck
     metas = {pid: lf.meta for pid, lf in left.items()}
     pythons = {pid: c.text for pid, c in jobread.capture_python(launch.procs, metas).items()} if stacks else {}
     if root_python and not pythons.get(root_pid):

@@ -4,10 +4,17 @@ of the program is one composite record `dist.<name>` around what the dispatcher 
 and dtypes of its tensors. The dispatcher alone shows `c10d.allreduce_` completing at launch, while the rank
 then waits outside any op: the Python call is what a rank is stuck in.
 
-The sequence number is counted here, per process and per group, in the order the program calls: every rank
-of a group must call the group's collectives in the same order, so the n-th call of each rank is the same
-collective (gpulab.hang.job matches them). A call made inside another recorded call (all_gather_object's
-all_gather) is not counted again. async_op calls are recorded until they return (the launch).
+The sequence number is the process group's own (`_get_sequence_number_for_group`, which gloo and NCCL keep
+and which every collective of the group advances, whoever issues it: DDP's reducer, FSDP, the functional
+collectives, this API): the number the next collective of the group will carry, read before the call, the
+same on every rank and the same as the flight recorder's `collective_seq_id`. Only where a backend keeps
+none is it counted here, per process and per group, in the order the program calls. A call made inside
+another recorded call (all_gather_object's all_gather) is not counted again. async_op calls are recorded
+until they return (the launch).
+
+The collectives PyTorch issues from C++ (DDP's gradient all_reduce) or through the functional collectives are
+numbered by the flight recorder, which the job runs with (FR_ENV): `snapshot()`, called in the rank when the
+watchdog asks (gpulab.trace.follow), gives its entries and each group's current number.
 """
 from __future__ import annotations
 
@@ -26,6 +33,11 @@ CALLS = {
 }
 DEFAULT_GROUP = "default"
 PREFIX = "dist."
+# the flight recorder's ring, per rank: gloo and NCCL keep their collectives there (seq, state, sizes) when
+# its size is set before the process group is made (the first name; the second is the older NCCL-only one,
+# which newer torch warns about: a user's setting of either is kept)
+FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_ENTRIES = 2000
 
 
 class Tag(str):
@@ -49,6 +61,15 @@ def group_key(dist: Any, group: Any) -> str:
     except Exception:  # noqa: BLE001 - not initialized: a name is still a name
         pass
     return str(name) if name else f"pg@{id(group):x}"
+
+
+def group_seq(dist: Any, group: Any) -> int | None:
+    """The group's own sequence number now (collectives issued so far), or None where the backend keeps none."""
+    try:
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        return int(pg._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - not initialized, or a backend without one
+        return None
 
 
 def _tensors(values: Any) -> list:
@@ -85,7 +106,10 @@ def describer(dist: Any, name: str, kind: str, orig: Callable, counters: dict) -
         tags = [Tag(f"g={key}")]
         if kind == "collective":
             counters[key] = counters.get(key, 0) + 1
-            tags.append(Tag(f"seq={counters[key]}"))
+            now = group_seq(dist, group)
+            tags.append(Tag(f"seq={now + 1}" if now is not None else f"seq={counters[key]}"))
+            if now is None:
+                tags.append(Tag("counted"))
         elif kind == "p2p":
             peer = next((bound[k] for k in ("dst", "src", "group_dst", "group_src") if bound.get(k) is not None), None)
             if peer is not None:
@@ -171,6 +195,8 @@ def parse(args: list) -> dict:
             out["ranks"] = v[6:]
         elif v == "async":
             out["async"] = True
+        elif v == "counted":
+            out["counted"] = True
     return out
 
 
@@ -179,3 +205,74 @@ def _int(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+# ------------------------------------------------------------------------------------ the flight recorder
+
+def snapshot() -> dict:
+    """In a rank, when the watchdog asks: every process group's key, ranks and current sequence number, and the
+    flight recorder's entries ({} when torch.distributed is not initialized here). Runs on a helper thread
+    while the main thread waits in a collective (the waits release the GIL)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return {}
+    c10d = dist.distributed_c10d
+    groups = []
+    for pg in list(getattr(c10d._world, "pg_map", {}) or ()):
+        try:
+            ranks = list(dist.get_process_group_ranks(pg))
+        except Exception:  # noqa: BLE001
+            ranks = []
+        groups.append({"name": str(getattr(pg, "group_name", "")), "key": group_key(dist, pg), "ranks": ranks,
+                       "seq": group_seq(dist, pg)})
+    return {"groups": groups, "fr": _fr_entries(groups)}
+
+
+def _fr_entries(groups: list) -> list:
+    """The flight recorder's entries, each with the group's key ('default' or its name); [] when it is off."""
+    import json
+    import sys
+
+    c = getattr(sys.modules["torch"]._C, "_distributed_c10d", None)
+    raw = None
+    for name, args in (("_dump_fr_trace_json", (True, True)), ("_dump_nccl_trace_json", (True, True)),
+                       ("_dump_fr_trace_json", ()), ("_dump_nccl_trace_json", ())):
+        fn = getattr(c, name, None)
+        if fn is None:
+            continue
+        try:
+            raw = fn(*args)
+            break
+        except Exception:  # noqa: BLE001 - another signature, or the recorder is off
+            continue
+    if not raw:
+        return []
+    try:
+        entries = json.loads(raw).get("entries") or []
+    except ValueError:
+        return []
+    keys = {g["name"]: g["key"] for g in groups}
+    out = []
+    for e in entries:
+        pg = e.get("process_group") or ["", ""]
+        out.append({"group": keys.get(str(pg[0]), str(pg[0])), "seq": e.get("collective_seq_id"),
+                    "p2p_seq": e.get("p2p_seq_id"), "p2p": bool(e.get("is_p2p")), "op": fr_op(e.get("profiling_name")),
+                    "sizes": e.get("input_sizes") or [], "dtypes": e.get("input_dtypes") or [],
+                    "state": e.get("state"), "retired": bool(e.get("retired")),
+                    "created": (e.get("time_created_ns") or 0) / 1e9,
+                    "frames": [f"{f.get('filename')}:{f.get('line')} in {f.get('name')}" for f in e.get("frames") or ()][:8]})
+    return out
+
+
+_FR_OPS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+           "alltoall": "all_to_all", "_allgather_base": "all_gather_into_tensor",
+           "_reduce_scatter_base": "reduce_scatter_tensor", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+           "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor", "allreduce_coalesced": "all_reduce"}
+
+
+def fr_op(profiling_name: str | None) -> str:
+    """'gloo:all_reduce' / 'nccl:all_reduce' -> 'all_reduce', the torch.distributed name."""
+    name = str(profiling_name or "?").split(":", 1)[-1]
+    return _FR_OPS.get(name, name)

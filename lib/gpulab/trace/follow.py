@@ -17,6 +17,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -31,6 +32,9 @@ ENV = "GPULAB_FOLLOW"
 MODE_ENV = "GPULAB_FOLLOW_MODE"
 SITE_DIR = str(Path(__file__).resolve().parent / "site")
 ROLE_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+# launchers and supervisors of ranks, by their command line: never the job's progress, never where it is stuck
+LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed",
+             "deepspeed.launcher.launch", "deepspeed.launcher.runner")
 
 _state: dict[str, Any] = {"folder": None, "mode": "auto", "meta": None, "recorder": None}
 
@@ -38,7 +42,18 @@ _state: dict[str, Any] = {"folder": None, "mode": "auto", "meta": None, "recorde
 def files(folder: str | os.PathLike, pid: int) -> dict[str, Path]:
     base = Path(folder)
     return {"meta": base / f"{pid}.json", "log": base / f"{pid}.log", "beat": base / f"{pid}.beat",
-            "faulthandler": base / f"{pid}.faulthandler.txt"}
+            "faulthandler": base / f"{pid}.faulthandler.txt", "ask": ask_dir(base) / str(pid),
+            "collectives": base / f"{pid}.collectives.json"}
+
+
+def ask_dir(folder: str | os.PathLike) -> Path:
+    """Where the job's processes keep their ask FIFOs: outside the job folder, so that nothing that copies or
+    zips the folder ever opens a FIFO (and blocks)."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"gpulab-ask-{os.getuid()}" / key
 
 
 def child_env(env: dict, folder: str | os.PathLike, mode: str) -> dict:
@@ -47,8 +62,18 @@ def child_env(env: dict, folder: str | os.PathLike, mode: str) -> dict:
 
     out = proc.python_env(env)
     out[ENV], out[MODE_ENV] = str(folder), mode
+    _flight_recorder_on(out)
     out["PYTHONPATH"] = site_first(out["PYTHONPATH"])
     return out
+
+
+def _flight_recorder_on(env) -> None:
+    """The job's process groups keep PyTorch's flight recorder (their collectives, numbered), unless the user
+    set its size: a second witness the watchdog reads when the job stalls (ask)."""
+    from gpulab.trace import collectives
+
+    if not any(env.get(k) for k in collectives.FR_ENV):
+        env[collectives.FR_ENV[0]] = str(collectives.FR_ENTRIES)
 
 
 def site_first(pythonpath: str) -> str:
@@ -89,6 +114,40 @@ def child_logs(folder: str | os.PathLike, kids: list[dict] | None = None) -> lis
 
 # ------------------------------------------------------------------------------------ who a process is
 
+def is_launcher(meta: dict) -> bool:
+    """A launcher by its command line (torchrun's agent, `python -m torch.distributed.run`, accelerate,
+    deepspeed), the recorded root's `python -m gpulab.trace ... --` prefix included."""
+    argv = " ".join(str(a) for a in meta.get("argv") or ())
+    return any(re.search(rf"(^|[/ ]){re.escape(m)}( |$)", argv) for m in LAUNCHERS)
+
+
+def is_rank(meta: dict) -> bool:
+    """A rank: it said so after init_process_group, or its launcher gave it RANK."""
+    return meta.get("rank") is not None or (meta.get("env") or {}).get("rank") is not None
+
+
+def supervisors(metas: dict[int, dict], root: int | None = None, alive: Callable[[int], bool] = lambda pid: True,
+                parent: Callable[[int], int | None] = lambda pid: None) -> set[int]:
+    """The processes that only launch or supervise the job's ranks: launchers by command line, and every
+    process of which a live rank descends without being a rank itself (mp.spawn's parent, a shell wrapper:
+    the root). Their own beats, output and ops are not the job's progress while those ranks run. `parent`:
+    the parent of a process that wrote no <pid>.json (a shell between the root and a launcher)."""
+    out = {pid for pid, m in metas.items() if is_launcher(m) and not is_rank(m)}
+    for pid, m in metas.items():
+        if not is_rank(m) or m.get("ended") or m.get("exception") or not alive(pid):
+            continue
+        seen, p = set(), m.get("ppid")
+        while p is not None and p not in seen:
+            seen.add(p)
+            pm = metas.get(p)
+            if pm is not None and is_rank(pm):
+                break   # a rank's own children (DataLoader workers) are below it, not above
+            out.add(p)
+            if p == root:
+                break
+            p = pm.get("ppid") if pm is not None else parent(p)
+    return out
+
 def _write_meta() -> None:
     meta, folder = _state["meta"], _state["folder"]
     path = files(folder, meta["pid"])["meta"]
@@ -120,7 +179,14 @@ def _meta(how: str, own: dict[str, str]) -> dict:
     argv = list(getattr(sys, "orig_argv", sys.argv))
     env_role = {k.lower(): os.environ[k] for k in ROLE_ENV if k in os.environ} if how != "fork" else {}
     return {"pid": os.getpid(), "ppid": os.getppid(), "argv": argv[:40], "how": how, "host": socket.gethostname(),
-            "started": time.time(), "env": env_role, **own}
+            "started": time.time(), "env": env_role, "cwd": _cwd(), **own}
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 # ------------------------------------------------------------------------------------ starting
@@ -138,6 +204,83 @@ def _open_files(folder: Path, how: str) -> None:
     faulthandler.enable(file=fh)
     faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
     ring.create(f["log"], _state["mode"])
+    _answer_asks(f["ask"], f["collectives"])
+
+
+def _answer_asks(ask: Path, answer: Path) -> None:
+    """A helper thread that, each time the watchdog writes to the FIFO `ask`, writes this process's collectives
+    as PyTorch numbers them (gpulab.trace.collectives.snapshot: the groups' sequence numbers, the flight
+    recorder) to `answer`. Blocked in open() in between: no CPU; it answers while the main thread waits in a
+    collective, which releases the GIL (a process stuck holding the GIL answers nothing, and says nothing)."""
+    import threading
+
+    try:
+        ask.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ask.unlink(missing_ok=True)
+        os.mkfifo(ask, 0o600)
+    except (OSError, AttributeError):
+        return
+    me = os.getpid()
+    atexit.register(lambda: os.getpid() == me and ask.unlink(missing_ok=True))   # not a fork child's exit
+
+    def serve() -> None:
+        pid = os.getpid()
+        while os.getpid() == pid:
+            try:
+                with open(ask, "rb") as fh:
+                    fh.read(1)
+            except OSError:
+                return   # the folder is gone: the job is being stopped
+            try:
+                from gpulab.trace import collectives
+
+                text = json.dumps({"pid": pid, "t": time.time(), **collectives.snapshot()})
+            except Exception as exc:  # noqa: BLE001 - an answer must never break the program
+                text = json.dumps({"pid": pid, "t": time.time(), "error": f"{type(exc).__name__}: {exc}"})
+            tmp = answer.with_name(answer.name + ".tmp")
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, answer)
+            except OSError:
+                return
+
+    threading.Thread(target=serve, name="gpulab-ask", daemon=True).start()
+
+
+def ask(folder: str | os.PathLike, pids, timeout_s: float = 2.0) -> dict[int, dict]:
+    """The watchdog's side: ask each process (pid -> its answer) for its collectives, all at once, and wait up
+    to timeout_s for the answers. A process that does not answer (gone, or holding the GIL) is left out."""
+    asked: dict[int, float] = {}
+    for pid in pids:
+        f = files(folder, pid)
+        t = time.time()
+        try:
+            fd = os.open(f["ask"], os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue   # no reader: not followed, ended, or not answering
+        try:
+            os.write(fd, b"?")
+            asked[pid] = t
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    for pid in pids:   # asked once: the FIFOs go (an answering thread then ends at its next open)
+        files(folder, pid)["ask"].unlink(missing_ok=True)
+    out: dict[int, dict] = {}
+    deadline = time.monotonic() + timeout_s
+    while asked and time.monotonic() < deadline:
+        for pid in list(asked):
+            try:
+                got = json.loads(files(folder, pid)["collectives"].read_text())
+            except (OSError, ValueError):
+                continue
+            if got.get("t", 0) >= asked[pid] - 0.001:
+                out[pid] = got
+                del asked[pid]
+        if asked:
+            time.sleep(0.02)
+    return out
 
 
 def _watch_ending() -> None:
@@ -197,6 +340,9 @@ def adopt(folder: str | os.PathLike, mode: str, own: dict[str, str]) -> None:
     _watch_ending()
     os.environ[ENV], os.environ[MODE_ENV] = str(folder), mode
     os.environ["PYTHONPATH"] = site_first(os.environ.get("PYTHONPATH", ""))
+    _flight_recorder_on(os.environ)
+    f = files(folder, os.getpid())
+    _answer_asks(f["ask"], f["collectives"])
     label_workers()
 
 

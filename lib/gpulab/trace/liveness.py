@@ -125,42 +125,79 @@ class Progress:
 class JobProgress:
     """A job of several processes (ranks, DataLoader workers, subprocesses) followed into one folder
     (gpulab.trace.follow): each process is judged by the rule above over its own beat and op log, and the
-    job advances when any of its processes does. `last[pid]` is when each was last seen advancing."""
+    job advances when any of its processes does, except a launcher or supervisor of running ranks (torchrun's
+    agent, mp.spawn's parent, a shell wrapper): its monitor loop, its CPU and the output the ranks write
+    through it are not the ranks' progress. `last[pid]` is when each was last seen advancing."""
 
     def __init__(self, root: Progress, folder: str | os.PathLike):
         from gpulab.trace import follow   # the recorder's side of the folder; no torch
 
-        self.root, self.folder, self._metas = root, Path(folder), follow.metas
+        self.root, self.folder, self._follow = root, Path(folder), follow
         self.procs: dict[int, Progress] = {}
+        self.metas: dict[int, dict] = {}
         self.seen: set[int] = set()   # every <pid>.json read once (the root's and those that ended too)
         self.last: dict[int, float] = {}
+        self.supervisors: set[int] = set()
+        self._ranks_pending: set[int] = set()   # followed processes not yet known as ranks (mp.spawn: until init)
+        self._polls = 0
 
     def _discover(self) -> None:
-        new = self._metas(self.folder, skip=self.seen)
+        new = self._follow.metas(self.folder, skip=self.seen)
+        # a process learns its rank after it announced itself (init_process_group): read those again, now and then
+        self._polls += 1
+        again = (self._follow.metas(self.folder, skip=set(self.seen) - self._ranks_pending)
+                 if self._ranks_pending and self._polls % 5 == 0 else {})
+        for pid, meta in again.items():
+            self.metas[pid] = meta
+            if self._follow.is_rank(meta):
+                self._ranks_pending.discard(pid)
         for pid, meta in new.items():
             self.seen.add(pid)
+            self.metas[pid] = meta
             if meta.get("root") or pid == self.root.ps.pid:
                 continue
+            if not self._follow.is_rank(meta) and not self._follow.is_launcher(meta):
+                self._ranks_pending.add(pid)
             try:
                 self.procs[pid] = Progress(pid, self.folder / meta["log"] if meta.get("log") else None,
                                            self.folder / meta["beat"] if meta.get("beat") else None)
             except (psutil.Error, KeyError):
                 continue   # it ended before it was seen
+        if new or again:
+            self.supervisors = self._follow.supervisors(self.metas, self.root.ps.pid, self._alive, _parent)
         if not new:
             return
         followed = frozenset(self.procs)
         for p in (self.root, *self.procs.values()):
             p.followed = followed
 
+    def _alive(self, pid: int) -> bool:
+        p = self.procs.get(pid)
+        try:
+            return p is not None and p.ps.is_running() and p.ps.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
     def advanced(self) -> int:
         self._discover()
+        if self.supervisors and not any(self._alive(pid) for pid, m in self.metas.items()
+                                        if self._follow.is_rank(m)):
+            self.supervisors = set()   # the ranks ended: the launcher's own work (a restart) is the job's again
         now, best = time.monotonic(), NONE
         for pid, p in ((self.root.ps.pid, self.root), *self.procs.items()):
             level = p.advanced()
             if level:
                 self.last[pid] = now
-            best = max(best, level)
+            if pid not in self.supervisors:
+                best = max(best, level)
         return best
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeout_s: float, t0: float,
