@@ -72,21 +72,45 @@ def gaps(records: Sequence[Any], before: float | None = None) -> Gaps | None:
         end = max(end, _get(r, "t_end"))
     values = sorted(g for g, _ in idle)
     longest, after = max(idle, key=lambda x: x[0])
-    key = lambda r: (_get(r, "name"), _get(r, "call_site"))   # noqa: E731
-    counts = Counter(key(r) for r in done)
-    repeating = [c for c in counts.values() if c >= 3]
+    period, steps = step_period(done)
     step_s = step_op = None
-    steps = 0
-    if repeating:
-        fewest = min(repeating)
-        marker = next(key(r) for r in done if counts[key(r)] == fewest)
-        starts = [_get(r, "t_start") for r in done if key(r) == marker]
-        step_s = statistics.median(b - a for a, b in zip(starts, starts[1:]))
-        step_op, steps = f"{marker[0]} at {marker[1] or '?'}", fewest
+    if period:
+        starts = [_get(r, "t_start") for r in done]
+        window = range(max(period, len(done) - STEP_WINDOW), len(done))
+        step_s = statistics.median(starts[i] - starts[i - period] for i in window)
+        first = done[len(done) - period]
+        step_op = f"{period} ops from {_get(first, 'name')} at {_get(first, 'call_site') or '?'}"
     return Gaps(ops=len(done), span_s=end - _get(done[0], "t_start"), median_s=statistics.median(values),
                 p99_s=values[min(len(values) - 1, int(0.99 * len(values)))], longest_s=longest,
                 longest_before=f"{_get(after, 'name')} at {_get(after, 'call_site') or '?'}",
                 step_s=step_s, step_op=step_op, steps=steps)
+
+
+STEP_WINDOW = 3000     # ops compared when looking for the step's period
+STEP_MATCH = 0.9       # share of ops that must repeat one period later
+
+
+def step_period(done: Sequence[Any]) -> tuple[int | None, int]:
+    """The job's step as a period in ops: the smallest P such that the op sequence (name, call site) repeats
+    P ops later for STEP_MATCH of the last ops (a training loop runs the same ops every step). Candidates are
+    the distances back to earlier occurrences of a few anchor ops near the end (the very last ops may belong
+    to the pause itself). -> (P or None, how many whole periods the compared ops hold)."""
+    seq = [(_get(r, "name"), _get(r, "call_site")) for r in done]
+    n = len(seq)
+    for back in (0, n // 10, n // 4, n // 2):
+        anchor = n - 1 - back
+        if anchor < 2:
+            continue
+        cands = [anchor - j for j in range(anchor - 1, -1, -1) if seq[j] == seq[anchor]][:200]
+        for period in cands:
+            end = anchor + 1
+            width = min(end - period, max(3 * period, 50), STEP_WINDOW)
+            if width < 2 * period:
+                continue
+            same = sum(seq[i] == seq[i - period] for i in range(end - width, end))
+            if same >= STEP_MATCH * width:
+                return period, width // period
+    return None, 0
 
 
 def window_note(stall_s: float, g: Gaps | None) -> str:
@@ -94,15 +118,14 @@ def window_note(stall_s: float, g: Gaps | None) -> str:
     if g is None:
         return (f"the stall window ({stall_s:g} s) could not be compared with the job's own gaps: fewer than 3 "
                 f"ops were recorded before the stall")
-    step = (f" and its step ({g.step_s:.3g} s, from {g.step_op} seen {g.steps} times)" if g.step_s else "")
-    text = (f"the stall window ({stall_s:g} s) against the job's own rhythm over {g.ops} recorded ops: the longest "
-            f"gap between ops was {g.longest_s:.3g} s (before {g.longest_before}), the 99th percentile "
-            f"{g.p99_s:.3g} s{step}")
-    if g.longest_s >= stall_s:
-        return text + (f"; the job has paused between ops for as long as the window before, so a longer --stall "
-                       f"(above {g.longest_s:.3g} s) would not catch such pauses")
-    ratio = stall_s / max(g.longest_s, g.step_s or 0.0, 1e-6)
-    return text + f"; the window is {ratio:.3g}x the longest of those"
+    step = (f", a step every {g.step_s:.3g} s ({g.step_op}, checked over {g.steps} steps)" if g.step_s else
+            ", no repeating step found")
+    text = (f"the stall window ({stall_s:g} s) against the job's own rhythm over its last {g.ops} recorded ops"
+            f"{step}; gaps between ops: 99th percentile {g.p99_s:.3g} s, longest {g.longest_s:.3g} s (before "
+            f"{g.longest_before}; Python may have been working then, an import or a first call)")
+    if g.step_s:
+        return text + f"; the window is {stall_s / max(g.step_s, 1e-9):.3g}x the step"
+    return text + f"; the window is {stall_s / max(g.p99_s, 1e-9):.3g}x the 99th percentile gap"
 
 
 # ------------------------------------------------------------------------------------ where, and why

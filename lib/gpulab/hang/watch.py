@@ -630,7 +630,8 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
     finally:
         kept = [t.close() for t in tees]
         if writer is not None:
-            writer.stop(dataclasses.replace(writer.state, phase="ended"))
+            writer.stop(dataclasses.replace(writer.state, phase="ended", stalls=len(found),
+                                            recovered=sum(1 for s in found if s["recovered"]), note=""))
     return _finish(command, launch, seen, child, out, t0=t0, stalled=stalled, hang_started=hang_started,
                    stall_s=stall_s, timeout_s=timeout_s, mode=mode, spec=spec, left=left, tail=tail,
                    found=found, interrupted=interrupted, kept=kept, finish=finish, say=say)
