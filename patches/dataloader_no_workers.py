@@ -10,6 +10,7 @@ from gpulab.fixes.kit import dataloader_defaults
 
 FIX = Fix("dataloader_no_workers", "DataLoader with num_workers=0 (data loaded in the main process)",
           targets=("worker_stuck",), apply=dataloader_defaults(num_workers=0),
-          answers=(Answer("a DataLoader worker is blocked while its loader waits for data", cls="worker_stuck"),),
+          answers=(Answer("a DataLoader worker is blocked while its loader waits for data", cls="worker_stuck",
+                          owner=("program", "library", "unknown")),),
           apply_yourself="DataLoader(..., num_workers=0)",
           source="https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading")

@@ -11,7 +11,8 @@ from gpulab.fixes.kit import dataloader_defaults
 
 FIX = Fix("dataloader_spawn", "DataLoader workers started with multiprocessing_context='spawn' instead of fork",
           targets=("worker_stuck",), apply=dataloader_defaults(multiprocessing_context="spawn"),
-          answers=(Answer("a DataLoader worker is blocked while its loader waits for data", cls="worker_stuck"),),
+          answers=(Answer("a DataLoader worker is blocked while its loader waits for data", cls="worker_stuck",
+                          owner=("program", "library", "unknown")),),
           apply_yourself="DataLoader(..., num_workers=N, multiprocessing_context='spawn') (the dataset and "
                          "collate_fn must be picklable, and the script's top level guarded by "
                          "if __name__ == '__main__')",

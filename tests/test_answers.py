@@ -140,3 +140,36 @@ def test_what_a_verdict_says_to_try_is_exactly_what_auto_runs_first(name, verdic
 def test_a_host_stuck_in_a_launch_points_at_module_loading_before_launch_blocking():
     got = [m.fix for m in answers.suggest(registry.load().values(), v(cls="sync", api="cuLaunchKernel"), CUDA)]
     assert got[:2] == ["module_loading_eager", "launch_blocking"]
+
+
+SEGFAULT_IN_OWN_OP = {**v(status="crash", cls="unknown", in_flight=op("holdout.bad_gather.default", device="cpu")),
+                      "owner": {"kind": "program", "where": "prog.py:19 in bad_gather", "why": "a ctypes call"}}
+
+
+def test_a_segfault_in_the_programs_op_gets_no_sdpa_or_dataloader_scenario():
+    got = scenarios.plan(scenarios.Pointers(), [SEGFAULT_IN_OWN_OP], CPU, ("unknown",), ["baseline"])
+    assert got.stages == ()
+    skipped = {t["scenario"]: t["why"] for t in got.skipped}
+    usable = {n for n, f in registry.load().items() if f.applies(CPU)}
+    assert set(skipped) == usable - {"baseline"}
+    assert "owner=program" in skipped["sdpa_backend_math"] and "cls=unknown" in skipped["dataloader_spawn"]
+    assert suggest.for_verdict(SEGFAULT_IN_OWN_OP, platform_facts=CPU) == ()   # nothing to try, nothing said
+
+
+@pytest.mark.parametrize("verdict,fix,out", [
+    (v(cls="host_lock"), "omp_single_thread", False),                          # its own evidence
+    (v(cls="host_lock", in_flight=op("aten.mm.default", device="cpu")), "sdpa_backend_math", True),  # op is a GEMM
+    (v(cls="sync", in_flight=op("aten._local_scalar_dense.default", shapes=((),))), "sdpa_backend_math", False),
+    (v(status="crash", cls="gpu_page_fault", stderr="Memory access fault by GPU node-1"), "rocm_safe", False),
+    (v(status="crash", cls="gpu_page_fault"), "launch_blocking", True),        # answers a hang, class unknown/sync
+    ({**v(cls="worker_stuck"), "owner": {"kind": "program"}}, "dataloader_no_workers", False),
+    ({**v(cls="host_lock"), "owner": {"kind": "program"}}, "omp_single_thread", True),
+    ({"status": "ok"}, "omp_single_thread", False),                           # nothing failed: nothing ruled out
+])
+def test_what_the_evidence_rules_out(verdict, fix, out):
+    assert (answers.ruled_out(registry.get(fix), [verdict], ROCM if "rocm" in fix else CUDA) is not None) is out
+
+
+def test_asking_for_all_still_runs_all():
+    picked, is_auto = scenarios.parse("all")
+    assert not is_auto and {s.name for s in picked} == {"baseline", *registry.names()}

@@ -17,16 +17,42 @@ FIXTURES = Path(__file__).parent / "fixtures"
 LIB = str(Path(__file__).resolve().parents[1] / "lib")
 
 
-def test_auto_tries_the_evidence_first_and_says_what_the_budget_left_out(tmp_path):
-    cfg = matrix.MatrixConfig("auto", repeats=1, jobs=2, stall_s=2.0, timeout_s=120, cost_rounds=0, budget_s=1.0)
-    prog = (sys.executable, str(FIXTURES / "custom_op_deadlock.py"), "--gil", "released")
-    m = matrix.run(Target(command=prog), cfg, tmp_path, progress=lambda s: None)
+def test_auto_tries_the_evidence_first_and_skips_what_cannot_answer(tmp_path):
+    """A deadlock planted inside aten.mm is a library's: the host-lock fix its evidence points at runs, and fixes
+    whose every answer the evidence contradicts (a DataLoader's, an SDPA backend's) are not run at all."""
+    prog = tmp_path / "mm_loop.py"
+    prog.write_text("import torch\nw = torch.randn(16, 16)\nx = torch.randn(4, 16)\n"
+                    "for _ in range(5):\n    x = torch.relu(x @ w)\nprint(float(x.sum()))\n")
+    cfg = matrix.MatrixConfig("auto", repeats=1, jobs=2, stall_s=2.0, timeout_s=120, cost_rounds=0, budget_s=1.0,
+                              fault="deadlock:aten.mm,gil=released")
+    m = matrix.run(Target(command=(sys.executable, str(prog))), cfg, tmp_path / "fx", progress=lambda s: None)
     ran = [s for s in m.scenarios if s.fixes]
     assert m.baseline.counts["hang"] == 1 and ran and all(s.stage == "evidence" for s in ran)
+    assert m.baseline.first_failure["owner"]["kind"] == "library"
     assert "omp_single_thread" in {s.name for s in ran}          # a deadlock on a host lock
-    assert m.not_tried and all("time budget" in t["why"] for t in m.not_tried)
-    assert m.recommendation is None and "nothing tried fixes it" in m.next_step and "--budget" in m.next_step
-    assert {t["scenario"] for t in m.not_tried}.isdisjoint(s.name for s in m.scenarios)
+    assert all("time budget" in t["why"] for t in m.not_tried)
+    assert m.recommendation is None and "nothing tried fixes it" in m.next_step and "upstream" in m.next_step
+    skipped = {t["scenario"]: t["why"] for t in m.skipped}
+    assert "dataloader_spawn" in skipped and "cls=host_lock" in skipped["dataloader_spawn"]
+    assert "sdpa_backend_math" in skipped and "op_kind=gemm" in skipped["sdpa_backend_math"]
+    assert set(skipped).isdisjoint(s.name for s in m.scenarios) and m.time_saved_s > 0
+
+
+def test_auto_runs_no_fix_for_the_programs_own_deadlock_and_points_at_its_op(tmp_path):
+    """The program's own custom op takes its own lock twice: no setting of a library or the platform can answer
+    it, so auto runs the baseline only, lists every fix as ruled out with why, and the next step names the
+    program's op and line, not an upstream report."""
+    cfg = matrix.MatrixConfig("auto", repeats=1, jobs=1, stall_s=2.0, timeout_s=120, cost_rounds=0)
+    prog = (sys.executable, str(FIXTURES / "custom_op_deadlock.py"), "--gil", "released")
+    m = matrix.run(Target(command=prog), cfg, tmp_path, progress=lambda s: None)
+    assert m.baseline.counts["hang"] == 1 and [s.name for s in m.scenarios] == ["baseline"]
+    ff = m.baseline.first_failure
+    assert ff["owner"]["kind"] == "program" and "custom_op_deadlock.py:27 in locked_scale" in ff["owner"]["where"]
+    assert m.skipped and all("owner=program" in t["why"] or "cls=host_lock" in t["why"] for t in m.skipped)
+    assert any("owner=program" in t["why"] for t in m.skipped if t["scenario"].startswith("sdpa_backend"))
+    assert "omp_single_thread" in {t["scenario"] for t in m.skipped} and not m.not_tried
+    assert "program's own code" in m.next_step and "locked_scale" in m.next_step and "upstream" not in m.next_step
+    assert m.time_saved_s and m.time_saved_s > 0
 
 
 def test_an_interrupted_matrix_keeps_the_json_it_was_asked_for(tmp_path):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpulab.fixes import registry
-from gpulab.hang.classify import IN_THE_PROGRAM
+from gpulab.hang.classify import IN_THE_PROGRAM, program_cause
 
 VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted", "not_applicable")
 # The status the runner gives the notebooks of a scenario whose fix cannot apply here (their error says why),
@@ -30,15 +30,34 @@ class ScenarioVerdict:
 
 
 def _program_cause(hang: Mapping[str, Any]) -> str | None:
-    """Why the failure is the program's own bug: 03's in_program (classify.program_cause), or by class alone
-    for metrics written before 03 said so."""
-    return hang.get("in_program") or IN_THE_PROGRAM.get(hang.get("class") or "")
+    """Why the failure is the program's own bug: 03's in_program (classify.program_cause, which follows the
+    verdict's owner), or by class and owner alone for metrics written before 03 said so."""
+    return (hang.get("in_program") or IN_THE_PROGRAM.get(hang.get("class") or "")
+            or program_cause(hang.get("class"), owner=hang.get("owner")))
+
+
+def _owner(hang: Mapping[str, Any], kind: str) -> dict | None:
+    o = hang.get("owner") or {}
+    return o if o.get("kind") == kind else None
+
+
+def _upstream(hang: Mapping[str, Any]) -> str:
+    """The upstream report, addressed to whose code it is when 03 knows (a library), or the platform's settings."""
+    plat = _owner(hang, "platform")
+    if plat:
+        return (f"the platform ({plat.get('where')}): apply the fix registry's settings for it (the fixes 04 "
+                f"tries for this platform) and check the driver, firmware and hardware; {plat.get('why')}")
+    lib = _owner(hang, "library")
+    if lib:
+        return (f"attach bundle.zip (03), with its verified repro, to an upstream report for {lib.get('where')}: "
+                f"{lib.get('why')}")
+    return "attach bundle.zip (03) to an upstream report"
 
 
 def _where_to_fix(hang: Mapping[str, Any]) -> str:
-    """After "nothing tried fixes it": the program's own bug, else an upstream report."""
+    """After "nothing tried fixes it": the program's own bug, else the platform or an upstream report."""
     cause = _program_cause(hang)
-    return f": {cause}" if cause else ": attach bundle.zip (03) to an upstream report"
+    return f": {cause}" if cause else f": {_upstream(hang)}"
 
 
 def _m(metrics: Mapping[str, Any], nb: str) -> dict:
@@ -91,7 +110,8 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
             step = (f"{rec} fixes it" + (f" ({runs} failed{base})" if runs else "")
                     + (f" at {cost:+.0%} run time" if isinstance(cost, (int, float)) else "")
                     + (f"; apply with: {line}" if line else "")
-                    + "; attach bundle.zip (03) to an upstream report with that workaround")
+                    + (f"; it only works around the program's own bug: {_program_cause(hang)}"
+                       if _program_cause(hang) else f"; {_upstream(hang)} (with that workaround)"))
         elif fixes:
             tried = fixes.get("tried") or []
             left = fixes.get("not_tried") or []
@@ -101,7 +121,7 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
         else:   # 04 did not run (gpulab run --only 01,02,03)
             cause = _program_cause(hang)
             step = (f"{cause} (no fix was tried: notebook 04, gpulab fixes)" if cause else
-                    "run the fix matrix (notebook 04, gpulab fixes) and attach bundle.zip (03) to an upstream report")
+                    f"run the fix matrix (notebook 04, gpulab fixes), then {_upstream(hang)}")
         return ScenarioVerdict(kind, evidence, step)
     oracle = _m(metrics, "05_oracle")
     vendor_bad = [f for f in oracle.get("failures") or () if str(f).startswith("sdpa_")]

@@ -29,7 +29,17 @@ CONDITIONS = {
     "native": "text",       # a native frame of any thread, e.g. gomp_
     "stderr": "text",       # what the program said last, e.g. memory access fault
     "gpu": "any",           # platform: cuda | rocm
+    "owner": "any",         # whose code the culprit is (gpulab.hang.owner): program | library | platform | unknown
 }
+# A setting of a library or the platform answers a failure in a library's or the platform's code, or one whose
+# owner is unknown; a failure in the program's own code only where an Answer says so (owner=...program...).
+NOT_THE_PROGRAM = ("library", "platform", "unknown")
+# The conditions that, when the verdict knows the fact, rule a fix out for `auto` if none of its Answers
+# agrees: the failure's class, its owner, the platform, and the op in flight (unless it is only the sync the
+# host waits in: the sync line lies). The program's last words, a native frame or a driver call may simply not
+# have been captured, so their absence rules nothing out.
+RULES_OUT = ("status", "phase", "cls", "owner", "gpu", "device", "op_kind", "op", "operands", "dtype")
+_OP_FACTS = ("op_kind", "op", "operands", "dtype")
 # How much a condition met says: a direct observation (the driver call, the op, its operands, a frame, the
 # program's last words) over a kind of op or dtype, over a coarse class, phase or platform.
 WEIGHT = {"driver_call": 3, "op": 3, "operands": 3, "native": 3, "stderr": 3, "op_kind": 2, "dtype": 2}
@@ -55,6 +65,7 @@ class Answer:
     native: tuple[str, ...] = ()
     stderr: tuple[str, ...] = ()
     gpu: tuple[str, ...] = ()
+    owner: tuple[str, ...] = NOT_THE_PROGRAM
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -64,7 +75,7 @@ class Answer:
             object.__setattr__(self, f.name, (v,) if isinstance(v, str) else tuple(v))
         if not self.because:
             raise ValueError("an Answer says in words what evidence it answers (because=...)")
-        if not self.conditions():
+        if not {k for k in self.conditions() if k != "owner"}:
             raise ValueError(f"Answer {self.because!r} has no condition: it would match every failure")
 
     def conditions(self) -> dict[str, tuple[str, ...]]:
@@ -120,13 +131,14 @@ def facts(verdict: Mapping[str, Any], platform: Mapping[str, Any] | None = None)
         "native": str(stacks.get("native") or verdict.get("native_frames") or ""),
         "stderr": str(verdict.get("stderr_tail") or ""),
         "gpu": platform.get("gpu"),
+        "owner": (verdict.get("owner") or {}).get("kind") or "unknown",
     }
 
 
 def brief(verdict: Mapping[str, Any]) -> dict[str, Any]:
     """What a trial keeps of a verdict so that it can be matched later without its stacks: the top native
     frames of every thread travel as `native_frames`."""
-    keep = ("status", "phase", "class", "in_flight_op", "host_blocked_in", "driver_call", "stderr_tail")
+    keep = ("status", "phase", "class", "in_flight_op", "host_blocked_in", "driver_call", "stderr_tail", "owner")
     out = {k: verdict.get(k) for k in keep if verdict.get(k) is not None}
     native = (verdict.get("stacks") or {}).get("native")
     if native:
@@ -189,6 +201,42 @@ def suggest(fixes: Iterable[Any], verdict: Mapping[str, Any] | None, platform: M
     """The matches whose fix can apply on this platform: what a report may tell a user to try, and exactly
     what `--scenario auto` runs first."""
     return tuple(m for m in match([f for f in fixes if f.applies(platform)], verdict, platform))
+
+
+def _contradicted(answer: Answer, ev: Mapping[str, Any]) -> list[str]:
+    """The conditions of an Answer the verdict's known facts contradict, each as 'key=fact (answers: wanted)'."""
+    only_sync = "sync" in (ev.get("op_kind") or ()) and len(ev.get("op_kind") or ()) == 1
+    out = []
+    for key, wanted in answer.conditions().items():
+        if key not in RULES_OUT or (key in _OP_FACTS and (not ev.get("op") or only_sync)):
+            continue
+        fact = ev.get(key)
+        if key in ("operands", "op_kind") and fact == ():
+            fact = ("plain",) if key == "operands" else ("other",)   # the op is known, and it is neither
+        if fact is None or fact == "" or fact == ():
+            continue
+        if _holds(CONDITIONS[key], wanted, fact) is None:
+            shown = ",".join(map(str, fact)) if isinstance(fact, tuple) else fact
+            out.append(f"{key}={shown} (it answers {key}={'|'.join(wanted)})")
+    return out
+
+
+def ruled_out(fix: Any, verdicts: Sequence[Mapping[str, Any]], platform: Mapping[str, Any] | None = None) -> str | None:
+    """Why a fix cannot answer any of these failures, or None: every one of its Answers meets a known fact of
+    every failure it would be tried on that says otherwise (the class, the owner, the platform, the op in
+    flight). A fix that declares no Answer is never ruled out. Pure: what `auto` leaves out, and says why."""
+    found = [v for v in verdicts if v and v.get("status") not in (None, "ok")]
+    if not found or not getattr(fix, "answers", ()):
+        return None
+    why = []
+    for verdict in found:
+        ev = facts(verdict, platform)
+        against = [_contradicted(a, ev) for a in fix.answers]
+        if any(not c for c in against):
+            return None
+        best = min(range(len(against)), key=lambda i: len(against[i]))
+        why.append(f"{fix.answers[best].because}, not this failure: " + "; ".join(against[best]))
+    return why[0]
 
 
 def try_sentence(matches: Sequence[Match], apply_lines: Mapping[str, str] | None = None) -> str:

@@ -26,7 +26,7 @@ from gpulab.fixes.compose import FIXES_VAR, clean_env, compose, scenario_env
 from gpulab.fixes.fix import not_applicable
 # the results and their judgements live in outcome; named here too, as notebooks and tests name them (matrix.X)
 from gpulab.fixes.outcome import (MatrixResult, ScenarioResult, apply_lines, judged, ladder_summary, rows,
-                                  with_evidence)
+                                  time_saved, with_evidence)
 from gpulab.fixes.scenarios import Scenario
 from gpulab.fixes.target import Target
 from gpulab.hang import ladder, watch
@@ -97,6 +97,7 @@ class _Matrix:
         self.done: dict[str, ScenarioResult] = {}
         self.arms: dict[str, cost.Arm] = {}
         self.not_tried: list[dict] = []
+        self.skipped: list[dict] = []     # auto: fixes the failure's evidence rules out, with why
         self.interrupted = False
         self.lock = threading.RLock()
 
@@ -128,7 +129,8 @@ class _Matrix:
                             self.cfg.max_overhead, self.cfg.repeats, self.cfg.stall_s, self.cfg.fault,
                             self.interrupted, note, self.cfg.jobs,
                             self.cfg.jobs > 1 and str(self.facts.get("device", "")).startswith("cuda"),
-                            tuple(self.not_tried), self.cfg.budget_s, apply_lines(self.results))
+                            tuple(self.not_tried), self.cfg.budget_s, apply_lines(self.results),
+                            skipped=tuple(self.skipped), time_saved_s=time_saved(self.results, len(self.skipped)))
 
     def save(self, res: ScenarioResult | None = None) -> MatrixResult:
         with self.lock:
@@ -222,10 +224,16 @@ class _Matrix:
         time. What was planned and not run is kept with the reason."""
         base = self.baseline
         failed = bool(base and base.failures)
-        plan = scenarios.stages(self.pointers, self.evidence() if failed else [], self.facts,
-                                self.classes() if failed else (), self.order)
+        planned = scenarios.plan(self.pointers, self.evidence() if failed else [], self.facts,
+                                 self.classes() if failed else (), self.order)
+        plan = list(planned.stages)
         if not failed:   # nothing to fix: 01's suggestions only, as a table of what they would cost
             plan = [(st, scs) for st, scs in plan if st == "01"]
+        else:
+            self.skipped = list(planned.skipped)
+            if self.skipped:
+                self.say(f"auto: {len(self.skipped)} fix(es) not run, the evidence rules them out: "
+                         + ", ".join(t["scenario"] for t in self.skipped))
         self.order += [sc.name for _, scs in plan for sc in scs]
         for stage, scs in plan:
             todo = list(scs)

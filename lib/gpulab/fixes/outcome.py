@@ -78,6 +78,10 @@ class MatrixResult:
     # when the fixes were first tried on 03's smallest failing configuration: {"config", "scenarios"
     # ({name: verdict}), "removed" (the fixes confirmed on the original), "seconds"}
     minimal: dict | None = None
+    # auto: the fixes the failure's evidence rules out (its class, whose code, the platform), not run:
+    # {"scenario", "why", "planned_because"}; and the time that saved, estimated from the trials that ran
+    skipped: tuple[dict, ...] = ()
+    time_saved_s: float | None = None
 
     @property
     def baseline(self) -> ScenarioResult | None:
@@ -103,8 +107,10 @@ def ladder_summary(lr: ladder.LadderResult) -> dict[str, Any]:
                               "in_flight_op": (ff.get("in_flight_op") or {}).get("name"),
                               "folder": ff.get("folder"), "rung": rung.name,
                               "evidence": answers.brief(ff),
+                              "owner": ff.get("owner"),
                               "in_program": classify.program_cause(ff.get("class"), ff.get("culprit"),
-                                                                   ff.get("processes") or ())} if ff else None,
+                                                                   ff.get("processes") or (), ff.get("owner"))}
+            if ff else None,
             "memory_growth": lr.rungs[-1].memory_growth}
 
 
@@ -133,6 +139,17 @@ def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: floa
                                  untried=[t["scenario"] for t in not_tried], apply_lines=apply_lines(results),
                                  in_program=ff.get("in_program"))
     return out, rec, nxt
+
+
+def time_saved(results: Sequence[ScenarioResult], skipped: int) -> float | None:
+    """Seconds the skipped scenarios would have cost: each as long as the fix scenarios that ran took on average
+    (their ladders stop at the first failure, as a skipped one's would), else as the baseline's own ladder."""
+    if not skipped:
+        return None
+    ran = [r.seconds for r in results if r.fixes and r.trials and r.seconds and not r.reused]
+    base = next((r.seconds for r in results if not r.fixes and r.seconds), None)
+    each = sum(ran) / len(ran) if ran else base
+    return round(each * skipped, 1) if each else None
 
 
 def apply_lines(results: Sequence[ScenarioResult]) -> dict[str, str]:

@@ -110,7 +110,7 @@ def pointers(out_dir: str | Path | None) -> Pointers:
     because = tuple((n, ", ".join(sug.get("because", {}).get(n) or ())) for n in names)
     m03 = (report.load_metrics(out).get("03_bisect_hang") or {}).get("metrics") or {}
     failed = m03.get("status") not in (None, "ok") and not m03.get("drill")
-    evidence = first_failure(out / "ladder") if failed else None
+    evidence = (first_failure(out / "ladder") or caught_failure(out)) if failed else None
     return Pointers(names, because, failure_classes(m03.get("class"), m03.get("in_flight_op")) if failed else (),
                     evidence)
 
@@ -125,6 +125,12 @@ def first_failure(ladder_dir: Path) -> dict | None:
     return answers.brief(full)
 
 
+def caught_failure(out_dir: Path) -> dict | None:
+    """03's verdict of what a watch caught (gpulab run --from: out_dir/caught/), brief."""
+    full = report.read_json(out_dir / "caught" / "verdict.json", default=None)
+    return answers.brief(full) if full else None
+
+
 def failure_classes(cls: str | None, in_flight_op: str | None) -> tuple[str, ...]:
     """A failure's class and the kind of the op it was in (a deadlock inside softmax is classed host_lock
     from its stacks, yet the softmax fixes are the ones to try too)."""
@@ -134,23 +140,46 @@ def failure_classes(cls: str | None, in_flight_op: str | None) -> tuple[str, ...
 STAGES = ("evidence", "01", "class", "rest")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """`auto`'s plan: the stages in the order they run, and the fixes left out because the failure's evidence
+    rules them out (its class, whose code it is, the platform, the op in flight), each with why."""
+    stages: tuple[tuple[str, tuple[Scenario, ...]], ...] = ()
+    skipped: tuple[dict, ...] = ()     # {"scenario", "why", "planned_because"}
+
+
 def stages(found: Pointers, evidence: Sequence[Mapping[str, Any]], platform: Mapping[str, Any],
            classes: Sequence[str], have: Sequence[str] = ()) -> list[tuple[str, tuple[Scenario, ...]]]:
+    """`auto`'s stages (plan(...).stages)."""
+    return list(plan(found, evidence, platform, classes, have).stages)
+
+
+def plan(found: Pointers, evidence: Sequence[Mapping[str, Any]], platform: Mapping[str, Any],
+         classes: Sequence[str], have: Sequence[str] = ()) -> Plan:
     """`auto`'s plan, in the order it runs (pure but for the registry): (1) the fixes whose declared
     evidence the failures show (gpulab.fixes.answers.suggest: the same fixes a verdict's "try" names),
     (2) those 01's risk rules suggest, (3) the other applicable fixes that target the failure's class, (4)
-    every other applicable fix. None twice, none in `have`; a fix that cannot apply here is left out."""
+    every other applicable fix. None twice, none in `have`; a fix that cannot apply here is left out, and so
+    is one after (1) whose every Answer the failure's known facts contradict (answers.ruled_out: a segfault in
+    the program's own op gets no SDPA or DataLoader scenario): those are listed in `skipped` with why."""
     fixes = registry.load()
     usable = [f for n, f in sorted(fixes.items()) if f.applies(platform)]
     seen = set(have)
     out: list[tuple[str, tuple[Scenario, ...]]] = []
+    skipped: list[dict] = []
+    failures = [e for e in evidence if e]
 
     def add(stage: str, picks: Sequence[tuple[str, str]]) -> None:
         got = []
         for name, why in picks:
             if name not in seen and name in fixes and fixes[name].applies(platform):
                 seen.add(name)
-                got.append(Scenario(name, (name,), why))
+                no = answers.ruled_out(fixes[name], failures, platform) if stage != "evidence" else None
+                if no:
+                    skipped.append({"scenario": name, "why": f"cannot answer this failure: it answers {no}",
+                                    "planned_because": why})
+                else:
+                    got.append(Scenario(name, (name,), why))
         if got:
             out.append((stage, tuple(got)))
 
@@ -160,4 +189,4 @@ def stages(found: Pointers, evidence: Sequence[Mapping[str, Any]], platform: Map
     add("01", [(n, f"01's risk rules ({because.get(n) or 'matched'})") for n in found.suggested])
     add("class", [(f.name, f"targets {c}, the failure's class") for c in classes for f in usable if c in f.targets])
     add("rest", [(f.name, "another applicable fix (nothing more specific removed the failure)") for f in usable])
-    return out
+    return Plan(tuple(out), tuple(skipped))

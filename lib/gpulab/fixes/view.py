@@ -139,6 +139,7 @@ def order_md(m: MatrixResult) -> str:
         stage = f" [{STAGE_WORDS.get(s.stage, s.stage)}]" if s.stage else ""
         lines.append(f"{i}. {report.code(s.name)}{report.esc(stage)}: {report.esc(s.why)} ({report.esc(how)})")
     skipped = [f"- {report.code(t['scenario'])}: {report.esc(t['why'])}" for t in m.not_tried]
+    ruled = [f"- {report.code(t['scenario'])}: {report.esc(t['why'])}" for t in m.skipped]
     shared = (f"\n\n*{m.jobs} trials ran side by side on one GPU: they shared it, so a trial's time includes the "
               f"others' load (the cost rounds run one child at a time).*" if m.shared_gpu else "")
     if m.minimal:
@@ -148,7 +149,18 @@ def order_md(m: MatrixResult) -> str:
                         + (f"confirmed below on the configured workload: {report.esc(', '.join(m.minimal['removed']))}.*\n"
                            if m.minimal["removed"] else "nothing removed the failure there.*\n"))
     return ("**In the order tried:**\n\n" + "\n".join(lines)
-            + ("\n\n**Planned, not tried:**\n\n" + "\n".join(skipped) if skipped else "") + shared)
+            + ("\n\n**Planned, not tried:**\n\n" + "\n".join(skipped) if skipped else "")
+            + (f"\n\n**Not run: the evidence rules them out** ({report.esc(skipped_text(m))}):\n\n" + "\n".join(ruled)
+               if ruled else "") + shared)
+
+
+def skipped_text(m: MatrixResult) -> str:
+    """How many fixes the evidence ruled out and the time that saved, in words."""
+    if not m.skipped:
+        return ""
+    saved = (f"about {m.time_saved_s:.0f} s saved, estimated from the trials that ran" if m.time_saved_s
+             else "time saved not estimated: nothing ran to time")
+    return f"{len(m.skipped)} fix(es) that cannot answer this failure; {saved}"
 
 
 REMOVED = ("fixes", "too_slow", "breaks_numerics")   # verdicts of a scenario with no failure left
@@ -190,7 +202,8 @@ def finding(m: MatrixResult) -> tuple[str, dict[str, Any]]:
         headline = (f"{drill}nothing to fix: the baseline passed all {runs} runs up to the {base.rungs[-1]['rung']} "
                     f"rung (stall window {m.stall_s:g} s)" + (f"; {others} fix scenario(s) measured" if others else ""))
     else:
-        headline = f"{drill}no fix scenario removed the failure; next: {m.next_step}"
+        ruled = f" ({skipped_text(m)})" if m.skipped else ""
+        headline = f"{drill}no fix scenario removed the failure{ruled}; next: {m.next_step}"
     metrics = {
         "recommendation": m.recommendation, "next_step": m.next_step, "kind": m.kind, "drill": bool(m.drill),
         "recommendation_overhead": by[m.recommendation].overhead if m.recommendation else None,
@@ -199,6 +212,7 @@ def finding(m: MatrixResult) -> tuple[str, dict[str, Any]]:
                                 if m.recommendation else None),
         "tried": [s.name for s in m.scenarios if s.fixes and s.trials],
         "not_tried": [t["scenario"] for t in m.not_tried], "jobs": m.jobs, "shared_gpu": m.shared_gpu,
+        "skipped": {t["scenario"]: t["why"] for t in m.skipped}, "time_saved_s": m.time_saved_s,
         "planted": m.drill, "self_test": None if test is None else ("passed" if test[0] else "failed"),
         "baseline_failed": base.failures if base else None,
         "baseline_trials": base.trials if base else 0, "baseline_fail_rate": base.fail_rate if base else None,

@@ -62,7 +62,7 @@ def program_cause(cls: str | None, culprit: str | None = None, processes: Sequen
     program: its place and what the evidence says is wrong there."""
     if owner and owner.get("kind") == "program" and cls not in IN_THE_PROGRAM:
         return (f"the bug is in the program's own code, at {owner.get('where')}: {owner.get('why')}; fix it there "
-                f"(an upstream report would not reach it)")
+                f"(it is not PyTorch's, a library's or the platform's code)")
     if cls in IN_THE_PROGRAM:
         return IN_THE_PROGRAM[cls]
     if cls != "rank_stuck" or not culprit:

@@ -137,10 +137,13 @@ def finding(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, v: Verdict 
         headline = (f"{drill}{_what(v)} on the "
                     f"{failing.name} rung, {k} of {failing.trials} runs (95% interval {ci})"
                     + (f"; smallest failing config {', '.join(f'{a}={b}' for a, b in bis.minimal.items())}" if bis else "")
-                    + ("; a verified repro.py" if rep and rep.verified else ""))
+                    + ("; a verified repro.py" if rep and rep.verified else "")
+                    + (f"; whose code: {v.owner['kind']}, {v.owner['where']}" if v and (v.owner or {}).get("where")
+                       and v.owner.get("kind") != "unknown" else ""))
     metrics = {
         "status": v.status if v else "ok", "class": v.cls if v else None,
-        "in_program": classify.program_cause(v.cls, v.culprit, v.processes) if v else None,
+        "in_program": classify.program_cause(v.cls, v.culprit, v.processes, v.owner) if v else None,
+        "owner": v.owner if v else None,
         "in_flight_op": (v.in_flight_op or {}).get("name") if v else None,
         "call_site": (v.in_flight_op or {}).get("call_site") if v else None,
         "host_blocked_in": (v.host_blocked_in or {}).get("name") if v and v.host_blocked_in else None,

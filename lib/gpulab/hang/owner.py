@@ -99,8 +99,21 @@ def short(path: str, line: Any = None, func: str | None = None) -> str:
 
 
 def namespace(op_name: str | None) -> str:
-    """'holdout.bad_gather.default' -> 'holdout'; 'mylib::f' -> 'mylib'."""
-    return str(op_name or "").replace("::", ".").split(".")[0]
+    """'holdout.bad_gather.default' -> 'holdout'; 'mylib::f' -> 'mylib'; '' for a name that is no op's
+    (a record of the dispatcher's own, such as a dispatch mode)."""
+    name = str(op_name or "").replace("::", ".")
+    return name.split(".")[0] if "." in name else ""
+
+
+def culprit_op(v: Mapping[str, Any]) -> dict:
+    """The op in flight, or, when its record names no op (the dispatcher's own frame), the innermost open op
+    that does."""
+    op = dict(v.get("in_flight_op") or {})
+    if op and not namespace(op.get("name")):
+        named = [o for o in v.get("open_ops") or () if o and namespace(o.get("name"))]
+        if named:
+            return dict(named[-1])
+    return op
 
 
 def _frames(threads: Sequence[capture.Thread]) -> list[tuple[str, str, str]]:
@@ -213,7 +226,7 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     registered = dict(registered or {})
     platform = dict(platform or {})
     cls = v.get("class")
-    op = v.get("in_flight_op") or {}
+    op = culprit_op(v)
     name = op.get("name")
     ns = namespace(name)
     stacks = v.get("stacks") or {}
@@ -317,7 +330,9 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     if inner:
         who, pkg, fr = inner
         place = short(fr[1], fr[2], fr[0])
-        if who == "program" and (not name or ns not in TORCH_NAMESPACES or not _in_torch_below(py or tb, fr)):
+        inside_op = _inside_dispatcher(py or tb, fr) and ns in TORCH_NAMESPACES and bool(ns)
+        if who == "program" and not inside_op and (not name or ns not in TORCH_NAMESPACES
+                                                   or not _in_torch_below(py or tb, fr)):
             how = ("a ctypes call from the program's code" if lib and lib[0] == "ctypes" or
                    _calls_ctypes(py or tb, fr) else "the program's own code")
             return Owner("program", place + (f" (inside {name})" if name else ""),
@@ -359,6 +374,17 @@ def _in_torch_below(frames: Sequence[tuple[str, str, str]], fr: tuple[str, str, 
     return False
 
 
+def _inside_dispatcher(frames: Sequence[tuple[str, str, str]], fr: tuple[str, str, str]) -> bool:
+    """Whether gpulab's own frames (its dispatch modes: the recorder, a planted fault) sit inside the program's
+    frame: the program's line only made the call; the failure is inside the op it called."""
+    for f in frames:
+        if f is fr:
+            return False
+        if origin(f[1])[0] == "tool":
+            return True
+    return False
+
+
 def _calls_ctypes(frames: Sequence[tuple[str, str, str]], fr: tuple[str, str, str]) -> bool:
     for f in frames:
         if f is fr:
@@ -377,7 +403,8 @@ def next_step(o: Owner | Mapping[str, Any] | None) -> str | None:
     if o is None or o.kind == "unknown":
         return None
     if o.kind == "program":
-        return f"the bug is in the program's own code, at {o.where}: {o.why}; fix it there (not an upstream report)"
+        return (f"the bug is in the program's own code, at {o.where}: {o.why}; fix it there (it is not PyTorch's, "
+                f"a library's or the platform's code)")
     if o.kind == "library":
         return (f"the fault is in {o.where}: report it upstream with 03's verified repro and bundle.zip "
                 f"(today's behaviour), and the workaround if 04 found one")

@@ -299,7 +299,8 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
         {"status": status, "class": cls, "signal": sig, "in_flight_op": op_dict(inflight), "localized": localized,
          "pid": obs.pid,
          "stacks": {"python": py_threads, "native": native_threads, "gpu": obs.gpu_text},
-         "stderr_tail": obs.stderr_tail}, dict(obs.registered)).to_dict()
+         "stderr_tail": obs.stderr_tail, "open_ops": [op_dict(r) for r in open_recs]},
+        dict(obs.registered)).to_dict()
     return Verdict(
         status=status, phase=phase, cls=cls, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
         last_completed_op=op_dict(last_done), ops_completed=obs.ops_completed, signal=sig,

@@ -22,6 +22,8 @@ def verdict_table(v: Verdict):
             ("device", op.get("device") or "-"), ("call site", op.get("call_site") or "-"),
             ("host blocked in", (v.host_blocked_in or {}).get("name", "-")),
             ("process", v.culprit or "-"),
+            ("whose code", f"{v.owner['kind']}: {v.owner['where']}" if v.owner else "-"),
+            ("memcheck", memcheck_line(v)),
             ("collective", "group {group}, seq {seq}: {op}".format(**v.divergence) if v.divergence else "-"),
             ("last completed op", op_brief(v.last_completed_op)), ("ops completed", v.ops_completed),
             ("signal / exit code", f"{v.signal or '-'} / {v.exit_code}"), ("elapsed", f"{v.elapsed_s:.2f} s"),
@@ -29,6 +31,43 @@ def verdict_table(v: Verdict):
             ("planted", f"yes, a self-test: {v.planted}" if v.planted else "no (the workload as it runs)"),
             ("trace mode", v.mode or "not recorded")]
     return pd.DataFrame(rows, columns=["field", "value"]).set_index("field")
+
+
+def memcheck_line(v: Verdict) -> str:
+    """The first invalid access compute-sanitizer reported, or why it did not run ('-' when not asked)."""
+    mc = v.memcheck or {}
+    if not mc:
+        return "-"
+    if mc.get("errors"):
+        return mc["errors"][0].get("sentence") or "-"
+    return mc.get("note") or ("ran: no invalid access reported" if mc.get("ran") else "-")
+
+
+def memcheck_table(v: Verdict):
+    """One row per invalid access: kernel, source line, block and thread, address, size, the allocation missed."""
+    import pandas as pd
+
+    rows = [{"kernel": e.get("kernel"), "source": f"{e['file']}:{e['line']}" if e.get("file") else "-",
+             "access": f"{e.get('access')} of {e.get('size')} bytes", "block": e.get("block"),
+             "thread": e.get("thread"), "address": e.get("address"),
+             "allocation": (f"{e.get('distance')} bytes {e.get('relation')} {e.get('allocation')} "
+                            f"({e.get('allocation_size')} bytes)" if e.get("relation") in ("after", "before") else
+                            f"inside {e.get('allocation')} ({e.get('allocation_size')} bytes)"
+                            if e.get("relation") == "inside" else "-")}
+            for e in (v.memcheck or {}).get("errors") or ()]
+    return pd.DataFrame(rows)
+
+
+def owner_md(v: Verdict) -> str:
+    """Whose code the failure is in and the next step that follows (gpulab.hang.owner), escaped."""
+    from gpulab.hang import owner
+
+    o = v.owner or {}
+    if not o:
+        return "**Whose code:** not decided (the run passed, or its verdict predates ownership)."
+    step = owner.next_step(o)
+    return (f"**Whose code: {report.esc(o.get('kind'))}** ({report.esc(o.get('where') or 'nowhere named')}): "
+            f"{report.esc(o.get('why'))}." + (f"\n\n**Next step:** {report.esc(step)}." if step else ""))
 
 
 def evidence_table(v: Verdict):
@@ -239,6 +278,9 @@ def show_verdict(v: Verdict | None, out_dir: str | Path) -> None:
         from gpulab.hang import jobview
         jobview.show_job(v)
     display(Markdown("**Evidence the class rests on:**\n\n" + "\n".join(f"- {report.esc(f)}" for f in v.evidence)))
+    display(Markdown(owner_md(v)))
+    if (v.memcheck or {}).get("errors"):
+        display(memcheck_table(v))
     folder = Path(v.log.get("dir", "."))
     links = [f'<a href="{report.url(Path(folder).relative_to(Path(out_dir)) / name)}">{_text(name)}</a>'
              for key, name in v.log.items() if key.startswith("stacks") and name]
