@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -23,6 +24,10 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", default=[], metavar="NN[,NN]",
                    help="run only notebooks whose name starts with this (comma-separated or repeatable), "
                         "e.g. --only 01,02")
+    p.add_argument("--from", dest="captures", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="run the chain on what `gpulab watch` caught (its --out folder, or one per node of a job): "
+                        "02 and 03 read the capture instead of running the workload, 04 tries fixes on 03's "
+                        "repro or on -p repro=COMMAND")
     p.add_argument("--jobs", type=int, default=1, help="scenarios run side by side")
     p.add_argument("--kernel", default="python3", help="Jupyter kernel name")
     p.add_argument("--cell-timeout", type=positive("--cell-timeout"), default=runner.DEFAULT_CELL_TIMEOUT_S,
@@ -39,9 +44,12 @@ def run_main(argv: list[str]) -> int:
         root = runner.find_root()
         only = comma_list(args.only, "--only")
         out = writable_dir(args.out if args.out else root / "outputs", "--out")
+        overrides = tuple(args.overrides)
+        if args.captures is not None:
+            overrides = from_capture(args.captures, overrides)
         cfg = runner.RunConfig(
             root=root, scenarios=params.parse_scenarios(root, args.scenario), param_files=tuple(args.params),
-            overrides=tuple(args.overrides), out=out, only=only, kernel=args.kernel,
+            overrides=overrides, out=out, only=only, kernel=args.kernel,
             cell_timeout_s=args.cell_timeout, notebook_timeout_s=args.notebook_timeout, jobs=args.jobs)
         code, index_path = runner.run(cfg)
     except (params.ParamError, BadInput, FileNotFoundError) as exc:
@@ -49,6 +57,19 @@ def run_main(argv: list[str]) -> int:
         return proc.EXIT_BAD_INPUT
     print(index_path)
     return code
+
+
+def from_capture(dirs: list[Path], overrides: tuple[str, ...]) -> tuple[str, ...]:
+    """--from's parameters, before the user's own -p (which win): the capture folders, the captured command as
+    the workload (what 05 and 06 name), and the stall window that caught it (03's replay and 04's trials)."""
+    from gpulab.hang import caught   # only for --from
+
+    folders = caught.check(dirs)
+    first = caught.source(folders[0]).verdict
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    implied = {"capture": [str(d) for d in folders], "workload": caught.workload_of(first.get("command") or ()),
+               "stall_s": float(first.get("stall_s") or 30.0)}
+    return tuple(f"{k}={json.dumps(v)}" for k, v in implied.items() if k not in given) + overrides
 
 
 def params_main(argv: list[str]) -> int:
