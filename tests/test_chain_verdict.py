@@ -85,3 +85,38 @@ def test_without_04_a_program_side_failure_still_points_at_the_program(in_progra
     m.pop("04_fix_scenarios", None)
     v = judge(ok(), m)
     assert v.verdict == "hang" and says in v.next_step and not_says not in v.next_step
+
+
+PROGRAM = {"kind": "program", "where": "prog.py:19 in bad_gather (the custom op holdout.bad_gather.default)",
+           "why": "a crash (SIGSEGV) inside holdout.bad_gather.default, the program's own custom op"}
+LIBRARY = {"kind": "library", "where": "aten.addmm.default (PyTorch), called at model.py:42",
+           "why": "the failure is inside PyTorch's own aten.addmm.default on inputs it accepted"}
+PLATFORM = {"kind": "platform", "where": "NVRM: Xid 79, GPU has fallen off the bus",
+            "why": "the driver reported a hardware or driver fault"}
+
+
+@pytest.mark.parametrize("with_04", [True, False], ids=["04 ran", "04 not run"])
+@pytest.mark.parametrize("who,says,not_says", [
+    (PROGRAM, "prog.py:19 in bad_gather", "upstream"),
+    (LIBRARY, "upstream report for aten.addmm.default (PyTorch)", "program's own code"),
+    (PLATFORM, "apply the fix registry's settings", "upstream"),
+])
+def test_the_next_step_follows_whose_code_it_is(who, says, not_says, with_04):
+    m = metrics(hang_status="crash")
+    cause = f"the bug is in the program's own code, at {who['where']}: {who['why']}" if who is PROGRAM else None
+    m["03_bisect_hang"]["metrics"].update({"class": "unknown", "owner": who, "in_program": cause})
+    if with_04:
+        m["04_fix_scenarios"] = {"metrics": {"tried": [], "not_tried": []}}
+    else:
+        m.pop("04_fix_scenarios", None)
+    v = judge(ok(), m)
+    assert v.verdict == "crash" and says in v.next_step and not_says not in v.next_step
+
+
+def test_a_workaround_for_the_programs_own_bug_still_points_at_the_program():
+    m = metrics(hang_status="hang")
+    m["03_bisect_hang"]["metrics"].update({"class": "worker_stuck", "owner": PROGRAM})
+    m["04_fix_scenarios"] = {"metrics": {"recommendation": "dataloader_no_workers", "recommendation_runs": "0/3"}}
+    v = judge(ok(), m)
+    assert v.next_step.startswith("dataloader_no_workers fixes it") and "program's own bug" in v.next_step
+    assert "upstream" not in v.next_step

@@ -117,3 +117,22 @@ def test_a_failure_is_the_programs_own_only_where_its_evidence_says_so(cls, row,
     assert (cause is not None) is program
     if cls == "rank_stuck" and program:
         assert "own code" in cause and "py-spy dump" in cause
+
+
+DSA_FOOTER = "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+
+
+@pytest.mark.parametrize("status,stderr,cls", [
+    ("error", "RuntimeError: CUDA error: an illegal memory access was encountered\n" + DSA_FOOTER, "illegal_address"),
+    ("error", "RuntimeError: CUDA error: misaligned address\n" + DSA_FOOTER, "misaligned_address"),
+    ("error", "torch.AcceleratorError: CUDA error: device-side assert triggered\n" + DSA_FOOTER, "device_assert"),
+    ("crash", "Memory access fault by GPU node-2 (Agent handle: 0x1) on address 0x7f. Reason: Page not present or "
+              "supervisor privilege.\n", "gpu_page_fault"),
+    ("error", "IndexError: index 12 is out of bounds for dimension 0 with size 10\n", "out_of_bounds"),
+    ("error", "RuntimeError: CUDA error: unspecified launch failure\n", "launch_failure"),
+    ("error", "RuntimeError: something else\n" + DSA_FOOTER, "unknown"),     # the footer alone is no assert
+    ("hang", "RuntimeError: CUDA error: an illegal memory access was encountered\n", "unknown"),  # a hang's words
+])
+def test_memory_faults_are_read_from_the_programs_last_words(status, stderr, cls):
+    got = classify.classify(classify.Evidence(status=status, stderr_tail=stderr))
+    assert got.cls == cls, got.facts

@@ -182,3 +182,48 @@ def test_program_cause_follows_a_program_owner_and_keeps_the_job_classes():
 def test_the_evidence_fixtures_owner(name, registered, kind):
     fx = json.loads((EVIDENCE / f"{name}.json").read_text())
     assert owner.decide({**fx["evidence"], "class": fx["expect"]}, registered).kind == kind
+
+
+# ------------------------------------------------------------------------------------ real programs, watched
+
+FIX = Path(__file__).parent / "fixtures"
+MM_LOOP = ("import torch\nw = torch.randn(16, 16)\nx = torch.randn(4, 16)\n"
+           "for _ in range(5):\n    x = torch.relu(torch.addmm(x, x, w))\nprint(float(x.sum()))\n")
+
+
+def _watch(tmp_path, cmd, **kw):
+    from gpulab.fixes import suggest
+    from gpulab.hang import watch
+    return watch.run(cmd, stall_s=2.0, timeout_s=120, out_dir=tmp_path / "w", progress=lambda m: None,
+                     finish=suggest.with_suggestions, **kw)
+
+
+@pytest.mark.parametrize("program,status,cls,where", [
+    (("own_op_segfault.py",), "crash", "unknown", "own_op_segfault.py:19 in bad_gather"),
+    (("custom_op_deadlock.py", "--gil", "released"), "hang", "host_lock", "custom_op_deadlock.py:27 in locked_scale"),
+    (("bad_embedding_index.py",), "error", "out_of_bounds", "bad_embedding_index.py:20"),
+], ids=["segfault in its own custom op", "deadlock in its own native call", "bad index into aten.embedding"])
+def test_watch_names_the_programs_own_code_and_never_sends_it_upstream(tmp_path, program, status, cls, where):
+    import sys
+
+    v = _watch(tmp_path, [sys.executable, str(FIX / program[0]), *program[1:]])
+    assert (v.status, v.cls) == (status, cls), v.evidence
+    assert v.owner["kind"] == "program" and where in v.owner["where"], v.owner
+    step = owner.next_step(v.owner)
+    assert where in step and "upstream" not in step
+    assert not v.suggested, "a setting of a library or the platform is no fix for the program's own bug"
+    saved = json.loads((tmp_path / "w" / "verdict.json").read_text())
+    assert saved["owner"] == v.owner and any(e.startswith("whose code: program") for e in saved["evidence"])
+
+
+def test_a_fault_planted_inside_an_aten_kernel_stays_a_librarys(tmp_path):
+    """The planted segfault fires inside aten.addmm on valid inputs, called from the program's line: the kernel
+    is PyTorch's, so the next step is the upstream report."""
+    import sys
+
+    prog = tmp_path / "mm_loop.py"
+    prog.write_text(MM_LOOP)
+    v = _watch(tmp_path, [sys.executable, str(prog)], fault="segfault:aten.addmm@2")
+    assert v.status == "crash" and v.in_flight_op["name"] == "aten.addmm.default", v.evidence
+    assert v.owner["kind"] == "library" and "aten.addmm" in v.owner["where"] and "PyTorch" in v.owner["where"]
+    assert "upstream" in owner.next_step(v.owner) and "mm_loop.py:5" in v.owner["where"]
