@@ -165,7 +165,8 @@ def finding(dirs: Sequence[str | os.PathLike], v: Verdict, rep: Any, workload: s
 
     srcs = [source(d) for d in dirs]
     top = srcs[0].verdict
-    found = [s for src in srcs for s in src.verdict.get("stalls") or ()]
+    found = [s for src in srcs for s in (report.read_json(src.top / "verdict.json", default={}) or {}).get("stalls")
+             or ()]
     back = sum(1 for s in found if s.get("recovered"))
     stalls_txt = (f"; {len(found)} stall(s) while watched, {back} recovered"
                   + (f" ({', '.join(sorted({s['pause']['kind'] for s in found if (s.get('pause') or {}).get('kind')}))})"

@@ -1,0 +1,123 @@
+"""`gpulab run --from DIR`: the workbook on what `gpulab watch` caught. Each capture here is a real watch of a
+real failing program (a native deadlock in a custom op, two gloo ranks calling different collectives, a
+checkpoint that stalls), then the chain reads it without running the job again."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpulab.hang import caught, merge
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures"
+
+
+def _gpulab(args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "gpulab", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def _watch(out: Path, *args: str, stall: str = "2") -> subprocess.CompletedProcess:
+    return _gpulab(["watch", "--stall", stall, "--quiet", "--status-every", "0", "--out", str(out), *args],
+                   timeout=180)
+
+
+def _run_dir(out: Path) -> Path:
+    return (out / "latest").resolve()
+
+
+def _metrics(out: Path) -> dict:
+    return json.loads((_run_dir(out) / "baseline" / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("make,msg", [
+    (lambda d: d / "missing", "is not a folder"),
+    (lambda d: d, "is not a gpulab watch capture: it has no verdict.json"),
+    (lambda d: (d / "verdict.json").write_text("{not json") and d, "is not a readable verdict"),
+    (lambda d: (d / "verdict.json").write_text('{"rungs": []}') and d, "is not a gpulab watch verdict"),
+])
+def test_a_folder_that_is_not_a_capture_is_bad_input(tmp_path, make, msg):
+    folder = tmp_path / "cap"
+    folder.mkdir()
+    bad = make(folder)
+    r = _gpulab(["run", "--from", str(bad), "--out", str(tmp_path / "o")], timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and msg in lines[0] and str(bad) in lines[0], r.stderr
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())   # nothing run, nothing written
+
+
+def test_a_caught_hang_gets_the_index_verdict_and_next_step_without_rerunning_the_job(tmp_path):
+    """The whole chain on a caught single-process hang, fixes tried on the shorter command given as repro:
+    the index says hang, names the op, and says what 04 found (a fix or nothing, with what was tried)."""
+    cap = tmp_path / "cap"
+    job = ["python", str(FIX / "custom_op_deadlock.py"), "--gil", "released"]
+    assert _watch(cap, "--", *job).returncode == 3
+    t0 = time.monotonic()
+    r = _gpulab(["run", "--from", str(cap), "--out", str(tmp_path / "o"), "-p", f"repro={' '.join(job)}",
+                 "-p", "repeats=1", "-p", "cost_rounds=0", "-p", "fix_budget_s=10"], timeout=400)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert took < 240, f"{took:.0f} s"
+    run = json.loads((_run_dir(tmp_path / "o") / "run.json").read_text())
+    sc = run["scenarios"][0]
+    assert sc["verdict"] == "hang" and "locked_scale" in sc["evidence"], sc
+    assert "fixes it" in sc["next_step"] or "nothing tried fixes it" in sc["next_step"], sc["next_step"]
+    m = _metrics(tmp_path / "o")
+    m03 = m["03_bisect_hang"]["metrics"]
+    assert m03["status"] == "hang" and m03["in_flight_op"].startswith("gpulab_fixtures.locked_scale")
+    assert m03["from_capture"] == [str(cap.resolve())] and m03["runs"] == 0   # nothing climbed or re-run
+    assert m["03_bisect_hang"]["headline"].startswith("caught by gpulab watch: hang")
+    m04 = m["04_fix_scenarios"]["metrics"]
+    assert m04["recommendation"] or "tried" in m04, m04
+    assert m["02_instrument"]["metrics"]["status"] == "hang"   # the op log as the hang left it
+    assert m["05_oracle"]["metrics"].get("applies") is False   # the program never called attention
+    caught_v = json.loads((_run_dir(tmp_path / "o") / "baseline" / "caught" / "verdict.json").read_text())
+    assert caught_v["status"] == "hang" and any("not run again" in n for n in caught_v["notes"])
+
+
+def test_a_caught_two_rank_job_gives_the_cross_rank_verdict_gpulab_merge_gives(tmp_path):
+    cap = tmp_path / "cap"
+    assert _watch(cap, "--", "python", str(FIX / "dist_job.py"), "skip", "--world", "2", stall="3").returncode == 3
+    _, found = merge.merge([cap])
+    r = _gpulab(["run", "--from", str(cap), "--only", "03", "--out", str(tmp_path / "o")], timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m03 = _metrics(tmp_path / "o")["03_bisect_hang"]["metrics"]
+    assert (m03["status"], m03["class"], m03["culprit"]) == ("hang", found.cls, found.culprit)
+    assert found.cls == "collective_mismatch"
+    v = json.loads((_run_dir(tmp_path / "o") / "baseline" / "caught" / "verdict.json").read_text())
+    assert v["divergence"]["seq"] == found.divergence.seq and len(v["processes"]) == len(found.processes)
+
+
+def test_a_stall_that_never_recovers_under_keep_is_the_evidence_read(tmp_path):
+    """--on-stall keep with a timeout: the checkpoint never ends, the stall is captured in captures/01 and the
+    watch goes on until the timeout; --from reads that capture (the job at the stall), not the timeout's end."""
+    cap = tmp_path / "cap"
+    r = _gpulab(["watch", "--stall", "1.5", "--on-stall", "keep", "--timeout", "20", "--quiet", "--out", str(cap),
+                 "--", "python", str(FIX / "checkpoint_pause.py"), "--steps", "40", "--at", "3", "--pause", "120"],
+                timeout=180)
+    assert r.returncode == 3, r.stderr
+    top = json.loads((cap / "verdict.json").read_text())
+    assert top["status"] == "hang" and top["stalls"][0]["recovered"] is False
+    src = caught.source(cap)
+    assert src.chosen == cap / "captures" / "01" and "never recovered" in src.why
+    v = caught.first_failure([cap], tmp_path / "o")
+    assert v.status == "hang" and "save_checkpoint" in v.stacks["python"]
+    assert (tmp_path / "o" / "caught" / "ops.log").is_file()
+    head, metrics = caught.finding([cap], v, None, "script:x.py")
+    assert metrics["status"] == "hang" and metrics["stalls"] == 1 and metrics["stalls_recovered"] == 0
+    assert "1 stall(s) while watched, 0 recovered (checkpoint)" in head
+
+
+@pytest.mark.parametrize("command,want", [
+    (["python", "train.py", "--lr", "1e-4"], "script:train.py --lr 1e-4"),
+    (["torchrun", "--nproc-per-node", "2", "train.py"], "script:-m torch.distributed.run --nproc-per-node 2 train.py"),
+    (["python", "-m", "pkg.train", "a b"], "script:-m pkg.train 'a b'"),
+])
+def test_the_captured_command_as_the_workload(command, want):
+    assert caught.workload_of(command) == want
