@@ -3,6 +3,7 @@ tool prints: kernel+offset with and without source line, the older offset-file-l
 legacy form), and the bounded run says why it did not run where the tool is missing or the GPU is AMD's."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -93,3 +94,51 @@ def test_without_the_tool_it_says_where_it_looked(tmp_path, monkeypatch):
         pytest.skip("compute-sanitizer is installed under /usr/local/cuda on this machine")
     rep = memcheck.run([sys.executable, "-c", "pass"], tmp_path)
     assert not rep.ran and "not installed" in rep.note and rep.facts() == [f"memcheck: {rep.note}"]
+
+
+# ------------------------------------------------------------------------------------ on a GPU: real faults
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _watch(tmp_path, cmd, stall_s):
+    from gpulab.fixes import suggest
+    from gpulab.hang import watch
+    return watch.run(cmd, stall_s=stall_s, timeout_s=600, out_dir=tmp_path / "w", progress=print,
+                     finish=suggest.with_suggestions)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("program,needs,stall_s,kernel,source", [
+    ("gpu_triton_wild_store.py", "triton", 60.0, "_copy", "gpu_triton_wild_store.py"),
+    ("gpu_extension_oob.py", "torch.utils.cpp_extension", 300.0, "oob_write", "oob_write"),
+], ids=["triton kernel wild store", "cuda extension out of bounds"])
+def test_the_programs_own_kernel_is_pinned_with_its_address(tmp_path, program, needs, stall_s, kernel, source):
+    """class, the program's kernel and line, and (where compute-sanitizer is installed) the address, block,
+    thread and the allocation it missed."""
+    pytest.importorskip(needs)
+    v = _watch(tmp_path, [sys.executable, str(FIX / program)], stall_s)
+    print(json.dumps({k: v.to_dict()[k] for k in ("status", "class", "in_flight_op", "owner", "memcheck")},
+                     indent=1, default=str))
+    assert v.status == "error" and v.cls == "illegal_address", v.evidence
+    assert v.owner["kind"] == "program", v.owner
+    assert not v.suggested or all(s["fix"] != "cpu_fallback" for s in v.suggested)
+    if memcheck.tool() is None:
+        assert "not installed" in v.memcheck["note"]
+        return
+    assert v.memcheck["ran"] and v.memcheck["errors"], v.memcheck
+    first = v.memcheck["errors"][0]
+    assert kernel in first["kernel"] and first["address"] and first["block"] and first["thread"]
+    assert first["access"] == "write" and first["size"] == 4
+    assert kernel in v.owner["where"] or source in v.owner["where"]
+
+
+@pytest.mark.gpu
+def test_a_device_side_assert_from_the_programs_bad_index_names_the_kernel_and_the_line(tmp_path):
+    v = _watch(tmp_path, [sys.executable, str(FIX / "bad_embedding_index.py"), "--device", "cuda"], 60.0)
+    print(json.dumps({k: v.to_dict()[k] for k in ("status", "class", "in_flight_op", "owner", "evidence")},
+                     indent=1, default=str))
+    assert v.status == "error" and v.cls == "device_assert", v.evidence
+    assert any("failed its check" in e and "block [" in e for e in v.evidence)
+    assert v.owner["kind"] == "program" and "bad_embedding_index.py:20" in v.owner["where"]
+    assert v.memcheck is None            # the assertion already names the kernel, block and thread

@@ -289,7 +289,13 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     # 4. the op's input was rejected by the kernel that checked it: the program made that input
     if cls in INPUT_CLASSES:
         mine = _first(tb, ("program",)) or _first(py, ("program",))
-        line = short(mine[1][1], mine[1][2], mine[1][0]) if mine else op.get("call_site")
+        seen = short(mine[1][1], mine[1][2], mine[1][0]) if mine else None
+        if name and classify.op_kind(name) == "sync" and v.get("localized") != "gpu_event":
+            # the error surfaced at a sync: the op that got the bad input ran before it, not localized
+            return Owner("program", f"GPU work launched before {op.get('call_site') or seen or name} (not localized)",
+                         f"a kernel's own device-side check of its input failed (typically an index out of range); "
+                         f"{name} only reported it")
+        line = op.get("call_site") if name else seen
         what = ("an index out of range" if cls == "out_of_bounds" else
                 "an input that fails the kernel's own device-side check (typically an index out of range)")
         if line or name:
