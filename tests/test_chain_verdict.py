@@ -106,11 +106,12 @@ def test_the_next_step_follows_whose_code_it_is(who, says, not_says, with_04):
     cause = f"the bug is in the program's own code, at {who['where']}: {who['why']}" if who is PROGRAM else None
     m["03_bisect_hang"]["metrics"].update({"class": "unknown", "owner": who, "in_program": cause})
     if with_04:
-        m["04_fix_scenarios"] = {"metrics": {"tried": [], "not_tried": []}}
+        m["04_fix_scenarios"] = {"metrics": {"tried": [], "not_tried": [], "skipped": {"sdpa_backend_math": "..."}}}
     else:
         m.pop("04_fix_scenarios", None)
     v = judge(ok(), m)
     assert v.verdict == "crash" and says in v.next_step and not_says not in v.next_step
+    assert ("04 ruled out 1 by the evidence" in v.next_step) is with_04
 
 
 def test_a_workaround_for_the_programs_own_bug_still_points_at_the_program():

@@ -115,7 +115,10 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
         elif fixes:
             tried = fixes.get("tried") or []
             left = fixes.get("not_tried") or []
-            step = ("nothing tried fixes it" + (f" ({', '.join(tried)})" if tried else " (no fix applied here)")
+            ruled = fixes.get("skipped") or {}
+            step = ("nothing tried fixes it" + (f" ({', '.join(tried)})" if tried else
+                                                f" (no fix can answer it: 04 ruled out {len(ruled)} by the evidence)"
+                                                if ruled else " (no fix applied here)")
                     + (f"; {len(left)} more not tried within the time budget (gpulab fixes --budget)" if left else "")
                     + _where_to_fix(hang))
         else:   # 04 did not run (gpulab run --only 01,02,03)
