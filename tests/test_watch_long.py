@@ -185,7 +185,7 @@ def test_ended_processes_beyond_the_latest_are_pruned(tmp_path):
             last = {p: 0.0 for p in [*ended, live.pid]}
             seen = set([*ended, live.pid])
 
-        watch._prune(procs, Tracker, keep_ended=2)
+        watch._prune(procs, Tracker, set(), keep_ended=2)
         left = sorted(int(p.name.split(".")[0]) for p in procs.glob("*.json"))
     assert left == sorted([*ended[-2:], live.pid])
     assert not list(procs.glob(f"{ended[0]}.*"))
@@ -249,10 +249,14 @@ def test_where_a_stall_was(op, div, frame, want):
     assert stalls.where(op, div, frame) == want
 
 
-def test_the_stalls_a_verdict_lists_are_bounded():
-    many = [{"t": float(i)} for i in range(100)]
-    kept = stalls.kept(many, limit=10)
-    assert [s["t"] for s in kept] == [0, 1, 2, 3, 4, 95, 96, 97, 98, 99]
+def test_the_stalls_a_watch_keeps_are_bounded():
+    seen = stalls.Seen(limit=10)
+    for i in range(100):
+        rec = seen.add({"t": float(i), "recovered": False})
+        if i % 2:
+            seen.recover(rec)
+    assert [s["t"] for s in seen.items] == [0, 1, 2, 3, 4, 95, 96, 97, 98, 99]
+    assert (seen.count, seen.recovered, seen.last["t"]) == (100, 50, 99)
 
 
 def test_status_rows_and_line():

@@ -198,9 +198,24 @@ def where(open_op: Mapping[str, Any] | None, divergence: Mapping[str, Any] | Non
     return f"{who}unknown (no open op and no Python stacks)"
 
 
-def kept(stalls: Sequence[dict], limit: int = MAX_KEPT) -> list[dict]:
-    """The stalls a verdict lists, bounded for a job that runs for days: the first and the latest."""
-    if len(stalls) <= limit:
-        return list(stalls)
-    half = limit // 2
-    return [*stalls[:half], *stalls[-half:]]
+class Seen:
+    """Every stall of one watch, bounded in memory whatever the job's length: the counts of all of them, and
+    the first and the latest (what `kept` lists) as records."""
+
+    def __init__(self, limit: int = MAX_KEPT):
+        self.limit, self.items, self.count, self.recovered = limit, [], 0, 0
+
+    def add(self, rec: dict) -> dict:
+        self.count += 1
+        self.items.append(rec)
+        if len(self.items) > self.limit:
+            del self.items[self.limit // 2]   # the oldest of the latest: the first half stays
+        return rec
+
+    def recover(self, rec: dict) -> None:
+        rec["recovered"] = True
+        self.recovered += 1
+
+    @property
+    def last(self) -> dict | None:
+        return self.items[-1] if self.items else None

@@ -57,8 +57,8 @@ FIXES_VAR = "GPULAB_FIXES"   # gpulab.fixes.compose.FIXES_VAR: names the fixes a
 ON_STALL = ("stop", "keep")
 GRACE_S = 30.0           # the CLI's wait for a job that was passed a signal
 MAX_CAPTURES = 20        # capture folders kept under keep: the first and the latest half each
-KEEP_ENDED = 32          # ended processes whose files stay in the job folder: the latest ones
-PRUNE_EVERY_S = 30.0
+KEEP_ENDED = 8           # ended processes whose files stay in the job folder: the latest ones
+PRUNE_EVERY_S = 10.0
 
 
 # ------------------------------------------------------------------------------------ the command
@@ -235,23 +235,24 @@ def _recovered(child: proc.Child, tracker: Any, deadline: float | None,
 
 # ------------------------------------------------------------------------------------ bounds over days
 
-def _prune(procs: Path, tracker: Any, keep_ended: int = KEEP_ENDED) -> None:
+def _prune(procs: Path, tracker: Any, shrunk: set[int], keep_ended: int = KEEP_ENDED) -> None:
     """Bound the job folder and the watchdog's memory whatever the job's length: an ended process's op log is
-    cut to what it recorded; beyond the latest `keep_ended` ended processes (DataLoader workers respawned every
-    epoch), the oldest ones' files go, and the tracker forgets them."""
+    cut to what it recorded (once: `shrunk` remembers which); beyond the latest `keep_ended` ended processes
+    (DataLoader workers started again every epoch), the oldest ones' files go, and the tracker forgets them."""
     metas = follow.metas(procs)
     ended = sorted((m.get("started") or 0, pid) for pid, m in metas.items()
                    if not m.get("root") and not jobread.live(pid))
-    for _, pid in ended[-keep_ended:]:
-        files = follow.files(procs, pid)
-        if files["log"].exists() and not files["log"].with_suffix(".kept").exists():
-            keep_recorded(files["log"])
-            with contextlib.suppress(OSError):
-                files["log"].with_suffix(".kept").touch()
-    for _, pid in ended[:-keep_ended] if len(ended) > keep_ended else ():
+    cut = max(0, len(ended) - keep_ended)
+    for _, pid in ended[cut:]:
+        log = follow.files(procs, pid)["log"]
+        if pid not in shrunk and log.exists():
+            keep_recorded(log)
+            shrunk.add(pid)
+    for _, pid in ended[:cut]:
         for p in procs.glob(f"{pid}.*"):
             with contextlib.suppress(OSError):
                 p.unlink()
+        shrunk.discard(pid)
         for held in ("procs", "last"):
             getattr(tracker, held, {}).pop(pid, None)
         getattr(tracker, "seen", set()).discard(pid)
@@ -310,8 +311,11 @@ def _with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, sta
     # the job's finding first; what the watchdog saw of the process it started (often a launcher that
     # waits for its children) after it, said to be about that process
     who = next((p.role for p in views if p.pid == root), "the process the watchdog started")
-    own = tuple(e if e.startswith(("the watchdog", "exit code", "planted")) else f"{who}: {e}" for e in v.evidence
-                if e != "no rule matched the evidence" and not e.startswith("status "))
+    kept = ("the watchdog", "exit code", "planted")
+    launcher = any(p.pid == root and p.supervises for p in views)   # where a launcher waits is no finding
+    own = tuple(e if e.startswith(kept) else f"{who}: {e}" for e in v.evidence
+                if e != "no rule matched the evidence" and not e.startswith("status ")
+                and not (launcher and not e.startswith(kept)))
     changes.update(cls=finding.cls, evidence=tuple(finding.evidence) + own, host_blocked_in=None)
     if culprit is not None and culprit.open_op:
         changes["in_flight_op"] = {**culprit.open_op, "process": culprit.role}
@@ -549,7 +553,7 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
         keep = keep_output or tee.KEEP_BYTES
         tees = [tee.Tee(launch.stdout, 1 if echo else None, keep, name="stdout"),
                 tee.Tee(launch.stderr, 2 if echo else None, keep, name="stderr")]
-    found: list[dict] = []
+    found = stalls.Seen()
     interrupted: dict | None = None
     writer = None
     seen: _Seen | None = None
@@ -566,7 +570,7 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
                 writer = status_mod.Writer(out, lambda: status_mod.job_processes(
                     child.pid, launch.log if launch.recorded else None,
                     launch.procs if launch.procs.is_dir() else None), say, status_every_s, say_every_s).start()
-            pruned = [time.monotonic()]
+            pruned, shrunk = [time.monotonic()], set()
 
             def beat(last: float | None, phase: str = "running") -> None:
                 now = time.monotonic()
@@ -577,11 +581,11 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
                         by.setdefault(child.pid, last)
                     writer.update(status_mod.State(
                         phase="stalled" if last is None else phase, t0=t0, last=last, last_by_pid=by,
-                        stalls=len(found), recovered=sum(1 for s in found if s["recovered"]),
-                        note=found[-1]["where"] if found and not found[-1]["recovered"] else ""))
+                        stalls=found.count, recovered=found.recovered,
+                        note=found.last["where"] if found.last and not found.last["recovered"] else ""))
                 if launch.procs.is_dir() and now - pruned[0] > PRUNE_EVERY_S:
                     pruned[0] = now
-                    _prune(launch.procs, tracker)
+                    _prune(launch.procs, tracker, shrunk)
 
             try:
                 while True:
@@ -592,24 +596,23 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
                         say(f"timeout after {timeout_s:g} s: capturing evidence")
                     if stalled != "hang" or on_stall == "stop":
                         break
-                    n = len(found) + 1
+                    n = found.count + 1
                     cap = out / "captures" / f"{n:02d}"
                     if writer is not None:
                         writer.update(dataclasses.replace(writer.state, phase="capturing"), now=True)
-                    found.append(_keep_capture(child, launch, tracker, cap, command=command, t0=t0,
+                    rec = found.add(_keep_capture(child, launch, tracker, cap, command=command, t0=t0,
                                                hang_started=hang_started, stall_s=stall_s, timeout_s=timeout_s,
                                                mode=mode, spec=spec, tail=tail, stacks=stacks,
                                                capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
                                                native_tools=native_tools))
                     _thin_captures(out / "captures")
-                    rec = found[-1]
                     say(f"stall {n} captured in {cap} ({rec['where']}; "
                         f"{rec['pause']['kind'] or 'no usual pause'}): watching on")
                     back = _recovered(child, tracker, deadline, beat)
                     rec["for_s"] = round((back or time.monotonic()) - hang_started, 3)
                     if back is None:
                         break
-                    rec["recovered"] = True
+                    found.recover(rec)
                     say(f"stall {n} recovered after {rec['for_s']:.1f} s")
                     if child.poll() is not None:
                         break
@@ -630,8 +633,8 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
     finally:
         kept = [t.close() for t in tees]
         if writer is not None:
-            writer.stop(dataclasses.replace(writer.state, phase="ended", stalls=len(found),
-                                            recovered=sum(1 for s in found if s["recovered"]), note=""))
+            writer.stop(dataclasses.replace(writer.state, phase="ended", stalls=found.count,
+                                            recovered=found.recovered, note=""))
     return _finish(command, launch, seen, child, out, t0=t0, stalled=stalled, hang_started=hang_started,
                    stall_s=stall_s, timeout_s=timeout_s, mode=mode, spec=spec, left=left, tail=tail,
                    found=found, interrupted=interrupted, kept=kept, finish=finish, say=say)
@@ -678,7 +681,7 @@ def _pass_on(child: proc.Child, exc: proc.Interrupted, grace_s: float, say: Call
 
 def _finish(command: Sequence[str], launch: Launch, seen: _Seen, child: proc.Child, out: Path, *, t0: float,
             stalled: str | None, hang_started: float | None, stall_s: float, timeout_s: float | None, mode: str,
-            spec: Any, left: tuple, tail: int, found: list[dict], interrupted: dict | None, kept: list,
+            spec: Any, left: tuple, tail: int, found: stalls.Seen, interrupted: dict | None, kept: list,
             finish: Callable[[Verdict, str | None], Verdict] | None, say: Callable[[str], None]) -> Verdict:
     rc = child.returncode
     if launch.recorded:
@@ -700,17 +703,18 @@ def _finish(command: Sequence[str], launch: Launch, seen: _Seen, child: proc.Chi
     if jobbed is not None:
         v = _with_job(v, launch.procs, child.pid, *jobbed)
     extra: list[str] = []
-    for s in found:
+    for s in found.items:
         extra.append(f"stall at {s['t']:.1f} s for {s['for_s']:.1f} s at {s['where']}: "
                      + ("recovered" if s["recovered"] else "never recovered") + f" ({s['pause']['why']})")
-    if found:
-        extra.append(found[-1]["window"])
-    if len(found) > stalls.MAX_KEPT:
-        extra.append(f"{len(found)} stalls in all; the first and the latest {stalls.MAX_KEPT // 2} are listed")
+    if found.last:
+        extra.append(found.last["window"])
+    if found.count > len(found.items):
+        extra.append(f"{found.count} stalls in all ({found.recovered} recovered); the first and the latest "
+                     f"{stalls.MAX_KEPT // 2} are listed")
     for k in kept:
         if k.written > k.kept:
             extra.append(f"{Path(k.path).name} keeps the last {k.kept} of the {k.written} bytes the job wrote")
-    changes: dict = {"stalls": tuple(stalls.kept(found)), "interrupted": interrupted}
+    changes: dict = {"stalls": tuple(found.items), "interrupted": interrupted}
     if interrupted is not None:
         extra.append(f"gpulab watch got {interrupted['signal']} and passed it to the job; "
                      + (f"the job ended by itself within {interrupted['grace_s']:g} s" if interrupted["job_ended"]
