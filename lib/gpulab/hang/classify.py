@@ -36,12 +36,24 @@ MEMORY_FAULTS = (
 )
 FAULT_CLASSES = tuple(c for c, _ in MEMORY_FAULTS)
 CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown") + FAULT_CLASSES
-JOB_CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck")   # gpulab.hang.job.CLASSES: across processes
+JOB_CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck", "uneven_inputs",
+               "skipped_collective")   # gpulab.hang.job.CLASSES: across processes
 ALL_CLASSES = CLASSES + JOB_CLASSES
 # Failures whose cause is the program's own code when no fix removed them: the next step (04's and the index's)
 # points there, not at an upstream report (seen on the user path: gloo ranks with a shape mismatch, NCCL ranks
 # skipping a collective on two H100s, a dataset deadlocking in its own __getitem__ inside a DataLoader worker)
 IN_THE_PROGRAM = {
+    "uneven_inputs": ("a rank ran out of data and left the training loop while the others wait in the collective "
+                      "of their next step (03 names the rank, its line and the collective): give every rank the "
+                      "same number of batches (`DistributedSampler(..., drop_last=True)`, or stop every rank at the "
+                      "smallest count, all-reduced with MIN), or run the loop under DDP's `with model.join():` "
+                      "(torch.distributed.algorithms.Join), which lets the ranks that finish first shadow the "
+                      "others' collectives"),
+    "skipped_collective": ("a rank skipped a collective the others call (03 names the rank, the collective and "
+                           "its line): a decision taken on one rank's own data (a NaN guard, an `if` on the batch "
+                           "or the rank) must be taken together: all-reduce it first (`flag = torch.tensor("
+                           "[float(skip)]); dist.all_reduce(flag, op=dist.ReduceOp.MAX); skip = flag.item() > 0`) "
+                           "so every rank takes the same branch, or call the collective on every rank"),
     "collective_mismatch": ("the ranks call different collectives at the same point (03's divergence names both "
                             "calls): make every rank call the same collectives in the same order with the same "
                             "shapes; TORCH_DISTRIBUTED_DEBUG=DETAIL turns such a mismatch into an error that names it"),

@@ -5,6 +5,13 @@ A collective is matched across ranks by (process group, per-group sequence numbe
 calls the group's collectives in the same order, so the n-th call of each rank must be the same op with the
 same shapes. The first sequence number where the ranks differ is the divergence: the ranks that reached it
 wait, the ranks that did not are doing something else (named from their open op or their Python frame).
+
+Then the program's shape says why, where its source is known: the ranks that wait in the collective their
+training loop issues every step (one they already matched at an earlier number, from the same line), while
+another rank is past the end of that loop, ran out of steps (uneven_inputs: more batches on some ranks) or
+skipped the collective in a step it ran (skipped_collective: a NaN guard, an `if` on local data), which the
+ops its lines issued tell apart; a rank inside the loop in another collective took a branch the others did not
+(skipped_collective).
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 # classes this module adds to gpulab.hang.classify's vocabulary
-CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck")
+CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck", "uneven_inputs", "skipped_collective")
 
 
 @dataclass(frozen=True)
@@ -52,10 +59,14 @@ class ProcessView:
     wait: str | None = None               # what its stacks show it waits in: lock | queue | collective | cuda_sync | io
     log: str | None = None                # its op log, relative to the job folder
     own_code: bool = False                # its main thread runs the program's own code (gpulab.hang.jobread)
+    supervises: bool = False              # a launcher or supervisor of ranks (torchrun's agent, mp.spawn's parent)
     place: str | None = None              # the program's own line its main thread is at: "train.py:40"
-    # the program's loops around the lines that matter (its call sites, its place): "train.py:40" -> the
-    # first and last line of the innermost for/while holding it (None: at no loop, or the source is unknown)
+    stack: tuple[str, ...] = ()           # the program's own lines on its main thread's stack, innermost first
+    # around the lines that matter (its call sites, its stack): "train.py:40" -> the first and last line of
+    # the innermost for/while holding it (None: at no loop, or the source is unknown) ...
     loops: dict = field(default_factory=dict)
+    # ... and of the function holding it (the module: the whole file)
+    scopes: dict = field(default_factory=dict)
     # ops the program's own lines issued (depth 0), by line: "train.py:31" -> count; None when the op log
     # lost records (then counts compare nothing)
     line_ops: dict | None = None
@@ -116,6 +127,11 @@ def analyse(views: Sequence[ProcessView]) -> JobFinding:
     if diverged:
         w = min(diverged, key=lambda w: w.t_first)
         cls = "collective_mismatch" if w.divergence.mismatch else "rank_stuck"
+        shape = _loop_shape(w.divergence, _groups(order)[w.divergence.group])
+        if shape is not None:
+            cls, culprit, why = shape
+            kept = tuple(e for e in w.evidence if not e.startswith("no call is the most common"))
+            return JobFinding(cls, culprit, w.divergence, why + kept + _loader_links(order, w) + gaps, rows)
         return JobFinding(cls, w.culprit, w.divergence, w.evidence + _loader_links(order, w) + gaps, rows)
     agreed = tuple(s for w in walks for s in w.evidence) or (
         "no process group has two or more members in these views: no collective to compare",)
@@ -244,6 +260,126 @@ def _agreed(group: str, members: list[ProcessView], calls: dict, seqs: list[int]
         return f"group {group}: all {n} members called seq {seqs[0]} to {seqs[-1]} alike and all completed"
     return (f"group {group}, seq {seqs[-1]}: all {n} members are in {_call(open_[0])}, {len(open_)} not "
             "completed: the calls match, so no member is missing from it")
+
+
+# ------------------------------------------------------------------------------------ the program's loop
+
+def _site_line(site: str) -> str:
+    """'dir/train.py:12 in main' -> 'dir/train.py:12'."""
+    return site.split(" in ", 1)[0].strip()
+
+
+def _split(line: str | None) -> tuple[str, int] | None:
+    file, _, n = (line or "").rpartition(":")
+    return (file, int(n)) if file and n.isdigit() else None
+
+
+def _repeated(v: ProcessView, group: str, c: Collective) -> bool:
+    """The call is the one the loop issues every step: the same op from the same line matched at an earlier
+    number of the group on this rank."""
+    line = _site_line(c.call_site)
+    return bool(line) and any(o.seq is not None and o.seq < (c.seq or 0) and o.done and o.op == c.op
+                              and _site_line(o.call_site) == line for o in v.collectives if o.group == group)
+
+
+def _in_loop(line: str | None, loop: tuple[str, int, int]) -> bool:
+    at = _split(line)
+    return at is not None and at[0] == loop[0] and loop[1] <= at[1] <= loop[2]
+
+
+def _iterations(stay: ProcessView, off: ProcessView, loop: tuple[str, int, int], upto: int) -> str | None:
+    """'same' when a line of the loop before `upto` (the line the rank that stays is at) issued as many ops on
+    the rank that is off as on the one that stays (it ran that step too), 'fewer' when every such line issued
+    fewer; None when the op logs cannot tell (records lost, or no such line recorded). Only the lines before
+    it: the rank that stays has not run the rest of its current step."""
+    if stay.line_ops is None or off.line_ops is None:
+        return None
+    before = (loop[0], loop[1], upto - 1)
+    pairs = [(n, off.line_ops.get(line, 0)) for line, n in stay.line_ops.items() if _in_loop(line, before) and n > 0]
+    if not pairs:
+        return None
+    return "same" if any(b >= a for a, b in pairs) else "fewer" if all(b < a for a, b in pairs) else None
+
+
+def _lines(v: ProcessView, c: Collective | None) -> list[str]:
+    """A rank's own lines, innermost first: its call at the divergence, then its main thread's stack."""
+    first = [_site_line(c.call_site)] if c is not None and c.call_site else []
+    return first + [x for x in v.stack if x not in first] or ([v.place] if v.place else [])
+
+
+def _enclosing(stay: ProcessView, ref: Collective, off: list[ProcessView], calls: dict):
+    """The loop the waiting ranks are in that the others are not inside, seen from the same function: walking
+    out from the waiting rank's innermost own line, the first loop for which every other rank has a line in
+    that loop's function (or has ended). -> (loop, the waiting rank's line in it, {role: the other's line or
+    None when it ended}) or None."""
+    for line in _lines(stay, ref):
+        span, scope, at = stay.loops.get(line), stay.scopes.get(line), _split(line)
+        if span is None or scope is None or at is None:
+            continue
+        loop, inside = (at[0], span[0], span[1]), (at[0], scope[0], scope[1])
+        where: dict = {}
+        for m in off:
+            if m.state not in ("running", "unknown"):
+                where[m.role] = None
+                continue
+            mine = next((x for x in _lines(m, calls[m.role]) if _in_loop(x, inside)), None)
+            if mine is None:
+                break
+            where[m.role] = mine
+        else:
+            return loop, at[1], where
+    return None
+
+
+def _loop_shape(d: Divergence, members: list[ProcessView]) -> tuple[str, str, tuple[str, ...]] | None:
+    """(class, culprit, sentences) when the divergence has the shape of a training loop that some ranks left or
+    stepped around (module docstring); None when it has not, or the source does not say."""
+    calls = {m.role: _calls(m, d.group).get(d.seq) for m in members}
+    stay = [m for m in members if calls[m.role] is not None and not calls[m.role].done
+            and _repeated(m, d.group, calls[m.role])]
+    off = [m for m in members if m not in stay]
+    if not stay or not off:
+        return None
+    ref = calls[stay[0].role]
+    found = _enclosing(stay[0], ref, off, calls)
+    if found is None:
+        return None
+    loop, upto, where = found
+    span = f"{loop[0]}:{loop[1]}-{loop[2]}"
+    line = _site_line(ref.call_site)
+    issued = (f"{ref.op} (group {d.group}, seq {d.seq}), the collective their loop at {span} issues every step"
+              + (f" from {line}" if line else "")
+              + (" (issued inside that call by PyTorch, as DDP's gradient all_reduce is in backward)"
+                 if ref.source == "flight recorder" else ""))
+    left = [m for m in off if where[m.role] is None or not _in_loop(where[m.role], loop)]
+    branch = [m for m in off if m not in left and calls[m.role] is not None]
+    waiting = f"{', '.join(_roles(stay))} wait{'s' if len(stay) == 1 else ''} in {issued}"
+    if branch and not left and len(branch) == len(off):
+        culprit = ", ".join(_roles(branch))
+        lines = tuple(f"{m.role} is in {calls[m.role].op} at {where[m.role]}, inside the same loop: a collective in a "
+                      f"branch the others did not take (the ranks decided differently whether to call it)"
+                      for m in branch)
+        return "skipped_collective", culprit, (waiting,) + lines
+    if not left or len(left) != len(off):
+        return None   # a rank inside the loop in its own code or an op: stuck there, not a shape of the loop
+    kinds = {_iterations(stay[0], m, loop, upto) for m in left}
+    cls = "skipped_collective" if kinds == {"same"} else "uneven_inputs"
+    culprit = ", ".join(_roles(left))
+    lines = [waiting]
+    for m in left:
+        now = _state(m.state) if where[m.role] is None else f"at {m.frame or where[m.role]}"
+        lines.append(f"{m.role} left that loop: it is {now}, past its end, after {_last_call(m, d.group)}")
+    if cls == "skipped_collective":
+        lines.append(f"{culprit} ran as many steps of the loop as {stay[0].role} (a line of the loop before the "
+                     "collective issued as many ops on both) but one collective fewer: it skipped the collective in "
+                     "a step it ran (a NaN guard, an `if` on its own data)")
+    elif kinds == {"fewer"}:
+        lines.append(f"{culprit} ran fewer steps of the loop than {stay[0].role} (every line of the loop before the "
+                     "collective issued fewer ops): it ran out of data first (uneven inputs)")
+    else:
+        lines.append(f"the op logs do not tell whether {culprit} ran out of data (uneven inputs) or skipped a step "
+                     "(a rank-local skip): either way it left the loop before the others")
+    return cls, culprit, tuple(lines)
 
 
 # -------------------------------------------------------------------------------------------- sentences

@@ -359,6 +359,8 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
     now = time.monotonic() if now is None else now
     frames = {pid: main_frame(pythons.get(pid, "")) for pid in left}
     paths = _known_paths(metas, frames)
+    root = next((pid for pid, m in metas.items() if m.get("root")), None)
+    bosses = follow.supervisors(metas, root, live if seen is None else (lambda pid: True))
     out = []
     for pid, lf in sorted(left.items()):
         meta, snap = lf.meta, lf.snap
@@ -375,7 +377,10 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
             state, progress = state_of(pid, meta), round(now - t, 2) if t is not None else None
         calls = collectives_of(records, lf.answer)
         place = _line(_site_of_frame(mf.own)) if mf.own else None
-        sites = {_line(c.call_site) for c in calls if c.call_site} | ({place} if place else set())
+        stack = tuple(_line(_site_of_frame(f)) for f in mf.frames if _origin(f) == "own" and _FRAME.match(f))
+        sites = {_line(c.call_site) for c in calls if c.call_site} | set(stack) | ({place} if place else set())
+        sites = sorted(x for x in sites if _LINE.match(x))
+        spans = {x: _spans(paths.get(x.rsplit(":", 1)[0]), int(x.rsplit(":", 1)[1])) for x in sites}
         out.append(ProcessView(
             pid=pid, ppid=meta.get("ppid"), role=role, kind=kind, state=state, rank=rank, world=world,
             worker=meta.get("worker"), node=node or meta.get("host") or socket.gethostname(), open_op=open_op,
@@ -383,8 +388,8 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
             last_progress_s=progress, frame=mf.where, wait=wait_of(mf.inner, mf.frames, open_op),
             own_code=mf.own_code,
             log=os.path.relpath(lf.log, folder) if lf.log is not None else None,
-            place=place, loops={s_: loop_of(paths.get(s_.rsplit(":", 1)[0]), int(s_.rsplit(":", 1)[1]))
-                                for s_ in sorted(sites) if _LINE.match(s_)},
+            supervises=pid in bosses, place=place, stack=stack, loops={x: sp[0] for x, sp in spans.items()},
+            scopes={x: sp[1] for x, sp in spans.items() if sp[1] is not None},
             line_ops=_line_ops(records) if snap is not None and not snap.dropped else None))
     return out
 
@@ -422,25 +427,44 @@ def _known_paths(metas: Mapping[int, Mapping[str, Any]], frames: Mapping[int, Ma
     return {os.sep.join(p.split(os.sep)[-2:]): p for p in sorted(full)}
 
 
-def loop_of(path: str | None, line: int) -> tuple[int, int] | None:
-    """The first and last line of the innermost for/while loop holding `line` in the source at `path`, or None
-    (at no loop, or the source cannot be read)."""
+def _spans(path: str | None, line: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """(the innermost for/while loop holding `line`, the function holding it, or the whole module), each as its
+    first and last line, in the source at `path`; (None, None) when the source cannot be read."""
     try:
         mtime = os.stat(path).st_mtime if path else None
     except OSError:
-        return None
-    spans = [sp for sp in _loops(path, mtime) if sp[0] <= line <= sp[1]] if path else []
-    return min(spans, key=lambda sp: sp[1] - sp[0]) if spans else None
+        return None, None
+    if mtime is None:
+        return None, None
+    loops, funcs, end = _blocks(path, mtime)
+    if end == 0:
+        return None, None
+
+    def inner(spans):
+        held = [sp for sp in spans if sp[0] <= line <= sp[1]]
+        return min(held, key=lambda sp: sp[1] - sp[0]) if held else None
+    return inner(loops), inner(funcs) or (1, end)
+
+
+def loop_of(path: str | None, line: int) -> tuple[int, int] | None:
+    """The first and last line of the innermost for/while loop holding `line` in the source at `path`, or None
+    (at no loop, or the source cannot be read)."""
+    return _spans(path, line)[0]
 
 
 @functools.lru_cache(maxsize=64)
-def _loops(path: str, mtime: float | None) -> tuple[tuple[int, int], ...]:
+def _blocks(path: str, mtime: float) -> tuple[tuple, tuple, int]:
+    """(loops, functions, last line) of a source file: each block's first and last line."""
     try:
-        tree = ast.parse(Path(path).read_text(errors="replace"))
+        text = Path(path).read_text(errors="replace")
+        tree = ast.parse(text)
     except (OSError, SyntaxError, ValueError):
-        return ()
-    return tuple((n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
-                 if isinstance(n, (ast.For, ast.While, ast.AsyncFor)))
+        return (), (), 0
+    span = lambda n: (n.lineno, n.end_lineno or n.lineno)   # noqa: E731
+    nodes = list(ast.walk(tree))
+    return (tuple(span(n) for n in nodes if isinstance(n, (ast.For, ast.While, ast.AsyncFor))),
+            tuple(span(n) for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
+            max(1, text.count("\n") + 1))
 
 
 def _line_ops(records: Sequence[Any]) -> dict[str, int]:
