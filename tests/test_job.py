@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -291,6 +292,103 @@ def test_finding_md_escapes():
     assert "f32\\[4\\]" in md and md.count("[") == md.count("\\[")
     assert jobview.finding_md(analyse([rank(0, 1)])).startswith("**Job finding:** no cross-process finding; "
                                                                 "**culprit:** none named.")
+
+
+# ------------------------------------------------------------------------------------ training loops
+
+LOOP = {"train.py:30": (25, 33), "train.py:31": (25, 33), "train.py:28": (25, 33), "train.py:40": (39, 41),
+        "train.py:45": None}
+SCOPE = dict.fromkeys(LOOP, (20, 50))
+
+
+def grad(seq: int, done: bool = True, t: float | None = None) -> Collective:
+    """DDP's gradient all_reduce: numbered by the flight recorder, issued inside `loss.backward()` at line 30."""
+    t = float(seq) if t is None else t
+    return Collective("all_reduce", "default", seq, "f32[36]", "train.py:30 in train", done, None, t,
+                      t + 0.1 if done else None, "flight recorder")
+
+
+def loop_rank(r: int, calls, stack, line_ops, **kw) -> ProcessView:
+    return rank(r, 2, *calls, stack=stack, loops={k: LOOP[k] for k in stack}, scopes={k: SCOPE[k] for k in stack},
+                line_ops=line_ops, **kw)
+
+
+def waiting_rank(steps: int = 4) -> ProcessView:
+    """rank 0 ran `steps` forwards (line 27: 5 ops each) and waits in the gradient all_reduce of the last."""
+    return loop_rank(0, [grad(s) for s in range(1, steps)] + [grad(steps, done=False)], ("train.py:30",),
+                     {"train.py:27": 5 * steps, "train.py:30": steps, "train.py:32": steps - 1})
+
+
+def left_rank(forwards: int, *, calls: int = 3, line_ops: bool = True, **kw) -> ProcessView:
+    """rank 1, past the loop's end at line 40 (a sleep loop waiting for a checkpoint) after `calls` all_reduces."""
+    kw.setdefault("frame", "train.py:40 in train: `time.sleep(0.2)`")
+    return loop_rank(1, [grad(s) for s in range(1, calls + 1)], ("train.py:40",),
+                     {"train.py:27": 5 * forwards, "train.py:30": calls, "train.py:32": calls} if line_ops else None,
+                     place="train.py:40", own_code=True, **kw)
+
+
+LOOP_CASES = [
+    # id, views, class, culprit, sentences the evidence holds
+    ("uneven_inputs", lambda: [waiting_rank(), left_rank(3)], "uneven_inputs", "rank 1/2",
+     ["rank 0/2 waits in all_reduce (group default, seq 4), the collective their loop at train.py:25-33 issues "
+      "every step from train.py:30 (issued inside that call by PyTorch, as DDP's gradient all_reduce is in backward)",
+      "rank 1/2 left that loop: it is at train.py:40 in train: `time.sleep(0.2)`, past its end, after seq 3",
+      "ran fewer steps of the loop than rank 0/2"]),
+    ("nan_guard_skipped_a_step", lambda: [waiting_rank(), left_rank(4)], "skipped_collective", "rank 1/2",
+     ["rank 1/2 left that loop", "ran as many steps of the loop as rank 0/2", "skipped the collective in a step it ran"]),
+    ("records_lost_cannot_tell", lambda: [waiting_rank(), left_rank(3, line_ops=False)], "uneven_inputs", "rank 1/2",
+     ["the op logs do not tell whether rank 1/2 ran out of data (uneven inputs) or skipped a step"]),
+    ("left_and_exited", lambda: [waiting_rank(), left_rank(3, state="exited 0")], "uneven_inputs", "rank 1/2",
+     ["rank 1/2 left that loop: it is exited with code 0, past its end"]),
+    ("barrier_in_a_branch", lambda: [waiting_rank(), loop_rank(
+        1, [grad(s) for s in range(1, 4)] + [Collective("barrier", "default", 4, "", "train.py:31 in train", False,
+                                                        None, 4.0)],
+        ("train.py:31",), {"train.py:27": 20}, place="train.py:31")], "skipped_collective", "rank 1/2",
+     ["rank 1/2 is in barrier at train.py:31, inside the same loop: a collective in a branch the others did not take"]),
+    ("barrier_after_the_loop", lambda: [waiting_rank(), loop_rank(
+        1, [grad(s) for s in range(1, 4)] + [Collective("barrier", "default", 4, "", "train.py:45 in train", False,
+                                                        None, 4.0)],
+        ("train.py:45",), {"train.py:27": 20, "train.py:30": 3}, place="train.py:45")], "skipped_collective",
+     "rank 1/2", ["rank 1/2 left that loop: it is at train.py:45, past its end", "ran as many steps"]),
+]
+
+
+@pytest.mark.parametrize("name, make, cls, culprit, sentences", LOOP_CASES, ids=[c[0] for c in LOOP_CASES])
+def test_training_loop_shapes(name, make, cls, culprit, sentences):
+    f = analyse(make())
+    assert (f.cls, f.culprit) == (cls, culprit), f.evidence
+    assert (f.divergence.group, f.divergence.seq, f.divergence.op) == ("default", 4, "all_reduce")
+    for sentence in sentences:
+        assert any(sentence in e for e in f.evidence), (sentence, f.evidence)
+    assert not any("neither side is named" in e for e in f.evidence)   # the verdict names who it blames
+    rows = {p["role"]: p for p in f.processes}   # the table says what the verdict says
+    assert rows["rank 0/2"]["collective"] == {"group": "default", "seq": 4, "op": "all_reduce", "shapes": "f32[36]",
+                                              "done": False}
+
+
+@pytest.mark.parametrize("change", ["no_source", "stuck_inside_the_loop", "first_call_of_its_line"])
+def test_not_a_loop_shape_keeps_the_plain_finding(change):
+    """Without the source, a rank stuck in its own code inside the loop, or a waiting call whose line never
+    issued a matched collective before: no claim about the loop, the plain divergence stays."""
+    r0, r1 = waiting_rank(), left_rank(3)
+    if change == "no_source":
+        r0 = dataclasses.replace(r0, loops={}, scopes={})
+    elif change == "stuck_inside_the_loop":
+        r1 = dataclasses.replace(r1, stack=("train.py:28",), place="train.py:28", loops={"train.py:28": (25, 33)},
+                                 scopes={"train.py:28": (20, 50)})
+    else:
+        r0 = dataclasses.replace(r0, collectives=r0.collectives[-1:])
+        r1 = dataclasses.replace(r1, collectives=())
+    f = analyse([r0, r1])
+    assert (f.cls, f.culprit) == ("rank_stuck", "rank 1/2"), f.evidence
+
+
+def test_the_program_is_told_what_to_change():
+    from gpulab.hang import classify
+
+    assert "join()" in classify.program_cause("uneven_inputs") and "drop_last=True" in classify.program_cause(
+        "uneven_inputs")
+    assert "dist.all_reduce(flag" in classify.program_cause("skipped_collective")
 
 
 def test_the_job_classes_are_the_vocabularys():

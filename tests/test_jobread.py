@@ -156,3 +156,74 @@ def test_a_frame_in_the_programs_own_code_or_only_in_libraries_is_named_as_it_is
     assert mf.where == mf.inner and mf.where.startswith(
         "python3.11/threading.py:2 in wait" if lib != str(own) else f"{tmp_path.name}/ds.py:2 in wait: `LOCK.acquire()`")
     assert mf.own_code == (where == "own")
+
+
+# ------------------------------------------------------------------------------------ numbered by PyTorch
+
+def rec(seq, name, t, site="train.py:30 in train", end=True, args=(), depth=0):
+    from gpulab.trace.ring import OpRecord
+
+    return OpRecord(seq=seq, name=name, args=list(args), call_site=site, thread="MainThread (1)", t_start=t,
+                    t_end=t + 0.01 if end else None, gpu_done=None, stats=None, kind="op", depth=depth, raised=False,
+                    stream=None)
+
+
+def fr(seq, op="gloo:all_reduce", retired=True, t=0.0, group="default", sizes=((36,),)):
+    return {"group": group, "seq": seq, "p2p": False, "op": collectives.fr_op(op), "sizes": [list(s) for s in sizes],
+            "dtypes": ["Float"] * len(sizes), "retired": retired, "created": t, "frames": []}
+
+
+def test_flight_recorder_numbers_what_pytorch_issues_and_joins_the_python_calls():
+    """DDP's gradient all_reduce (c10d records inside `loss.backward()`, no Python call) gets the flight
+    recorder's number, state and shapes, and the line that issued it; a Python call with the same number is one
+    collective, done only when both say so."""
+    records = [rec(1, "c10d.allreduce_.default", 10.0), rec(2, "c10d.allreduce_.default", 20.0),
+               rec(3, "dist.barrier", 30.0, site="train.py:44 in train", end=True,
+                   args=[{"value": "g=default"}, {"value": "seq=3"}])]
+    answer = {"fr": [fr(1, t=10.0), fr(2, retired=False, t=20.0), fr(3, "gloo:barrier", retired=False, t=30.0,
+                                                                          sizes=())]}
+    got = jobread.collectives_of(records, answer)
+    assert [(c.op, c.seq, c.done, c.source) for c in got] == [
+        ("barrier", 3, False, "op log + flight recorder"), ("all_reduce", 1, True, "flight recorder"),
+        ("all_reduce", 2, False, "flight recorder")]
+    assert got[2].call_site == "train.py:30 in train" and got[2].shapes == "f32[36]"
+    alone = jobread.collectives_of(records)   # not asked: the Python call alone, as its op log has it
+    assert [(c.op, c.seq, c.done, c.source) for c in alone] == [("barrier", 3, True, "op log")]
+
+
+@pytest.mark.parametrize("name,family", [("c10d.allreduce_.default", "allreduce"), ("gloo:all_reduce", "allreduce"),
+                                         ("_c10d_functional.all_reduce.default", "allreduce"),
+                                         ("c10d._allgather_base_.default", "allgather"),
+                                         ("nccl:reduce_scatter", "reducescatter"), ("aten.mm.default", None)])
+def test_collective_families(name, family):
+    assert jobread._family(name) == family
+
+
+def test_loops_and_functions_of_a_source(tmp_path):
+    src = tmp_path / "train.py"
+    src.write_text("def train(batches):\n"          # 1
+                   "    for x in batches:\n"        # 2
+                   "        y = x + 1\n"            # 3
+                   "        while y:\n"             # 4
+                   "            y -= 1\n"           # 5
+                   "    return y\n"                 # 6
+                   "print(train([1]))\n")           # 7
+    assert jobread._spans(str(src), 3) == ((2, 5), (1, 6))
+    assert jobread._spans(str(src), 5) == ((4, 5), (1, 6))
+    assert jobread._spans(str(src), 6) == (None, (1, 6))
+    assert jobread._spans(str(src), 7) == (None, (1, 8))   # module level: the whole file
+    assert jobread._spans(str(tmp_path / "gone.py"), 3) == (None, None)
+
+
+def test_supervisors_are_launchers_and_the_ancestors_of_ranks():
+    from gpulab.trace import follow
+
+    metas = {10: {"pid": 10, "ppid": 1, "root": True, "argv": ["bash", "run.sh"]},
+             11: {"pid": 11, "ppid": 10, "argv": [PY, "-m", "torch.distributed.run", "t.py"]},
+             12: {"pid": 12, "ppid": 11, "argv": [PY, "t.py"], "env": {"rank": "0"}},
+             13: {"pid": 13, "ppid": 12, "argv": [PY, "t.py"], "worker": 0},          # a rank's DataLoader worker
+             20: {"pid": 20, "ppid": 1, "argv": [PY, "spawner.py"]},                  # mp.spawn's parent
+             21: {"pid": 21, "ppid": 20, "argv": [PY, "-c", "spawn_main()"], "rank": 1}}
+    assert follow.supervisors(metas, root=10) == {10, 11, 20}
+    assert follow.supervisors(metas, root=10, alive=lambda pid: pid != 21) == {10, 11}
+    assert follow.is_launcher({"argv": [PY, "/venv/bin/torchrun", "t.py"]}) and not follow.is_launcher(metas[12])

@@ -142,7 +142,8 @@ def supervisors(metas: dict[int, dict], root: int | None = None, alive: Callable
             pm = metas.get(p)
             if pm is not None and is_rank(pm):
                 break   # a rank's own children (DataLoader workers) are below it, not above
-            out.add(p)
+            if pm is not None or p == root:   # a process of the job; an unknown one (a shell) is passed through
+                out.add(p)
             if p == root:
                 break
             p = pm.get("ppid") if pm is not None else parent(p)
