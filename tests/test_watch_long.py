@@ -54,8 +54,10 @@ def test_checkpoint_pauses_recover_under_keep_and_the_job_code_passes_through(tm
         assert cap.name == f"{i:02d}"
         cv = json.loads((cap / "verdict.json").read_text())   # each capture: a hang verdict, stacks, op log
         assert cv["status"] == "hang" and "save_checkpoint" in cv["stacks"]["python"]
-        assert (cap / "ops.log").is_file() and (cap / "stacks_python.txt").is_file()
+        assert (cap / "oplog_tail.txt").is_file() and (cap / "stacks_python.txt").is_file()
         assert any("left the job running" in e for e in cv["evidence"])
+        assert not (cap / "ops.log").exists() and cv["log"]["op_log"] is None   # recovered: its log copy dropped
+        assert cv["stall"]["recovered"] and any("dropped" in n for n in cv["notes"])
     assert v["stalls"][1]["t"] > v["stalls"][0]["t"] + v["stalls"][0]["for_s"]
     st = json.loads((out / "status.json").read_text())
     assert st["phase"] == "ended" and st["stalls"] == 2 and st["recovered"] == 2

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpulab import beat, proc, tee, trace, workloads
+from gpulab import beat, proc, report, tee, trace, workloads
 from gpulab.args import BadInput, json_target, parser, positive, writable_dir
 from gpulab.hang import capture, faults, job, jobread, stalls
 from gpulab.hang import status as status_mod
@@ -608,11 +608,13 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
                     _thin_captures(out / "captures")
                     say(f"stall {n} captured in {cap} ({rec['where']}; "
                         f"{rec['pause']['kind'] or 'no usual pause'}): watching on")
+                    _release()
                     back = _recovered(child, tracker, deadline, beat)
                     rec["for_s"] = round((back or time.monotonic()) - hang_started, 3)
                     if back is None:
                         break
                     found.recover(rec)
+                    _lighten(cap, rec)
                     say(f"stall {n} recovered after {rec['for_s']:.1f} s")
                     if child.poll() is not None:
                         break
@@ -661,16 +663,45 @@ def _keep_capture(child: proc.Child, launch: Launch, tracker: Any, cap: Path, *,
     last_wall = time.time() - (time.monotonic() - hang_started)
     rec = _stall_record(v, seen, t=hang_started - t0, stall_s=stall_s,
                         capture_dir=str(cap.relative_to(launch.out)), last_wall=last_wall)
+    rec["capture_s"] = v.capture_s.get("total")   # for_s includes it: recovery is seen once the capture is done
     write_json(cap / "verdict.json", {**v.to_dict(), "stall": rec})
     return rec
 
 
+def _release() -> None:
+    """After a capture: the op logs it read (a ring of 131072 records is ~100 MB of Python objects) given back to
+    the system, so a watchdog that captures a stall every hour does not grow."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)   # glibc keeps freed heap otherwise
+
+
+def _lighten(cap: Path, rec: dict) -> None:
+    """A stall that recovered keeps its verdict, stacks and op-log tails, not its copies of the op logs (MBs
+    each): the folder then grows by little per usual pause, however many a job of days takes."""
+    dropped = [p for p in (cap / "ops.log", *(cap / "procs").glob("*.log")) if p.is_file()]
+    for p in dropped:
+        p.unlink()
+    data = report.read_json(cap / "verdict.json", default=None)
+    if data is not None:
+        data["stall"] = rec
+        data["log"] = {**data.get("log", {}), "op_log": None}
+        data["notes"] = [*data.get("notes", []), f"the job recovered after {rec['for_s']:.1f} s (the capture "
+                         f"itself included): the op logs copied at the stall were dropped, their tails kept"]
+        write_json(cap / "verdict.json", data)
+
+
 def _pass_on(child: proc.Child, exc: proc.Interrupted, grace_s: float, say: Callable[[str], None]) -> dict:
-    """A signal to the watchdog goes to the job (its process group), which gets grace_s seconds to end (it may
-    write a checkpoint); a second signal meanwhile is not waited for."""
+    """A signal to the watchdog goes to the job's main process, which gets grace_s seconds to end (it may write
+    a checkpoint); a second signal meanwhile is not waited for."""
     say(f"{exc.name}: passed on to the job; waiting up to {grace_s:g} s for it to end")
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, exc.signum)
+        # the job's main process only, as `kill PID` or a container stop does: it decides how its helpers end
+        # (a DataLoader worker that got it too would die under the main process's checkpoint)
+        os.kill(child.pid, exc.signum)
     rc = child.wait(grace_s)
     ended = rc is not None
     say(f"the job ended with {'exit code ' + str(rc) if rc is not None and rc >= 0 else 'signal ' + str(-rc)}"
@@ -704,8 +735,9 @@ def _finish(command: Sequence[str], launch: Launch, seen: _Seen, child: proc.Chi
         v = _with_job(v, launch.procs, child.pid, *jobbed)
     extra: list[str] = []
     for s in found.items:
-        extra.append(f"stall at {s['t']:.1f} s for {s['for_s']:.1f} s at {s['where']}: "
-                     + ("recovered" if s["recovered"] else "never recovered") + f" ({s['pause']['why']})")
+        extra.append(f"stall at {s['t']:.1f} s for {s['for_s']:.1f} s (the capture took {s.get('capture_s') or 0:.1f} "
+                     f"s of it) at {s['where']}: " + ("recovered" if s["recovered"] else "never recovered")
+                     + f" ({s['pause']['why']})")
     if found.last:
         extra.append(found.last["window"])
     if found.count > len(found.items):
