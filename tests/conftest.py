@@ -100,4 +100,5 @@ def native_hot_path():
     """The recorder's C hot path, built once (as the launchers do); where it cannot be built, the native
     variants of the recorder tests run the Python hot path (test_recorder_modes checks the two alike)."""
     from gpulab.trace import native
+    native.ensure_observer()
     return native.ensure()

@@ -34,7 +34,8 @@ with Own():
 
 
 @pytest.mark.parametrize("import_line", ["import torch._dynamo", "torch.optim.AdamW([torch.nn.Parameter(x)])"])
-def test_dynamo_is_imported_only_by_the_program_and_then_wraps_every_mode(tmp_path, import_line):
+def test_dynamo_is_imported_only_by_the_program_and_then_wraps_every_mode(tmp_path, monkeypatch, import_line):
+    monkeypatch.setenv("GPULAB_TRACE_OBSERVER", "0")   # the dispatch-mode recorder (the observer is no mode)
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM.replace("{import_line}", import_line))
     rec = trace.record([sys.executable, str(script)], out_dir=tmp_path, timeout_s=120)

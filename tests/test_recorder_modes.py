@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 
+import hotpaths
 import pytest
 
 from gpulab import proc, trace
@@ -64,24 +65,25 @@ def test_string_table_wraps_and_a_reader_sees_evicted_entries(tmp_path):
     assert all(g == ring.EVICTED or g == f"string number {i:04d} " * 3 for i, g in enumerate(got))
 
 
-@pytest.mark.parametrize("native_path", [True, False])
-def test_live_recording_survives_a_wrapping_string_table(tmp_path, native_path):
+@pytest.mark.parametrize("path", hotpaths.PATHS)
+def test_live_recording_survives_a_wrapping_string_table(tmp_path, path):
     import torch
 
     log = tmp_path / "wrap.log"
-    with trace.Recorder(log, capacity=4096, string_capacity=4096, native=native_path) as rec:
-        x = torch.ones(3)
+    x = torch.ones(3)
+    with trace.Recorder(log, capacity=8192, string_capacity=4096, **hotpaths.kw(path)) as rec:
         for i in range(400):
-            x = x * (1.0 + i * 1e-4)      # a new float each op: a new argument summary each op
+            x = torch.clamp(x, max=2.0 + i * 1e-4)   # a new float each op: a new argument summary each op
     rec.close()
-    assert rec.hot_path == ("native" if native_path and native.load() is not None else "python")
+    assert rec.hot_path == hotpaths.expected(path)
     snap = trace.read(log)
-    assert snap.started == 401 and len(snap.records) == 401 and snap.torn == 0
-    last = snap.records[-1]
-    assert last.name == "aten.mul.Tensor" and last.args[1] == {"value": repr(1.0 + 399 * 1e-4)}
-    assert all(r.name in ("aten.ones.default", "aten.mul.Tensor", ring.EVICTED) for r in snap.records)
-    tail = snap.records[-50:]   # the newest records' texts are copied forward at each wrap
-    assert all(r.name == "aten.mul.Tensor" and r.call_site.startswith("tests/test_recorder_modes.py:")
+    top = hotpaths.top(snap.records)   # the observer also records the dtype conversion inside each clamp
+    assert len(top) == 400 and len(snap.records) == snap.started and snap.torn == 0
+    last = top[-1]
+    assert last.name == "aten.clamp.default" and last.args[2] == {"value": repr(2.0 + 399 * 1e-4)}
+    assert all(r.name in ("aten.clamp.default", ring.EVICTED) for r in top)
+    tail = top[-50:]   # the newest records' texts are copied forward at each wrap
+    assert all(r.name == "aten.clamp.default" and r.call_site.startswith("tests/test_recorder_modes.py:")
                and r.thread.startswith("MainThread") and r.args[1]["value"] != ring.EVICTED for r in tail)
 
 
@@ -89,12 +91,13 @@ def test_live_recording_survives_a_wrapping_string_table(tmp_path, native_path):
 
 WRITER = textwrap.dedent("""
     import sys, time, torch
-    x = torch.ones(8)
-    for i in range(int(sys.argv[1])):
-        x = x + 1
-        x = x * 1.0
+    x = torch.empty(8)
+    one = x.fill_(1.0)
+    for i in range(int(sys.argv[1])):   # ops that run no op inside them: one record each on every hot path
+        x = x + one
+        x = x * one
         if i % 100 == 0:
-            x = torch.relu(x)
+            x = torch.sigmoid(x)
             time.sleep(0.005)   # paced (no op): the reader must see the log while it is written, whichever
                                 # hot path writes it (the native one wrote all 12k ops between two reads)
     open(sys.argv[2], "w").close()
@@ -102,15 +105,16 @@ WRITER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("native_path", ["1", "0"])
-def test_reader_in_another_process_during_writing_and_after_sigkill(tmp_path, native_path):
+@pytest.mark.parametrize("path", hotpaths.PATHS)
+def test_reader_in_another_process_during_writing_and_after_sigkill(tmp_path, path):
     script, log, done = tmp_path / "writer.py", tmp_path / "w.log", tmp_path / "done"
     script.write_text(WRITER)
     cmd = [sys.executable, "-m", "gpulab.trace", "--log", str(log), "--capacity", "2048", "--", str(script),
            "6000", str(done)]
-    names = {"aten.ones.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.relu.default"}
+    names = {"aten.empty.memory_format", "aten.fill_.Scalar", "aten.add.Tensor", "aten.mul.Tensor",
+             "aten.sigmoid.default"}
     snaps = []
-    with proc.Child(cmd, env=dict(_child_env(), GPULAB_TRACE_NATIVE=native_path), stdout=tmp_path / "out.txt",
+    with proc.Child(cmd, env=dict(_child_env(), **hotpaths.env(path)), stdout=tmp_path / "out.txt",
                     stderr=tmp_path / "err.txt") as child:
         deadline = time.time() + 120
         while not done.exists():
@@ -133,7 +137,7 @@ def test_reader_in_another_process_during_writing_and_after_sigkill(tmp_path, na
         assert all("writer.py:" in r.call_site for r in s.records)
     assert [s.started for s in snaps] == sorted(s.started for s in snaps)
     final = trace.read(log)
-    assert final.started == final.completed == 1 + 6000 * 2 + 60 and final.torn == 0
+    assert final.started == final.completed == 2 + 6000 * 2 + 60 and final.torn == 0
     assert final.dropped == final.started - 2048 and len(final.records) == 2048
     assert final.records[-1].name == "aten.mul.Tensor"
 
@@ -147,7 +151,7 @@ def _record_tiny(log, n_ops, **kw):
     with trace.Recorder(log, **kw) as rec:
         y = x
         for _ in range(n_ops):
-            y = y + 1
+            y = y + x   # no op inside it: one record each on every hot path
     return rec
 
 
@@ -213,7 +217,7 @@ def test_native_and_python_hot_paths_write_the_same_records(tmp_path):
     snaps = {}
     for flag in (True, False):
         log = tmp_path / f"{flag}.log"
-        with trace.Recorder(log, "ops", native=flag) as rec:
+        with trace.Recorder(log, "ops", native=flag, observer=False) as rec:
             _program()
         assert rec.hot_path == ("native" if flag else "python")
         rec.close()
@@ -222,6 +226,42 @@ def test_native_and_python_hot_paths_write_the_same_records(tmp_path):
     assert [(r.name, r.args, r.call_site, r.kind, r.depth, r.thread.split(" (")[0]) for r in a.records] == \
            [(r.name, r.args, r.call_site, r.kind, r.depth, r.thread.split(" (")[0]) for r in b.records]
     assert len(a.records) >= 20 and any(r.kind == "composite" for r in a.records)
+
+
+def test_the_observer_records_every_op_the_dispatch_mode_sees_in_order(tmp_path):
+    """The observer sees each op where the dispatcher is entered, so it also records what an op runs inside it
+    (one level deeper) and the ops of composites the dispatch mode only sees decomposed; every record of the
+    dispatch mode is among its records, in the same order, with the same name, arguments and call site."""
+    if native.load_observer() is None:
+        pytest.skip(f"the observer is not built here: {native.ensure_observer()[1]}")
+    snaps = {}
+    for path in ("observer", "native"):
+        log = tmp_path / f"{path}.log"
+        with trace.Recorder(log, "ops", **hotpaths.kw(path)) as rec:
+            _program()
+        assert rec.hot_path == hotpaths.expected(path)
+        rec.close()
+        snaps[path] = trace.read(log)
+    def key(r):   # the dispatch mode's SDPA record shows its wrapper's arguments, not the dispatcher's
+        args = None if r.name == "aten.scaled_dot_product_attention.default" else r.args
+        return r.name, args, r.call_site, r.thread.split(" (")[0]
+
+    obs = [key(r) for r in snaps["observer"].records]
+    # the dispatch mode's own backend query for its SDPA record is not the program's
+    mode = [key(r) for r in snaps["native"].records if r.name != "aten._fused_sdp_choice.default"]
+    j, missing = 0, []
+    for k in mode:
+        hit = next((i for i in range(j, len(obs)) if obs[i] == k), None)
+        if hit is None:
+            missing.append(k[0])
+        else:
+            j = hit + 1
+    # autograd's detach of a tensor it saves for backward is a redispatch below the dispatcher's entry (it
+    # reaches a dispatch mode, not RecordFunction): the op that saved it is recorded
+    assert set(missing) <= {"aten.detach.default"} and len(missing) < len(mode) // 5, missing
+    assert len(obs) > len(mode) and any(r.kind == "composite" and r.depth == 0 for r in snaps["observer"].records)
+    sdpa = [r for r in snaps["observer"].records if r.name == "aten.scaled_dot_product_attention.default"]
+    assert len(sdpa) == 1 and sdpa[0].kind == "composite"   # seen as the dispatcher runs it, with no wrapper
 
 
 @pytest.mark.parametrize("kw,msg", [({"mode": "fast"}, "choose one of ops, sync, gpu, stats, auto"),
@@ -373,7 +413,7 @@ def test_gpu_mechanism_choice_is_validated_and_no_driver_means_none(tmp_path, mo
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5000, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     log = tmp_path / "nodrv.log"
-    with trace.Recorder(log, "auto") as rec:
+    with trace.Recorder(log, "auto", observer=False) as rec:
         monkeypatch.setattr(torch.cuda, "_initialized", True)
         torch.zeros(2)
     monkeypatch.setattr(torch.cuda, "_initialized", False)
@@ -382,12 +422,14 @@ def test_gpu_mechanism_choice_is_validated_and_no_driver_means_none(tmp_path, mo
     assert snap.gpu_mechanism == "none: libcuda not loadable" and snap.records[0].stream is None
 
 
-def test_a_forked_child_records_nothing_into_the_parents_log(tmp_path):
+@pytest.mark.parametrize("path", hotpaths.PATHS)
+def test_a_forked_child_records_nothing_into_the_parents_log(tmp_path, path):
     import torch
 
     log = tmp_path / "fork.log"
-    with trace.Recorder(log) as rec:
-        x = torch.ones(4) + 1
+    with trace.Recorder(log, **hotpaths.kw(path)) as rec:   # ops that run no op inside them (one record each)
+        x = torch.empty(4)
+        x = x + x
         pid = os.fork()
         if pid == 0:  # a DataLoader-style worker: ops of its own, then exit without cleanup
             try:
@@ -397,10 +439,11 @@ def test_a_forked_child_records_nothing_into_the_parents_log(tmp_path):
                 os._exit(0)
         os.waitpid(pid, 0)
         assert trace.progress(log) == trace.Progress(2, 2, None)   # the child's 100 ops are not in the log
-        x = x * 3
+        x = x * x
     rec.close()
+    assert rec.hot_path == hotpaths.expected(path)
     names = [r.name for r in trace.read(log).records]
-    assert names == ["aten.ones.default", "aten.add.Tensor", "aten.mul.Tensor"]
+    assert names == ["aten.empty.memory_format", "aten.add.Tensor", "aten.mul.Tensor"]
 
 
 # ------------------------------------------------------------------------------------------ GPU mechanisms
@@ -511,7 +554,7 @@ def test_auto_mode_gpu_path_with_a_stand_in_driver(tmp_path, fake_driver, monkey
 
     _stand_in_cuda(monkeypatch, fake_driver)
     log = tmp_path / "auto.log"
-    with trace.Recorder(log, "auto", native=native_path) as rec:
+    with trace.Recorder(log, "auto", native=native_path, observer=False) as rec:
         x = torch.ones(3) + 1                            # before "CUDA": plain ops
         monkeypatch.setattr(torch.cuda, "_initialized", True)
         y = torch.zeros(2)                               # a factory: tracked on device 0's current stream
@@ -552,7 +595,7 @@ def test_ops_without_gpu_work_get_no_marker(tmp_path, fake_driver, monkeypatch, 
 
     _stand_in_cuda(monkeypatch, fake_driver)
     log = tmp_path / "nomark.log"
-    with trace.Recorder(log, "auto", native=native_path) as rec:
+    with trace.Recorder(log, "auto", native=native_path, observer=False) as rec:
         torch.ones(1)
         monkeypatch.setattr(torch.cuda, "_initialized", True)
         torch.empty(2)
@@ -579,7 +622,7 @@ def test_a_failing_gpu_path_stops_tracking_and_never_breaks_the_program(tmp_path
 
     monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", capturing, raising=False)
     log = tmp_path / "fail.log"
-    with trace.Recorder(log, "auto") as rec:
+    with trace.Recorder(log, "auto", observer=False) as rec:
         monkeypatch.setattr(torch.cuda, "_initialized", True)
         a = torch.zeros(2)          # the stream-capture query raises: tracking stops, the program goes on
         b = torch.ones(2)
@@ -618,7 +661,7 @@ def test_events_name_the_op_whose_gpu_work_never_completed(tmp_path, fake_driver
     _stand_in_cuda(monkeypatch, fake_driver)
     fake_driver.lib.fake_set_limit(fake_driver.lib.fake_issued() + stuck_at)
     log = tmp_path / "ev.log"
-    rec = trace.Recorder(log, "auto", native=native_path).install()
+    rec = trace.Recorder(log, "auto", native=native_path, observer=False).install()
     try:
         monkeypatch.setattr(torch.cuda, "_initialized", True)
         for _ in range(8):
@@ -657,7 +700,7 @@ def test_a_full_event_ring_skips_markers_and_never_reuses_a_pending_event(tmp_pa
     _stand_in_cuda(monkeypatch, fake_driver)
     fake_driver.lib.fake_set_limit(fake_driver.lib.fake_issued() + 1)  # only the first marker completes
     log = tmp_path / "full.log"
-    rec = trace.Recorder(log, "auto").install()
+    rec = trace.Recorder(log, "auto", observer=False).install()
     try:
         monkeypatch.setattr(torch.cuda, "_initialized", True)
         for _ in range(10):
@@ -688,7 +731,7 @@ def test_native_markers_follow_each_stream_and_stop_after_refusals(tmp_path, fak
     which = {"s": 0x7000}
     _stand_in_cuda(monkeypatch, fake_driver, streams=lambda dev: which["s"])
     log = tmp_path / "two.log"
-    rec = trace.Recorder(log, "auto").install()
+    rec = trace.Recorder(log, "auto", observer=False).install()
     try:
         monkeypatch.setattr(torch.cuda, "_initialized", True)
         for i in range(6):
@@ -725,7 +768,7 @@ def test_the_native_poller_recovers_a_lost_context_and_stops_on_other_query_erro
     monkeypatch.setenv("FAKE_NO_MEMOPS", "1")
     _stand_in_cuda(monkeypatch, fake_driver)
     log = tmp_path / "q.log"
-    rec = trace.Recorder(log, "auto").install()
+    rec = trace.Recorder(log, "auto", observer=False).install()
     try:
         monkeypatch.setattr(torch.cuda, "_initialized", True)
         torch.zeros(2)

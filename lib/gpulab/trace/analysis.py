@@ -353,6 +353,13 @@ def localize(records: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
     host = max(open_host, key=lambda r: _field(r, "seq")) if open_host else None
     if gpu_pending:
         first = min(gpu_pending, key=lambda r: _field(r, "seq"))
+        while _field(first, "kind") == "composite":   # the op inside it whose work did not complete
+            inner = [r for r in gpu_pending if _field(r, "seq") > _field(first, "seq")
+                     and _field(r, "depth", 0) > _field(first, "depth", 0)
+                     and (_field(r, "t_start") or 0) <= _field(first, "t_end")]
+            if not inner:
+                break
+            first = min(inner, key=lambda r: _field(r, "seq"))
         blocked = host if host is not None and _field(host, "seq") > _field(first, "seq") else None
         return first, blocked, open_host
     return host, None, open_host

@@ -171,6 +171,12 @@ def make_mode(rec):
             depths.pop(tid, None)
 
     class _Base(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            """Off while dynamo traces and Inductor compiles, on while the compiled code runs: without this,
+            dynamo compiles nothing while the mode is active and the program would run eager under gpulab."""
+            return True
+
         def forget_frames(self) -> None:
             """Drop the cached frames (they keep their locals alive) once uninstalled."""
             nonlocal walk

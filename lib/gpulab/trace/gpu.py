@@ -81,6 +81,7 @@ _SIGNATURES = {  # name (first found wins) -> argtypes
     ("cuStreamWriteValue64_v2", "cuStreamWriteValue64"): [_P, _U64, _U64, _U32],
     ("cuStreamCreate",): [ctypes.POINTER(_P), _U32],
     ("cuStreamQuery",): [_P],
+    ("cuStreamIsCapturing",): [_P, ctypes.POINTER(_I)],
     ("cuStreamDestroy_v2", "cuStreamDestroy"): [_P],
     ("cuEventCreate",): [ctypes.POINTER(_P), _U32],
     ("cuEventRecord",): [_P, _P],

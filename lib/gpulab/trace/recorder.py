@@ -1,4 +1,6 @@
-"""The recorder: a TorchDispatchMode that writes every op into the ring (gpulab.trace.ring) before it runs.
+"""The recorder: writes every op into the ring (gpulab.trace.ring) before it runs, from a RecordFunction
+observer (gpulab.trace.observe: modes ops and auto, wherever it builds) or a TorchDispatchMode (the modes that
+act after each op, sync and stats, and the fallback; what follows about the dispatch mode is about that path).
 
 Modes: `ops` records each op; `sync` also synchronizes after each op on CUDA; `stats` also writes min/max/
 mean and NaN/Inf counts of each output; `auto` records like `ops` until the program initializes CUDA and
@@ -28,7 +30,7 @@ import weakref
 from pathlib import Path
 
 from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the program uses it
-from gpulab.trace import collectives, gpumarks, ring
+from gpulab.trace import collectives, gpumarks, observe, ring
 from gpulab.trace.dispatch import make_mode
 from gpulab.trace.prefault import Prefault
 from gpulab.trace.ring import (_MEM, _OFF_MEMCOUNT, _OFF_STARTED, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
@@ -48,17 +50,19 @@ class Recorder:
 
     gpu_mechanism: None (the mode's default: `auto` picks the best, `gpu` uses events) or one of
     gpulab.trace.gpu.PREFERENCES to force one (the GPU check compares them). native=False keeps the
-    pure-Python hot path even when the C one is built (`hot_path` says which one runs)."""
+    pure-Python hot path even when the C one is built, observer=False the dispatch mode even where the observer is
+    built (`hot_path` says which one runs: observer, native or python)."""
 
     def __init__(self, log: str | os.PathLike, mode: str = "ops", capacity: int = DEFAULT_CAPACITY,
                  mem_capacity: int = DEFAULT_MEM_CAPACITY, mem_interval_s: float = 0.02,
                  create_log: bool = True, gpu_mechanism: str | None = None,
-                 string_capacity: int = DEFAULT_STRING_CAPACITY, native: bool = True):
+                 string_capacity: int = DEFAULT_STRING_CAPACITY, native: bool = True, observer: bool = True):
         _check_mode(mode)
         self.log = Path(log)
         self.mode = mode
         self.gpu_mechanism = gpu_mechanism or ("events" if mode == "gpu" else "auto")
         self.native = native      # use the C hot path when it is built (gpulab.trace.native.ensure)
+        self.observer = observer  # record from the RecordFunction observer when it is built (modes ops, auto, gpu)
         gpu_mod.check_preference(self.gpu_mechanism)
         if create_log or not self.log.exists():
             create(self.log, mode, capacity, mem_capacity, string_capacity=string_capacity)
@@ -78,7 +82,7 @@ class Recorder:
         self._stop = threading.Event()
         self.tracker = None       # gpulab.trace.gpu.Tracker once GPU tracking started
         self.gpu_notes: tuple[str, ...] = ()  # why better GPU mechanisms were passed over
-        self.hot_path = ""        # "native" or "python" once installed
+        self.hot_path = ""        # "observer", "native" or "python" once installed
         self.gpu_path = ""        # who emits the GPU markers once tracking started: "native" or "python"
 
     # the mode object is built lazily so that `import gpulab.trace` never imports torch
@@ -90,7 +94,11 @@ class Recorder:
         import torch.nn.functional as F
 
         if self._mode_obj is None:
-            self._mode_obj = make_mode(self)
+            self._mode_obj = observe.make(self)
+            if self._mode_obj is not None:
+                self.hot_path = "observer"
+            else:
+                self._mode_obj = make_mode(self)
         self._mode_obj.__enter__()
         self._orig_sdpa = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = self._mode_obj.sdpa_wrapper(self._orig_sdpa)
@@ -215,6 +223,8 @@ def _leave_forked_child() -> None:
     dispatch-mode stack and the shared mapping, and its copy of the counters would write slots over the
     parent's; its ops are the parent's data loading, not the workload's."""
     for rec in list(_INSTALLED):
+        if isinstance(rec._mode_obj, observe.ObserverMode):
+            rec._mode_obj.leave_fork()
         try:
             import torch.nn.functional as F
             from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode

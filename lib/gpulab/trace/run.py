@@ -93,7 +93,7 @@ def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str 
     """`-m gpulab.trace` and its options, up to the `--` (the interpreter is the caller's: the watchdog keeps
     a program's own interpreter and flags). Builds the native hot path on the launcher's side."""
     _check_mode(mode)
-    native.ensure()
+    native.ensure_all()
     args = ["-m", "gpulab.trace", "--log", str(log), "--mode", mode]
     if gpu_mechanism:
         args += ["--gpu-mechanism", gpu_mechanism]
@@ -226,7 +226,7 @@ def overhead(cfg, modes: Sequence[str] | None = None, repeats: int = 5, out_dir:
     if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
         return _overhead_whole_process(cfg, modes, repeats, out, timeout_s, stall_s)
     js = out / "overhead_raw.json"
-    native.ensure()
+    native.ensure_all()
     cmd = [sys.executable, "-m", "gpulab.trace.bench", "--json", str(js), "--modes", ",".join(modes),
            "--repeats", str(repeats), "--", *cli_args(cfg)]
     end = run_child(cmd, timeout_s, out / "overhead.stderr.txt", stall_s=stall_s)

@@ -22,6 +22,11 @@ _PROGRAM = str(Path(__file__).resolve().parents[1] / "program.py")   # gpulab.pr
 _NO_GPU_WORK = frozenset((b"aten._unsafe_view.default", b"aten.empty.memory_format", b"aten.empty_strided.default",
                           b"aten.empty_like.default", b"aten.new_empty.default", b"aten.new_empty_strided.default"))
 _WRAP_TAIL = 4096  # newest records whose texts survive a wrap of the string table
+# code torch or Python made, not the user's: runpy and importlib, FX graph modules (`<eval_with_key>.N`),
+# and Inductor's generated wrappers (under its cache folder, /tmp/torchinductor_<user> by default)
+_GENERATED = ("<frozen runpy", "<frozen importlib", "<eval_with_key>")
+_INDUCTOR = os.sep + "torchinductor_"
+NO_GPU_WORK = _NO_GPU_WORK
 
 
 def enqueues_no_gpu_work(func: Any, text: bytes) -> bool:
@@ -38,6 +43,7 @@ def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[]
     Tensor = torch.Tensor
     torch_dir = str(Path(torch.__file__).resolve().parent)
     internal_dirs = (torch_dir, _HERE, os.path.dirname(threading.__file__) + os.sep + "threading", _PROGRAM)
+    inductor_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or ""
 
     # string ids, interned once. names: id(op) -> id; codes: id(code) -> True (torch / the recorder /
     # threading: skipped by the call-site walk) or, for user code, a dict f_lasti -> site id (f_lasti is
@@ -122,21 +128,27 @@ def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[]
         return sid
 
     def code_kind(code):
-        """True for internal code, else the per-code dict of call sites (created here)."""
+        """True for internal code, else the per-code dict of call sites (created here). Code that torch
+        generates (Inductor's wrapper modules, FX graph code) is internal: the call site is the user's frame
+        that called the compiled code."""
         fn = code.co_filename
-        v = fn.startswith(internal_dirs) or fn.startswith("<frozen runpy") or fn.startswith("<frozen importlib")
+        v = (fn.startswith(internal_dirs) or fn.startswith(_GENERATED) or _INDUCTOR in fn
+             or (inductor_dir and fn.startswith(inductor_dir)))
         v = True if v else {}
         codes[id(code)] = v
         keep.append(code)  # ids stay valid: the code object cannot be freed and its id reused
         return v
 
-    def site_text(f, d: dict, lasti: int | None = None) -> int:
-        """The site's string id, cached in the code's dict under f_lasti (or the native path's key)."""
-        c = f.f_code
-        fn = c.co_filename
+    def site_at(code, line: int | None) -> int:
+        """The string id of `file:line in function` (the observer reads the line itself, without the GIL)."""
+        fn = code.co_filename
         parts = fn.split(os.sep)
         short = os.sep.join(parts[-2:]) if len(parts) > 2 else fn
-        sid = intern(f"{short}:{f.f_lineno} in {c.co_name}".encode()[-255:])
+        return intern(f"{short}:{line} in {code.co_name}".encode()[-255:])
+
+    def site_text(f, d: dict, lasti: int | None = None) -> int:
+        """The site's string id, cached in the code's dict under f_lasti (or the native path's key)."""
+        sid = site_at(f.f_code, f.f_lineno)
         d[f.f_lasti if lasti is None else lasti] = sid
         return sid
 
@@ -226,5 +238,5 @@ def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[]
     return SimpleNamespace(names=names, codes=codes, threads=threads, arg_cache=arg_cache, scalar_cls=scalar_cls,
                            uninitialized=uninitialized, no_gpu_work=no_gpu_work, state=state, gen=gen, intern=intern,
                            name_of=name_of,
-                           code_kind=code_kind, site_text=site_text, call_site=call_site, thread_name=thread_name,
+                           code_kind=code_kind, site_text=site_text, site_at=site_at, call_site=call_site, thread_name=thread_name,
                            args_slow=args_slow, args_miss=args_miss)

@@ -303,7 +303,9 @@ def environment() -> dict:
     except ImportError:
         version = None
     built, why = native.ensure()
-    return {"torch": version, "native": str(built) if built else f"not built: {why}", "cpu_count": os.cpu_count(),
+    obs, obs_why = native.ensure_observer()
+    return {"torch": version, "native": str(built) if built else f"not built: {why}",
+            "observer": str(obs) if obs else f"not built: {obs_why}", "cpu_count": os.cpu_count(),
             "load_avg": os.getloadavg()}
 
 

@@ -1,0 +1,1301 @@
+/* The recorder's observer: every op the dispatcher runs, written into the op log (gpulab.trace.ring) from a
+   RecordFunction callback, the hook PyTorch's profiler and Execution Trace observer use.
+
+   Why not a TorchDispatchMode: a Python dispatch mode costs ~5-10 us per op before it records anything, which
+   slows a real GPU step by half (the host stops running ahead of the GPU), and while one is active dynamo does
+   not compile: the program under gpulab would not be the user's. A global RecordFunction callback costs
+   ~0.15 us, changes nothing the program runs, and sees compiled code too: the aten and custom ops Inductor's
+   wrapper calls, and (with torch.autograd.profiler._is_profiler_enabled set, as the profiler sets it) each
+   Triton kernel launch and compiled-graph call by name.
+
+   The records are the dispatch mode's: seq, start and end time, name (`aten.mm.default`), call site (the
+   innermost Python frame outside torch, read without the GIL: pyframes.c), argument summary (the text the
+   Python path writes: positional schema arguments without trailing defaults), thread, depth and kind (an op
+   that runs ops inside it becomes a composite record), raised; GPU completion markers as hotpath.c emits
+   them (gpumark.h). The GIL is taken only on a cache miss (a new op, signature, site or thread: the texts are
+   interned by the recorder's Python, which owns the string table) and to start GPU tracking or claim a new
+   stream. Commit order as everywhere: the slot's seq is stored last, with release order. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#ifndef NDEBUG   /* torch's release headers: a debug build of this file would see other class layouts */
+#error "build with -DNDEBUG (gpulab.trace.native.ensure_observer does)"
+#endif
+#include <ATen/record_function.h>
+#include <ATen/core/function_schema.h>
+#include <c10/core/ScalarType.h>
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gpumark.h"
+
+extern "C" int gpulab_frames(void **codes, int *lastis, int max);
+extern "C" int gpulab_frames_supported(void);
+
+namespace {
+
+constexpr int kMaxFrames = 64;
+constexpr char F_RAISED = 2;
+constexpr int kTrackPlain = 0, kTrackGpu = 1, kTrackWaitCuda = 4;
+
+double now_s() {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint64_t fnv(const char *p, size_t n, uint64_t h = 1469598103934665603ull) {
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* how an argument is shown when its IValue alone does not say it (an int that is a dtype) */
+enum ArgShow : int8_t { SHOW_PLAIN = 0, SHOW_DTYPE, SHOW_LAYOUT, SHOW_MEMFMT };
+
+struct ArgInfo {
+    ArgShow show = SHOW_PLAIN;
+    bool has_default = false;
+    c10::IValue def;
+};
+
+struct NameInfo {
+    std::string key;          /* name \0 overload */
+    uint32_t sid = 0;
+    bool nomark = false;      /* a view or an allocation: no kernel, no GPU marker */
+    bool skip = false;        /* the profiler's own bookkeeping ops: not recorded */
+    bool schema = false;      /* positional arguments known: the rest are dropped as the dispatch mode drops them */
+    size_t positional = 0;
+    std::vector<ArgInfo> args;
+};
+
+struct ArgsInfo {
+    std::string key;
+    uint32_t sid = 0;
+    int32_t dev = -2;
+};
+
+struct SiteInfo {
+    const void *code = nullptr;
+    int lasti = 0;
+    uint32_t sid = 0;
+};
+
+/* one open record of this thread: nested ops are one level deeper, and make it a composite */
+struct Open {
+    int64_t seq;
+    char *slot;
+};
+
+struct Ctx : public at::ObserverContext {
+    int64_t seq = 0;
+    char *slot = nullptr;
+    int32_t dev = -1;
+    int exc = 0;
+    bool nomark = false;
+};
+
+/* c10::Stream's layout: Device {DeviceType, DeviceIndex} then StreamId (returned in registers) */
+struct RawStream {
+    int8_t type;
+    int8_t index;
+    int64_t id;
+};
+typedef RawStream (*get_stream_t)(int8_t);
+typedef void *(*stream_handle_t)(const RawStream *);
+typedef int8_t (*current_device_t)();
+typedef int (*is_capturing_t)(void *stream, int *status);
+
+struct State {
+    char *base = nullptr;
+    Py_ssize_t len = 0, slots_off = 0, cap = 1, slot_size = 64, off_started = 0, off_completed = 0,
+               off_device = -1;
+    std::atomic<int64_t> seq{0};
+    std::atomic<bool> active{false};
+    std::atomic<int> inflight{0};
+    std::atomic<uint64_t> gen{1};
+    std::atomic<int> track{kTrackPlain};
+    std::atomic<bool> device_set{false};
+    pid_t owner = 0;
+    bool frames = false;
+    Gpu *gpu = nullptr;
+    /* native stream lookup (libc10_cuda), or null: then the GIL and torch's Python functions */
+    get_stream_t get_stream = nullptr;
+    stream_handle_t stream_handle = nullptr;
+    current_device_t current_device = nullptr;
+    is_capturing_t is_capturing = nullptr;
+    PyObject *intern = nullptr, *on_thread = nullptr, *on_code = nullptr, *on_site = nullptr,
+             *on_cuda = nullptr, *nogpu = nullptr;
+    at::CallbackHandle handle = 0;
+    std::mutex mu;   /* the caches below */
+    std::unordered_map<uint64_t, NameInfo *> names;
+    std::unordered_map<uint64_t, ArgsInfo *> args;
+    std::unordered_map<const void *, int8_t> codes;   /* 1 user code, 0 internal (kept alive by Python) */
+    std::unordered_map<uint64_t, SiteInfo> sites;
+    uint64_t misses = 0;
+};
+
+std::atomic<State *> g_state{nullptr};
+/* generations are unique across observers: a thread's cached ids (thread_sid) never outlive their log */
+std::atomic<uint64_t> g_gen{1};
+
+thread_local std::vector<Open> t_open;
+thread_local uint32_t t_thread_sid = 0;
+thread_local uint64_t t_thread_gen = 0;
+thread_local std::string t_key;
+thread_local bool t_inside = false;   /* in the observer's own code: an op it causes is not the program's */
+
+/* ------------------------------------------------------------------------------------------ texts */
+
+struct Gil {
+    PyGILState_STATE st;
+    bool ok;
+    Gil() : ok(Py_IsInitialized() &&
+#if PY_VERSION_HEX >= 0x030D0000
+               !Py_IsFinalizing()
+#else
+               !_Py_IsFinalizing()
+#endif
+      ) {
+        if (ok)
+            st = PyGILState_Ensure();
+    }
+    ~Gil() {
+        if (ok)
+            PyGILState_Release(st);
+    }
+};
+
+/* the recorder's intern(text) -> string id; GIL held */
+uint32_t intern_text(State *s, const std::string &text) {
+    PyObject *b = PyBytes_FromStringAndSize(text.data(), (Py_ssize_t)text.size());
+    PyObject *r = b ? PyObject_CallOneArg(s->intern, b) : nullptr;
+    Py_XDECREF(b);
+    long v = r ? PyLong_AsLong(r) : 0;
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        v = 0;
+    }
+    return (uint32_t)v;
+}
+
+const char *dtype_text(c10::ScalarType st) {
+    switch (st) {
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::ComplexHalf: return "complex32";
+    case c10::ScalarType::ComplexFloat: return "complex64";
+    case c10::ScalarType::ComplexDouble: return "complex128";
+    case c10::ScalarType::Bool: return "bool";
+    case c10::ScalarType::QInt8: return "qint8";
+    case c10::ScalarType::QUInt8: return "quint8";
+    case c10::ScalarType::QInt32: return "qint32";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Float8_e5m2: return "float8_e5m2";
+    case c10::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case c10::ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
+    case c10::ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
+    case c10::ScalarType::UInt16: return "uint16";
+    case c10::ScalarType::UInt32: return "uint32";
+    case c10::ScalarType::UInt64: return "uint64";
+    default: return nullptr;
+    }
+}
+
+std::string lower_name(c10::ScalarType st) {
+    const char *t = dtype_text(st);
+    if (t)
+        return t;
+    std::string n = c10::toString(st);
+    for (auto &c : n)
+        c = (char)tolower((unsigned char)c);
+    return n;
+}
+
+/* Python's repr of a float (the Python path writes repr(a)) */
+std::string float_repr(double d) {
+    char *p = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, nullptr);
+    std::string r = p ? p : "nan";
+    PyMem_Free(p);
+    return r;
+}
+
+/* repr(a)[:32] with ';' and '|' replaced, as texts.other_text writes it */
+std::string clip(std::string s) {
+    if (s.size() > 32)
+        s.resize(32);
+    for (auto &c : s) {
+        if (c == ';') c = ',';
+        else if (c == '|') c = '/';
+    }
+    return s;
+}
+
+std::string tensor_text(const at::Tensor &t) {
+    std::string s = "T|" + lower_name(t.scalar_type()) + "|";
+    auto sizes = t.sym_sizes();
+    for (size_t i = 0; i < sizes.size(); i++) {
+        if (i) s += ",";
+        auto v = sizes[i].maybe_as_int();
+        s += v ? std::to_string(*v) : std::string("s");
+    }
+    s += "|";
+    if (t.layout() == c10::kStrided) {
+        auto strides = t.sym_strides();
+        for (size_t i = 0; i < strides.size(); i++) {
+            if (i) s += ",";
+            auto v = strides[i].maybe_as_int();
+            s += v ? std::to_string(*v) : std::string("s");
+        }
+    }
+    s += "|" + t.device().str();
+    return s;
+}
+
+std::string int_list_text(c10::ArrayRef<int64_t> v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); i++) {
+        if (i) s += ", ";
+        s += std::to_string(v[i]);
+    }
+    return s + "]";
+}
+
+std::string value_text(const c10::IValue &v, ArgShow show) {
+    if (v.isNone()) return "None";
+    if (v.isBool()) return v.toBool() ? "True" : "False";
+    if (v.isInt()) {
+        int64_t i = v.toInt();
+        if (show == SHOW_DTYPE && i >= 0 && i < (int64_t)c10::ScalarType::NumOptions)
+            return "torch." + lower_name((c10::ScalarType)i);
+        if (show == SHOW_LAYOUT)
+            return i == 0 ? "torch.strided" : i == 1 ? "torch.sparse_coo" : "torch.layout(" + std::to_string(i) + ")";
+        if (show == SHOW_MEMFMT) {
+            static const char *f[] = {"torch.contiguous_format", "torch.preserve_format", "torch.channels_last",
+                                      "torch.channels_last_3d"};
+            return i >= 0 && i < 4 ? f[i] : std::to_string(i);
+        }
+        return std::to_string(i);
+    }
+    if (v.isSymInt()) {
+        auto m = v.toSymInt().maybe_as_int();
+        return m ? std::to_string(*m) : std::string("s");
+    }
+    if (v.isDouble()) return clip(float_repr(v.toDouble()));
+    if (v.isString()) {
+        std::string r = "'" + v.toStringRef() + "'";
+        return clip(r);
+    }
+    if (v.isIntList()) return clip(int_list_text(v.toIntVector()));
+    if (v.isDevice()) {
+        auto d = v.toDevice();
+        std::string r = "device(type='" + c10::DeviceTypeName(d.type(), true) + "'";
+        if (d.has_index()) r += ", index=" + std::to_string(d.index());
+        return clip(r + ")");
+    }
+    if (v.isScalar()) return clip(v.toScalar().isFloatingPoint() ? float_repr(v.toScalar().toDouble())
+                                                                    : std::to_string(v.toScalar().toLong()));
+    return clip("<" + std::string(v.tagKind()) + ">");
+}
+
+/* the dispatch mode's positional arguments: those before the keyword-only ones, trailing defaults dropped */
+size_t shown_args(const NameInfo *ni, c10::ArrayRef<const c10::IValue> in) {
+    if (!ni->schema)
+        return in.size();
+    size_t n = std::min(ni->positional, in.size());
+    while (n > 0) {
+        const ArgInfo &a = ni->args[n - 1];
+        if (!a.has_default)
+            break;
+        const c10::IValue &v = in[n - 1];
+        bool same = false;
+        if (a.def.isNone()) same = v.isNone();
+        else if (a.def.isInt() && v.isInt()) same = a.def.toInt() == v.toInt();
+        else if (a.def.isBool() && v.isBool()) same = a.def.toBool() == v.toBool();
+        else if (a.def.isDouble() && v.isDouble()) same = a.def.toDouble() == v.toDouble();
+        else if (a.def.isIntList() && v.isIntList()) same = a.def.toIntVector() == v.toIntVector();
+        else if (a.def.isString() && v.isString()) same = a.def.toStringRef() == v.toStringRef();
+        if (!same)
+            break;
+        n--;
+    }
+    return n;
+}
+
+int32_t device_of(const at::Tensor &t, int32_t dev) {
+    if (dev >= 0)
+        return dev;
+    if (t.device().is_cuda())
+        return t.device().has_index() ? t.device().index() : 0;
+    return -1;
+}
+
+/* texts.args_slow's text: per argument a tensor summary or a clipped repr, joined by ';' (1023 bytes at most) */
+/* a Python number torch wrapped into a 0-dim CPU tensor: the dispatch mode is handed the number back */
+bool wrapped_number(const at::Tensor &t) {
+    return t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number() && t.device().is_cpu() && t.dim() == 0;
+}
+
+/* its value, read from memory (item() would dispatch an op from inside the observer): 1 int, 2 float, 0 other */
+int number_of(const at::Tensor &t, int64_t *i, double *d) {
+    const void *p = t.const_data_ptr();
+    switch (t.scalar_type()) {
+    case c10::ScalarType::Bool: *i = *(const bool *)p; return 1;
+    case c10::ScalarType::Long: *i = *(const int64_t *)p; return 1;
+    case c10::ScalarType::Int: *i = *(const int32_t *)p; return 1;
+    case c10::ScalarType::Double: *d = *(const double *)p; return 2;
+    case c10::ScalarType::Float: *d = *(const float *)p; return 2;
+    default: return 0;
+    }
+}
+
+std::string number_text(const at::Tensor &t) {
+    int64_t i = 0;
+    double d = 0;
+    int k = number_of(t, &i, &d);
+    if (k == 1) return t.scalar_type() == c10::ScalarType::Bool ? (i ? "True" : "False") : std::to_string(i);
+    if (k == 2) return clip(float_repr(d));
+    return clip("<" + lower_name(t.scalar_type()) + " number>");
+}
+
+std::string args_text(const NameInfo *ni, c10::ArrayRef<const c10::IValue> in, size_t n, int32_t *dev) {
+    std::vector<std::string> parts;
+    *dev = -2;
+    for (size_t i = 0; i < n; i++) {
+        const c10::IValue &v = in[i];
+        ArgShow show = ni->schema && i < ni->args.size() ? ni->args[i].show : SHOW_PLAIN;
+        if (v.isTensor() && wrapped_number(v.toTensor())) {
+            parts.push_back(number_text(v.toTensor()));
+        } else if (v.isTensor()) {
+            const at::Tensor &t = v.toTensor();
+            if (t.defined()) {
+                parts.push_back(tensor_text(t));
+                *dev = device_of(t, *dev);
+            } else {
+                parts.push_back("None");
+            }
+        } else if (v.isTensorList()) {
+            auto l = v.toTensorList();
+            if (l.size() == 0) {
+                parts.push_back("[]");
+                continue;
+            }
+            parts.push_back("L" + std::to_string(l.size()));
+            for (size_t j = 0; j < l.size(); j++) {
+                at::Tensor x = l.get(j);
+                if (!x.defined())
+                    continue;
+                if (j < 4)
+                    parts.push_back(tensor_text(x));
+                *dev = device_of(x, *dev);
+                if (j >= 4 && *dev >= 0)
+                    break;
+            }
+        } else if (v.isList()) {
+            auto l = v.toListRef();
+            bool tensors = !l.empty() && l[0].isTensor();
+            if (!tensors) {
+                parts.push_back(value_text(v, show));
+                continue;
+            }
+            parts.push_back("L" + std::to_string(l.size()));
+            for (size_t j = 0; j < l.size(); j++) {
+                if (!l[j].isTensor() || !l[j].toTensor().defined())
+                    continue;
+                if (j < 4)
+                    parts.push_back(tensor_text(l[j].toTensor()));
+                *dev = device_of(l[j].toTensor(), *dev);
+            }
+        } else {
+            parts.push_back(value_text(v, show));
+        }
+    }
+    std::string s;
+    for (size_t i = 0; i < parts.size(); i++) {
+        if (i) s += ";";
+        s += parts[i];
+    }
+    if (s.size() > 1023)
+        s.resize(1023);
+    return s;
+}
+
+/* the signature key: everything args_text reads (a hit needs no text) */
+bool append_key(std::string &k, const c10::IValue &v) {
+    auto put = [&k](const void *p, size_t n) { k.append((const char *)p, n); };
+    auto tensor = [&](const at::Tensor &t) {
+        if (!t.defined()) {
+            k.push_back('n');
+            return true;
+        }
+        if (wrapped_number(t)) {   /* keyed by its value, as the text shows it */
+            int64_t i = 0;
+            double d = 0;
+            int kind = number_of(t, &i, &d);
+            if (kind == 0)
+                return false;
+            k.push_back('w');
+            k.push_back((char)t.scalar_type());
+            if (kind == 1) put(&i, 8);
+            else put(&d, 8);
+            return true;
+        }
+        k.push_back('T');
+        int8_t meta[4] = {(int8_t)t.scalar_type(), (int8_t)t.device().type(), (int8_t)t.device().index(),
+                          (int8_t)t.layout()};
+        put(meta, 4);
+        auto sizes = t.sym_sizes();
+        int16_t d = (int16_t)sizes.size();
+        put(&d, 2);
+        for (const auto &x : sizes) {
+            auto m = x.maybe_as_int();
+            if (!m) return false;
+            int64_t val = *m;
+            put(&val, 8);
+        }
+        if (t.layout() == c10::kStrided) {
+            for (const auto &x : t.sym_strides()) {
+                auto m = x.maybe_as_int();
+                if (!m) return false;
+                int64_t val = *m;
+                put(&val, 8);
+            }
+        }
+        return true;
+    };
+    if (v.isTensor()) return tensor(v.toTensor());
+    if (v.isNone()) { k.push_back('N'); return true; }
+    if (v.isInt()) { k.push_back('i'); int64_t x = v.toInt(); put(&x, 8); return true; }
+    if (v.isBool()) { k.push_back(v.toBool() ? 'B' : 'b'); return true; }
+    if (v.isDouble()) { k.push_back('d'); double x = v.toDouble(); put(&x, 8); return true; }
+    if (v.isSymInt()) {
+        auto m = v.toSymInt().maybe_as_int();
+        if (!m) return false;
+        k.push_back('i');
+        int64_t x = *m;
+        put(&x, 8);
+        return true;
+    }
+    if (v.isString()) {
+        const std::string &s = v.toStringRef();
+        k.push_back('s');
+        uint32_t n = (uint32_t)std::min<size_t>(s.size(), 40);
+        put(&n, 4);
+        put(s.data(), n);
+        return true;
+    }
+    if (v.isIntList()) {
+        auto l = v.toIntVector();
+        k.push_back('l');
+        uint32_t n = (uint32_t)l.size();
+        put(&n, 4);
+        put(l.data(), 8 * l.size());
+        return true;
+    }
+    if (v.isTensorList()) {
+        auto l = v.toTensorList();
+        k.push_back('L');
+        uint32_t n = (uint32_t)l.size();
+        put(&n, 4);
+        for (size_t j = 0; j < l.size(); j++)
+            if (!tensor(l.get(j))) return false;
+        return true;
+    }
+    if (v.isDevice()) {
+        auto d = v.toDevice();
+        int8_t m[3] = {'D', (int8_t)d.type(), (int8_t)d.index()};
+        put(m, 3);
+        return true;
+    }
+    if (v.isList()) {
+        auto l = v.toListRef();
+        k.push_back('[');
+        uint32_t n = (uint32_t)l.size();
+        put(&n, 4);
+        for (const auto &x : l)
+            if (!append_key(k, x)) return false;
+        return true;
+    }
+    /* a generator, a process group, a capsule...: shown by its kind, which the tag says */
+    k.push_back('o');
+    k.push_back((char)v.tagKind().size());
+    put(v.tagKind().data(), v.tagKind().size());
+    return true;
+}
+
+NameInfo *name_info(State *s, const at::RecordFunction &fn, bool *missed) {
+    const char *name = fn.name();
+    const char *over = fn.scope() == at::RecordScope::FUNCTION ? fn.overload_name() : "";
+    size_t nl = strlen(name), ol = strlen(over);
+    uint64_t h = fnv(over, ol, fnv(name, nl + 1)) ^ (uint64_t)fn.scope();
+    {
+        std::lock_guard<std::mutex> g(s->mu);
+        auto it = s->names.find(h);
+        if (it != s->names.end() && it->second->key.size() == nl + 1 + ol &&
+            memcmp(it->second->key.data(), name, nl) == 0 && memcmp(it->second->key.data() + nl + 1, over, ol) == 0)
+            return it->second;
+    }
+    *missed = true;
+    NameInfo *ni = new NameInfo();
+    ni->key.assign(name, nl + 1);
+    ni->key.append(over, ol);
+    std::string text = name;
+    /* bookkeeping, not the program's work: the profiler's own ops, and the scope torch opens around a Python
+       dispatch mode's call (the op it runs is recorded; so a mode's re-dispatch is seen as the same op) */
+    ni->skip = strncmp(name, "profiler::", 10) == 0 || strcmp(name, "PythonDispatchMode") == 0 ||
+               strcmp(name, "PythonTLSSnapshot") == 0;
+    if (fn.scope() == at::RecordScope::FUNCTION && strstr(name, "::") != nullptr) {
+        try {
+            auto schema = fn.operator_schema();   /* a copy: only on a miss */
+            if (schema) {   /* an operator (not a C++ scope named like one): `ns.op.overload`, as torch prints it */
+                std::string n(name);
+                n.replace(n.find("::"), 2, ".");
+                text = n + "." + (ol ? std::string(over) : std::string("default"));
+                ni->schema = true;
+                bool view = false;
+                for (const auto &a : schema->arguments()) {
+                    ArgInfo ai;
+                    auto t = a.real_type();   /* type() says int for a dtype; the real type says ScalarType */
+                    if (t->kind() == c10::TypeKind::OptionalType)
+                        t = t->castRaw<c10::OptionalType>()->getElementType();
+                    if (t->kind() == c10::TypeKind::ScalarTypeType) ai.show = SHOW_DTYPE;
+                    else if (t->kind() == c10::TypeKind::LayoutType) ai.show = SHOW_LAYOUT;
+                    else if (t->kind() == c10::TypeKind::MemoryFormatType) ai.show = SHOW_MEMFMT;
+                    if (a.default_value()) {
+                        ai.has_default = true;
+                        ai.def = *a.default_value();
+                    }
+                    if (!a.kwarg_only())
+                        ni->positional++;
+                    if (a.alias_info() && !a.alias_info()->isWrite())
+                        view = true;
+                    ni->args.push_back(std::move(ai));
+                }
+                ni->nomark = view;
+            }
+        } catch (...) {
+            ni->schema = false;
+        }
+    }
+    Gil gil;
+    if (!gil.ok)
+        return ni;   /* interpreter going away: the record keeps id 0 */
+    if (!ni->nomark && s->nogpu) {
+        PyObject *b = PyBytes_FromStringAndSize(text.data(), (Py_ssize_t)text.size());
+        int c = b ? PySequence_Contains(s->nogpu, b) : 0;
+        Py_XDECREF(b);
+        if (c > 0) ni->nomark = true;
+        PyErr_Clear();
+    }
+    ni->sid = intern_text(s, text.substr(0, 255));
+    {
+        std::lock_guard<std::mutex> g(s->mu);
+        auto it = s->names.find(h);
+        if (it != s->names.end()) {
+            delete ni;   /* another thread filed it meanwhile (never freed while a record may point at it) */
+            return it->second;
+        }
+        s->names[h] = ni;
+        s->misses++;
+    }
+    return ni;
+}
+
+ArgsInfo args_info(State *s, const NameInfo *ni, const at::RecordFunction &fn) {
+    ArgsInfo out;
+    c10::ArrayRef<const c10::IValue> in = fn.inputs();
+    size_t n = shown_args(ni, in);
+    std::string &k = t_key;
+    k.clear();
+    k.append((const char *)&ni, sizeof(ni));
+    bool keyed = true;
+    for (size_t i = 0; i < n && keyed; i++)
+        keyed = append_key(k, in[i]);
+    uint64_t h = fnv(k.data(), k.size());
+    if (keyed) {
+        std::lock_guard<std::mutex> g(s->mu);
+        auto it = s->args.find(h);
+        if (it != s->args.end() && it->second->key == k) {
+            out.sid = it->second->sid;
+            out.dev = it->second->dev;
+            return out;
+        }
+    }
+    int32_t dev = -2;
+    Gil gil;
+    if (!gil.ok)
+        return out;
+    std::string text = args_text(ni, in, n, &dev);
+    out.sid = intern_text(s, text);
+    out.dev = dev;
+    if (!s->device_set.load(std::memory_order_relaxed) && s->off_device >= 0) {
+        for (size_t i = 0; i < n; i++) {
+            if (in[i].isTensor() && in[i].toTensor().defined()) {
+                std::string d = c10::DeviceTypeName(in[i].toTensor().device().type(), true);
+                char buf[32] = {0};
+                memcpy(buf, d.data(), std::min<size_t>(d.size(), 31));
+                memcpy(s->base + s->off_device, buf, 32);
+                s->device_set.store(true);
+                break;
+            }
+        }
+    }
+    if (keyed) {
+        std::lock_guard<std::mutex> g(s->mu);
+        if (s->args.size() >= (1u << 14)) {   /* scalars that change every step (lr) must not fill it for good */
+            for (auto &kv : s->args) delete kv.second;
+            s->args.clear();
+        }
+        auto *a = new ArgsInfo(out);
+        a->key = k;
+        auto it = s->args.find(h);
+        if (it != s->args.end()) delete it->second;
+        s->args[h] = a;
+        s->misses++;
+    }
+    return out;
+}
+
+/* innermost frame outside torch and the recorder (the recorder's code_kind decides), as a string id */
+uint32_t site_sid(State *s) {
+    if (!s->frames)
+        return 0;
+    void *codes[kMaxFrames];
+    int lastis[kMaxFrames];
+    int n = gpulab_frames(codes, lastis, kMaxFrames);
+    if (n <= 0)
+        return 0;
+    int user = -1;
+    int unknown = -1;
+    {
+        std::lock_guard<std::mutex> g(s->mu);
+        for (int i = 0; i < n; i++) {
+            auto it = s->codes.find(codes[i]);
+            if (it == s->codes.end()) {
+                unknown = i;
+                break;
+            }
+            if (it->second) {
+                user = i;
+                break;
+            }
+        }
+        if (user >= 0) {
+            uint64_t h = (uint64_t)(uintptr_t)codes[user] * 31 + (uint64_t)lastis[user];
+            auto it = s->sites.find(h);
+            if (it != s->sites.end() && it->second.code == codes[user] && it->second.lasti == lastis[user])
+                return it->second.sid;
+        }
+    }
+    Gil gil;
+    if (!gil.ok)
+        return 0;
+    /* classify the codes not seen yet, from `unknown` on (Python keeps each classified code alive) */
+    if (user < 0 && unknown >= 0) {
+        for (int i = unknown; i < n; i++) {
+            int8_t kind;
+            {
+                std::lock_guard<std::mutex> g(s->mu);
+                auto it = s->codes.find(codes[i]);
+                kind = it == s->codes.end() ? -1 : it->second;
+            }
+            if (kind < 0) {
+                PyObject *r = PyObject_CallOneArg(s->on_code, (PyObject *)codes[i]);
+                if (r == nullptr) {
+                    PyErr_Clear();
+                    return 0;
+                }
+                kind = r == Py_True ? 0 : 1;   /* True: internal (the recorder's code_kind) */
+                Py_DECREF(r);
+                std::lock_guard<std::mutex> g(s->mu);
+                s->codes[codes[i]] = kind;
+            }
+            if (kind == 1) {
+                user = i;
+                break;
+            }
+        }
+    }
+    if (user < 0)
+        return 0;
+    int line = PyCode_Addr2Line((PyCodeObject *)codes[user], lastis[user]);
+    PyObject *r = PyObject_CallFunction(s->on_site, "Oi", (PyObject *)codes[user], line);
+    long sid = r ? PyLong_AsLong(r) : 0;
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    std::lock_guard<std::mutex> g(s->mu);
+    uint64_t h = (uint64_t)(uintptr_t)codes[user] * 31 + (uint64_t)lastis[user];
+    s->sites[h] = SiteInfo{codes[user], lastis[user], (uint32_t)sid};
+    s->misses++;
+    return (uint32_t)sid;
+}
+
+uint32_t thread_sid(State *s) {
+    uint64_t gen = s->gen.load(std::memory_order_relaxed);
+    if (t_thread_gen == gen)
+        return t_thread_sid;
+    Gil gil;
+    if (!gil.ok)
+        return 0;
+    PyObject *tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    PyObject *r = tid ? PyObject_CallOneArg(s->on_thread, tid) : nullptr;
+    Py_XDECREF(tid);
+    long v = r ? PyLong_AsLong(r) : 0;
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    t_thread_sid = (uint32_t)v;
+    t_thread_gen = gen;
+    return t_thread_sid;
+}
+
+/* ------------------------------------------------------------------------------------------ records */
+
+inline char *slot_of(State *s, int64_t seq) {
+    return s->base + s->slots_off + (seq % s->cap) * s->slot_size;
+}
+
+void raise_started(State *s, int64_t seq) {
+    int64_t *p = (int64_t *)(s->base + s->off_started);
+    int64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (cur < seq + 1 && !__atomic_compare_exchange_n(p, &cur, seq + 1, true, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+    }
+}
+
+/* write and commit one record; the thread's open records make it deeper and the innermost one composite */
+char *write_slot(State *s, int64_t seq, uint32_t nsid, uint32_t ssid, uint32_t asid, uint32_t tsid, int8_t kind) {
+    char *sl = slot_of(s, seq);
+    int8_t depth = (int8_t)std::min<size_t>(t_open.size(), 127);
+    if (!t_open.empty()) {
+        char *parent = t_open.back().slot;
+        if (parent[43] == 0)
+            parent[43] = 1;   /* it runs ops inside it: a composite record */
+    }
+    __atomic_store_n((int64_t *)sl, (int64_t)-1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    double t0 = now_s(), zero = 0.0;
+    uint32_t ids[4] = {nsid, ssid, asid, tsid};
+    int16_t stream = -1;
+    int8_t small[2] = {depth, kind};
+    uint8_t flags = 0;
+    memcpy(sl + 8, &t0, 8);
+    memcpy(sl + 16, &zero, 8);
+    memcpy(sl + 24, ids, 16);
+    memcpy(sl + 40, &stream, 2);
+    memcpy(sl + 42, small, 2);
+    memcpy(sl + 44, &flags, 1);
+    __atomic_store_n((int64_t *)sl, (int64_t)seq, __ATOMIC_RELEASE);   /* commit */
+    raise_started(s, seq);
+    t_open.push_back(Open{seq, sl});
+    return sl;
+}
+
+void close_slot(State *s, int64_t seq, char *sl, bool raised) {
+    for (size_t i = t_open.size(); i-- > 0;) {   /* usually the innermost; a user scope may end out of order */
+        if (t_open[i].seq == seq) {
+            t_open.erase(t_open.begin() + (long)i);
+            break;
+        }
+    }
+    double t1 = now_s();
+    if (raised)
+        sl[44] = (char)(sl[44] | F_RAISED);
+    memcpy(sl + 16, &t1, 8);
+    __atomic_fetch_add((int64_t *)(s->base + s->off_completed), (int64_t)1, __ATOMIC_RELEASE);
+}
+
+bool stream_native(State *s, int32_t dev, uintptr_t *handle, int *capturing) {
+    if (!s->get_stream || !s->stream_handle || !s->is_capturing)
+        return false;
+    if (dev < 0) {
+        if (!s->current_device)
+            return false;
+        dev = s->current_device();
+    }
+    RawStream rs = s->get_stream((int8_t)dev);
+    *handle = (uintptr_t)s->stream_handle(&rs);
+    int status = 0;
+    *capturing = s->is_capturing((void *)*handle, &status) == 0 && status != 0;
+    return true;
+}
+
+/* the op returned on the GPU side of things: start tracking at the first CUDA op, then mark its stream */
+void gpu_after(State *s, Ctx *c) {
+    int track = s->track.load(std::memory_order_relaxed);
+    if (track == kTrackWaitCuda) {
+        if (c->dev < 0)
+            return;
+        int expect = kTrackWaitCuda;
+        if (!s->track.compare_exchange_strong(expect, kTrackPlain))
+            return;
+        Gil gil;   /* the recorder picks the mechanism and calls gpu_start (or not) */
+        if (!gil.ok)
+            return;
+        PyObject *r = PyObject_CallNoArgs(s->on_cuda);
+        Py_XDECREF(r);
+        PyErr_Clear();
+        track = s->track.load(std::memory_order_relaxed);
+    }
+    Gpu *g = s->gpu;
+    if (track != kTrackGpu || g == nullptr || c->nomark || c->dev == -1 ||
+        __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
+        return;
+    uintptr_t handle = 0;
+    int capturing = 0;
+    int32_t dev = c->dev;
+    if (stream_native(s, dev, &handle, &capturing)) {
+        if (capturing)
+            return;   /* inside a CUDA graph capture: a marker would become part of the graph */
+        if (dev < 0)
+            dev = s->current_device();
+        GStream *e = gpu_find_stream(g, handle, dev);
+        if (e != nullptr) {
+            gpu_emit(g, e, handle, c->seq, c->slot);   /* errors that stop tracking call Python: rare */
+            return;
+        }
+        Gil gil;
+        if (!gil.ok)
+            return;
+        e = gpu_stream(g, handle, dev);
+        if (e != nullptr && !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
+            gpu_emit(g, e, handle, c->seq, c->slot);
+        return;
+    }
+    Gil gil;
+    if (gil.ok)
+        gpu_mark(g, c->seq, dev, c->slot);
+}
+
+/* an op on meta tensors: torch.compile tracing with fake tensors (their storage is meta), not program work */
+bool on_meta(c10::ArrayRef<const c10::IValue> in) {
+    for (const auto &v : in) {
+        if (v.isTensor()) {
+            const at::Tensor &t = v.toTensor();
+            if (t.defined())
+                return t.is_meta();
+        }
+    }
+    return false;
+}
+
+std::unique_ptr<at::ObserverContext> enter(State *s, const at::RecordFunction &fn) {
+    bool missed = false;
+    NameInfo *ni = nullptr;
+    ArgsInfo ai;
+    uint32_t nsid = 0, ssid = 0, tsid = 0;
+    for (int tries = 0; tries < 3; tries++) {   /* again if the string table wrapped meanwhile (ids went stale) */
+        uint64_t gen = s->gen.load(std::memory_order_acquire);
+        ni = name_info(s, fn, &missed);
+        if (ni->skip || on_meta(fn.inputs()))
+            return nullptr;
+        nsid = ni->sid;
+        ai = args_info(s, ni, fn);
+        if (!t_open.empty()) {
+            const char *outer = t_open.back().slot;
+            if (*(uint32_t *)(outer + 24) == nsid && *(uint32_t *)(outer + 32) == ai.sid)
+                return nullptr;   /* a Python dispatch mode (a fix's, a planted fault's) running the same op again */
+            ssid = *(uint32_t *)(outer + 28);   /* nested: the outer record's call site */
+        } else {
+            ssid = site_sid(s);
+        }
+        tsid = thread_sid(s);
+        if (s->gen.load(std::memory_order_acquire) == gen)
+            break;
+    }
+    auto c = std::make_unique<Ctx>();
+    c->seq = s->seq.fetch_add(1, std::memory_order_relaxed);
+    c->dev = ai.dev;
+    c->nomark = ni->nomark;
+    c->exc = std::uncaught_exceptions();
+    c->slot = write_slot(s, c->seq, nsid, ssid, ai.sid, tsid, 0);
+    return c;
+}
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction &fn) {
+    State *s = g_state.load(std::memory_order_acquire);
+    if (s == nullptr || !s->active.load(std::memory_order_relaxed) || s->base == nullptr || t_inside)
+        return nullptr;
+    s->inflight.fetch_add(1, std::memory_order_relaxed);
+    struct Inside {
+        Inside() { t_inside = true; }
+        ~Inside() { t_inside = false; }
+    };
+    try {
+        Inside guard;
+        auto c = enter(s, fn);
+        if (c)
+            return c;
+    } catch (const std::exception &e) {   /* a tensor whose metadata cannot be read: unrecorded, never broken */
+        if (getenv("GPULAB_OBSERVER_DEBUG"))
+            fprintf(stderr, "gpulab observer: %s: %s\n", fn.name(), e.what());
+    } catch (...) {
+    }
+    s->inflight.fetch_sub(1, std::memory_order_relaxed);
+    return nullptr;
+}
+
+void on_exit(const at::RecordFunction &fn, at::ObserverContext *ctx) {
+    (void)fn;
+    State *s = g_state.load(std::memory_order_acquire);
+    Ctx *c = static_cast<Ctx *>(ctx);
+    if (c == nullptr || s == nullptr)
+        return;
+    bool raised = std::uncaught_exceptions() > c->exc;
+    if (!raised && s->base != nullptr && s->track.load(std::memory_order_relaxed) != kTrackPlain)
+        gpu_after(s, c);
+    if (s->base != nullptr)
+        close_slot(s, c->seq, c->slot, raised);
+    s->inflight.fetch_sub(1, std::memory_order_relaxed);
+}
+
+/* in a forked child (a DataLoader worker): its copy of the log's mapping is the parent's, so nothing more
+   is written (gpulab.trace.recorder also tells the Python side); no getpid() per op */
+void after_fork_child() {
+    State *s = g_state.load(std::memory_order_acquire);
+    if (s != nullptr) {
+        s->active.store(false);
+        s->owner = -1;
+    }
+    t_open.clear();
+}
+
+void *sym(void *lib, const char *name) {
+    void *p = dlsym(lib ? lib : RTLD_DEFAULT, name);
+    return p;
+}
+
+}  // namespace
+
+/* ------------------------------------------------------------------------------------------ Python type */
+
+typedef struct {
+    PyObject_HEAD
+    State *s;             /* never freed: an op in flight on another thread may still end after release */
+    Py_buffer view;
+    int has_view;
+} Observer;
+
+static int Observer_init(Observer *self, PyObject *args, PyObject *kw) {
+    static const char *kwlist[] = {"buffer", "slots_off", "capacity", "slot_size", "off_started", "off_completed",
+                                   "off_device", "intern", "on_thread", "on_code", "on_site", "on_cuda", "nogpu",
+                                   "track", NULL};
+    PyObject *buf, *intern, *on_thread, *on_code, *on_site, *on_cuda, *nogpu;
+    Py_ssize_t slots_off, cap, slot_size, off_started, off_completed, off_device;
+    int track = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnnnnnnOOOOOO|i", (char **)kwlist, &buf, &slots_off, &cap,
+                                     &slot_size, &off_started, &off_completed, &off_device, &intern, &on_thread,
+                                     &on_code, &on_site, &on_cuda, &nogpu, &track))
+        return -1;
+    if (self->s != nullptr) {
+        PyErr_SetString(PyExc_RuntimeError, "Observer already initialized");
+        return -1;
+    }
+    if (cap < 1 || slot_size < 48) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be >= 1 and slot_size >= 48");
+        return -1;
+    }
+    if (PyObject_GetBuffer(buf, &self->view, PyBUF_WRITABLE) < 0)
+        return -1;
+    self->has_view = 1;
+    if (slots_off + cap * slot_size > self->view.len || off_started + 8 > self->view.len ||
+        off_completed + 8 > self->view.len || off_device + 32 > self->view.len) {
+        PyErr_SetString(PyExc_ValueError, "the buffer is smaller than the ring's layout");
+        return -1;
+    }
+    State *s = new State();
+    s->base = (char *)self->view.buf;
+    s->len = self->view.len;
+    s->slots_off = slots_off;
+    s->cap = cap;
+    s->slot_size = slot_size;
+    s->off_started = off_started;
+    s->off_completed = off_completed;
+    s->off_device = off_device;
+    s->seq.store(*(int64_t *)(s->base + off_started));
+    s->gen.store(g_gen.fetch_add(1));
+    s->track.store(track);
+    s->owner = getpid();
+    s->frames = gpulab_frames_supported() != 0;
+    PyObject *o[] = {intern, on_thread, on_code, on_site, on_cuda, nogpu};
+    PyObject **dst[] = {&s->intern, &s->on_thread, &s->on_code, &s->on_site, &s->on_cuda, &s->nogpu};
+    for (int i = 0; i < 6; i++) {
+        Py_INCREF(o[i]);
+        *dst[i] = o[i];
+    }
+    void *c10cuda = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    if (c10cuda != nullptr) {
+        s->get_stream = (get_stream_t)sym(c10cuda, "_ZN3c104cuda20getCurrentCUDAStreamEa");
+        s->stream_handle = (stream_handle_t)sym(c10cuda, "_ZNK3c104cuda10CUDAStream6streamEv");
+        s->current_device = (current_device_t)sym(c10cuda, "_ZN3c104cuda14current_deviceEv");
+    }
+    self->s = s;
+    return 0;
+}
+
+static PyObject *Observer_install(Observer *self, PyObject *unused) {
+    State *s = self->s;
+    if (s == nullptr || !self->has_view) {
+        PyErr_SetString(PyExc_ValueError, "the observer was released");
+        return NULL;
+    }
+    State *expect = nullptr;
+    if (!g_state.compare_exchange_strong(expect, s) && expect != s) {
+        PyErr_SetString(PyExc_RuntimeError, "another gpulab observer is installed in this process");
+        return NULL;
+    }
+    if (s->handle == 0) {
+        try {
+            s->handle = at::addGlobalCallback(
+                at::RecordFunctionCallback(on_enter, on_exit)
+                    .needsInputs(true)
+                    .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+        } catch (const std::exception &e) {
+            g_state.store(nullptr);
+            PyErr_Format(PyExc_RuntimeError, "could not add the RecordFunction callback: %s", e.what());
+            return NULL;
+        }
+    }
+    s->active.store(true);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_remove(Observer *self, PyObject *unused) {
+    State *s = self->s;
+    if (s == nullptr)
+        Py_RETURN_NONE;
+    s->active.store(false);
+    if (s->handle != 0 && getpid() == s->owner) {
+        try {
+            at::removeCallback(s->handle);
+        } catch (...) {
+        }
+        s->handle = 0;
+    }
+    State *expect = s;
+    g_state.compare_exchange_strong(expect, nullptr);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_begin(Observer *self, PyObject *args) {
+    /* a record written from Python (a torch.distributed call around what it dispatches): -> seq */
+    unsigned int nsid, ssid, asid;
+    int kind = 1;
+    if (!PyArg_ParseTuple(args, "III|i", &nsid, &ssid, &asid, &kind))
+        return NULL;
+    State *s = self->s;
+    if (s == nullptr || !self->has_view) {
+        PyErr_SetString(PyExc_ValueError, "the observer was released");
+        return NULL;
+    }
+    uint32_t tsid = thread_sid(s);
+    int64_t seq = s->seq.fetch_add(1, std::memory_order_relaxed);
+    write_slot(s, seq, nsid, ssid, asid, tsid, (int8_t)kind);
+    return PyLong_FromLongLong(seq);
+}
+
+static PyObject *Observer_end(Observer *self, PyObject *args) {
+    long long seq;
+    int raised = 0;
+    if (!PyArg_ParseTuple(args, "L|p", &seq, &raised))
+        return NULL;
+    State *s = self->s;
+    if (s == nullptr || !self->has_view) {
+        PyErr_SetString(PyExc_ValueError, "the observer was released");
+        return NULL;
+    }
+    close_slot(s, seq, slot_of(s, seq), raised != 0);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_set_track(Observer *self, PyObject *arg) {
+    long t = PyLong_AsLong(arg);
+    if (t == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->s) self->s->track.store((int)t);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_set_capturing(Observer *self, PyObject *arg) {
+    /* the driver's cuStreamIsCapturing (its address), for the native stream path */
+    unsigned long long p = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->s) self->s->is_capturing = (is_capturing_t)(uintptr_t)p;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_forget(Observer *self, PyObject *unused) {
+    /* the string table wrapped: every cached id may be stale */
+    State *s = self->s;
+    if (s == nullptr)
+        Py_RETURN_NONE;
+    std::lock_guard<std::mutex> g(s->mu);
+    s->gen.store(g_gen.fetch_add(1));
+    s->names.clear();   /* the entries are kept (never freed): an op being entered may hold one */
+    for (auto &kv : s->args) delete kv.second;
+    s->args.clear();
+    s->sites.clear();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_gpu_start(Observer *self, PyObject *args, PyObject *kw) {
+    State *s = self->s;
+    if (s == nullptr || !self->has_view) {
+        PyErr_SetString(PyExc_ValueError, "the observer was released");
+        return NULL;
+    }
+    if (s->gpu != nullptr) {
+        PyErr_SetString(PyExc_RuntimeError, "GPU tracking already started");
+        return NULL;
+    }
+    Gpu *g = gpu_create(args, kw, s->base, s->len);
+    if (g == nullptr)
+        return NULL;
+    s->gpu = g;
+    s->track.store(kTrackGpu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_gpu_stop(Observer *self, PyObject *unused) {
+    if (self->s && self->s->gpu) {
+        self->s->track.store(kTrackPlain);
+        Py_BEGIN_ALLOW_THREADS
+        gpu_stop(self->s->gpu);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_gpu_pending(Observer *self, PyObject *unused) {
+    return PyLong_FromLongLong(self->s ? gpu_pending(self->s->gpu) : 0);
+}
+
+static PyObject *Observer_gpu_state(Observer *self, PyObject *unused) {
+    return gpu_state(self->s ? self->s->gpu : nullptr);
+}
+
+static PyObject *Observer_release(Observer *self, PyObject *unused) {
+    /* stop recording and let the mapping close, unless an op on another thread is still inside a record */
+    State *s = self->s;
+    if (s == nullptr)
+        Py_RETURN_NONE;
+    Observer_remove(self, nullptr);
+    if (s->gpu) {
+        s->track.store(kTrackPlain);
+        gpu_stop(s->gpu);
+    }
+    if (s->inflight.load() > 0)
+        Py_RETURN_FALSE;
+    s->base = nullptr;
+    if (self->has_view) {
+        PyBuffer_Release(&self->view);
+        self->has_view = 0;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Observer_leave(Observer *self, PyObject *unused) {
+    /* in a forked child: never write into the parent's log (the callback stays registered, inactive) */
+    if (self->s) {
+        self->s->active.store(false);
+        self->s->owner = -1;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Observer_stats(Observer *self, PyObject *unused) {
+    State *s = self->s;
+    if (s == nullptr)
+        Py_RETURN_NONE;
+    std::lock_guard<std::mutex> g(s->mu);
+    return Py_BuildValue("{s:L,s:K,s:n,s:n,s:n,s:i,s:i,s:i}", "seq", (long long)s->seq.load(), "misses",
+                         (unsigned long long)s->misses, "names", (Py_ssize_t)s->names.size(), "signatures",
+                         (Py_ssize_t)s->args.size(), "sites", (Py_ssize_t)s->sites.size(), "frames", (int)s->frames,
+                         "native_streams", (int)(s->get_stream && s->stream_handle), "inflight",
+                         s->inflight.load());
+}
+
+static void Observer_dealloc(Observer *self) {
+    if (self->s) {
+        Observer_remove(self, nullptr);
+        self->s->active.store(false);
+        if (self->s->inflight.load() == 0) {
+            self->s->base = nullptr;
+            if (self->has_view) {
+                PyBuffer_Release(&self->view);
+                self->has_view = 0;
+            }
+        }
+    }
+    if (self->has_view)
+        PyBuffer_Release(&self->view);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Observer_methods[] = {
+    {"install", (PyCFunction)Observer_install, METH_NOARGS, "start recording every op (a global RecordFunction callback)"},
+    {"remove", (PyCFunction)Observer_remove, METH_NOARGS, "stop recording"},
+    {"begin", (PyCFunction)Observer_begin, METH_VARARGS, "begin(name_sid, site_sid, args_sid, kind=1) -> seq"},
+    {"end", (PyCFunction)Observer_end, METH_VARARGS, "end(seq, raised=False)"},
+    {"set_track", (PyCFunction)Observer_set_track, METH_O, "0 plain, 1 GPU markers, 4 start GPU tracking at the first CUDA op"},
+    {"set_capturing", (PyCFunction)Observer_set_capturing, METH_O, "cuStreamIsCapturing's address"},
+    {"forget", (PyCFunction)Observer_forget, METH_NOARGS, "the string table wrapped: drop cached ids"},
+    {"gpu_start", (PyCFunction)(void (*)(void))Observer_gpu_start, METH_VARARGS | METH_KEYWORDS,
+     "as gpulab_hotpath.Hot.gpu_start: each CUDA op's end enqueues its completion marker"},
+    {"gpu_stop", (PyCFunction)Observer_gpu_stop, METH_NOARGS, "stop GPU markers (and the event poller)"},
+    {"gpu_pending", (PyCFunction)Observer_gpu_pending, METH_NOARGS, "events not yet seen complete"},
+    {"gpu_state", (PyCFunction)Observer_gpu_state, METH_NOARGS, "GPU tracking's state (None: not started)"},
+    {"release", (PyCFunction)Observer_release, METH_NOARGS, "stop and release the buffer -> False if an op is still in a record"},
+    {"leave", (PyCFunction)Observer_leave, METH_NOARGS, "in a forked child: record nothing more"},
+    {"stats", (PyCFunction)Observer_stats, METH_NOARGS, "counters and cache sizes"},
+    {NULL}
+};
+
+static PyTypeObject ObserverType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gpulab_observer", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit_gpulab_observer(void) {
+    ObserverType.tp_name = "gpulab_observer.Observer";
+    ObserverType.tp_basicsize = sizeof(Observer);
+    ObserverType.tp_flags = Py_TPFLAGS_DEFAULT;
+    ObserverType.tp_new = PyType_GenericNew;
+    ObserverType.tp_init = (initproc)Observer_init;
+    ObserverType.tp_dealloc = (destructor)Observer_dealloc;
+    ObserverType.tp_methods = Observer_methods;
+    if (PyType_Ready(&ObserverType) < 0)
+        return NULL;
+    pthread_atfork(nullptr, nullptr, after_fork_child);
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&ObserverType);
+    if (PyModule_AddObject(m, "Observer", (PyObject *)&ObserverType) < 0) {
+        Py_DECREF(&ObserverType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

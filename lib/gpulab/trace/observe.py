@@ -1,0 +1,152 @@
+"""The recorder's default hot path: a RecordFunction observer (gpulab.trace.native's observer.cpp) that writes
+every op the dispatcher runs into the log, instead of a TorchDispatchMode.
+
+Why: a dispatch mode costs ~5-10 us of Python per op (a real GPU step slowed by half) and, while it is active,
+dynamo compiles nothing; the observer costs well under a microsecond per op, leaves torch.compile, CUDA graphs
+and autocast as they are, and sees what compiled code runs: its aten, extern and custom ops, and (with
+`kernels`, as PyTorch's profiler does by setting torch.autograd.profiler._is_profiler_enabled) each compiled
+graph call and Triton kernel launch by name. The records are the dispatch mode's (gpulab.trace.texts writes the
+texts on each cache miss), so every reader of the log is unchanged; SDPA needs no wrapper (the dispatcher's own
+`aten.scaled_dot_product_attention` is recorded, with the backend's op nested inside it).
+
+This object has the dispatch mode's duck type for gpulab.trace.recorder: __enter__/__exit__, call_wrapper,
+sdpa_wrapper, forget_frames, release, leave_fork.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from typing import Any, Callable
+
+from gpulab.trace import gpumarks, native, texts
+from gpulab.trace.ring import _OFF_COMPLETED, _OFF_DEVICE, _OFF_STARTED
+
+_TRACK = {"ops": 0, "auto": 4, "gpu": 4}   # observer.cpp: 0 plain, 4 GPU markers from the first CUDA op on
+MODES = tuple(_TRACK)
+
+
+def kernels_wanted() -> bool:
+    """GPULAB_TRACE_KERNELS=0 leaves Inductor's launches unnamed (its fast launcher path stays on)."""
+    return os.environ.get("GPULAB_TRACE_KERNELS", "1") not in ("0", "false", "no", "off")
+
+
+class ObserverMode:
+    """One recorder's observer over its log (see the module docstring)."""
+
+    def __init__(self, rec: Any, mod: Any, torch: Any, kernels: bool):
+        mm, lay = rec._mm, rec.layout
+        self._torch = torch
+        self._kernels = kernels
+        self._profiler_flag: bool | None = None
+        self._views = [memoryview(mm)]
+        mv_b = self._views[0]
+        mv_q, mv_h = mv_b.cast("q"), mv_b.cast("h")
+        self._views += [mv_q, mv_h]
+        self._obs = None
+
+        def forget() -> None:
+            if self._obs is not None:
+                self._obs.forget()
+
+        t = texts.op_texts(mm, lay, rec.strings, torch, forget)
+        self._t = t
+
+        start_gpu, _ = gpumarks.gpu_marks(rec, torch, self, t.intern, lambda on: None, mv_q, mv_h)
+
+        def on_cuda() -> None:
+            """The first op on a CUDA tensor ended: pick the GPU mechanism (it calls gpu_start on success)."""
+            start_gpu()
+            self._native_capture_check(rec)
+
+        self._obs = mod.Observer(mm, lay.slots_off, lay.capacity, lay.slot_size, _OFF_STARTED, _OFF_COMPLETED,
+                                 _OFF_DEVICE, t.intern, t.thread_name, t.code_kind, t.site_at, on_cuda,
+                                 tuple(texts.NO_GPU_WORK), _TRACK[rec.mode])
+        self.begin, self.end = self._obs.begin, self._obs.end
+
+    # --------------------------------------------------------------------------- GPU (gpulab.trace.gpumarks)
+    def gpu_start(self, *args, **kw) -> None:
+        self._obs.gpu_start(*args, **kw)
+
+    def gpu_stop(self) -> None:
+        self._obs.gpu_stop()
+
+    def gpu_pending(self) -> int:
+        return self._obs.gpu_pending()
+
+    def gpu_state(self):
+        return self._obs.gpu_state()
+
+    def _native_capture_check(self, rec: Any) -> None:
+        """The observer asks the driver whether a stream is capturing a CUDA graph (no Python per op)."""
+        tracker = rec.tracker
+        fn = getattr(getattr(tracker, "drv", None), "fn", {}).get("cuStreamIsCapturing")
+        if fn is not None:
+            self._obs.set_capturing(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+
+    def stats(self) -> dict:
+        return self._obs.stats()
+
+    # --------------------------------------------------------------------------- the recorder's interface
+    def __enter__(self) -> "ObserverMode":
+        self._obs.install()
+        if self._kernels:
+            prof = getattr(self._torch.autograd, "profiler", None)
+            if prof is not None and hasattr(prof, "_is_profiler_enabled"):
+                self._profiler_flag = prof._is_profiler_enabled
+                prof._is_profiler_enabled = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._obs.remove()
+        if self._profiler_flag is not None:
+            self._torch.autograd.profiler._is_profiler_enabled = self._profiler_flag
+            self._profiler_flag = None
+
+    def call_wrapper(self, orig: Callable, name: bytes, describe: Callable) -> Callable:
+        """A Python-level call (a torch.distributed collective) as one composite record around what the
+        dispatcher runs inside it (see gpulab.trace.dispatch's)."""
+        t, begin, end = self._t, self.begin, self.end
+
+        def wrapper(*args, **kwargs):
+            what = describe(args, kwargs)
+            if what is None:
+                return orig(*args, **kwargs)
+            seq = begin(t.intern(name), t.call_site(), t.args_slow(what)[0], 1)
+            raised = True
+            try:
+                out = orig(*args, **kwargs)
+                raised = False
+            finally:
+                end(seq, raised)
+            return out
+        return functools.update_wrapper(wrapper, orig)
+
+    def sdpa_wrapper(self, orig: Callable) -> Callable:
+        return orig   # the dispatcher's aten.scaled_dot_product_attention is recorded as it runs
+
+    def forget_frames(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self._obs.release()
+        for v in reversed(self._views):
+            v.release()
+
+    def leave_fork(self) -> None:
+        self._obs.leave()
+
+
+def make(rec: Any) -> ObserverMode | None:
+    """The observer for this recorder, or None (not built, turned off, or a mode that needs Python per op)."""
+    if rec.mode not in _TRACK or not rec.native or not getattr(rec, "observer", True):
+        return None
+    mod = native.load_observer()
+    if mod is None:
+        return None
+    import torch
+
+    try:
+        return ObserverMode(rec, mod, torch, kernels_wanted())
+    except (TypeError, ValueError, BufferError, RuntimeError):
+        return None
