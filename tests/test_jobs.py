@@ -16,7 +16,7 @@ import pytest
 from gpulab.hang import merge, watch
 
 FIX = Path(__file__).parent / "fixtures"
-DIST, NCCL = str(FIX / "dist_job.py"), str(FIX / "nccl_job.py")
+DIST, NCCL, TRAIN = str(FIX / "dist_job.py"), str(FIX / "nccl_job.py"), str(FIX / "train_job.py")
 STALL = 3.0
 
 
@@ -141,6 +141,64 @@ def test_two_nodes_each_watched_where_it_runs_and_merged(tmp_path, capsys):
 def test_merge_refuses_a_folder_without_processes(tmp_path, capsys):
     assert merge.main([str(tmp_path)]) == 2
     assert "no followed processes" in capsys.readouterr().err
+
+
+def _line_of(text: str, path: str = TRAIN) -> int:
+    return next(i for i, line in enumerate(Path(path).read_text().splitlines(), 1) if text in line)
+
+
+def train_command(tmp_path: Path, launch: str, scenario: str, wrap: str, *extra: str) -> list[str]:
+    cmd = [TRAIN, scenario, "--wrap", wrap, "--folder", str(tmp_path), *extra]
+    if launch == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *cmd]
+    return [sys.executable, *cmd]
+
+
+def assert_training_verdict(v, cls: str, where: str, program: str, stall: float = STALL) -> None:
+    """The rank that left or skipped and its line, the collective and its number, the class, what to change,
+    the ranks' last progress within the stall window + 5 s of the verdict; the launcher named nowhere."""
+    from gpulab.hang import classify
+
+    assert (v.status, v.cls, v.culprit) == ("hang", cls, "rank 1/2"), v.evidence
+    p = roles(v)
+    d, left = v.divergence, p["rank 1/2"]["collective"]
+    assert d["group"] == "default" and d["waiting"] == ["rank 0/2"] and left["done"] == (d["missing"] != [])
+    assert d["seq"] == left["seq"] + (1 if left["done"] else 0)   # numbered alike on both ranks
+    assert p["rank 0/2"]["collective"]["seq"] == d["seq"] and not p["rank 0/2"]["collective"]["done"]
+    assert f"train_job.py:{_line_of(where)}" in (p["rank 1/2"]["frame"] or ""), p["rank 1/2"]
+    assert program in classify.program_cause(v.cls, v.culprit, v.processes)
+    quiet = min(r["last_progress_s"] for r in v.processes if r["kind"] == "rank")
+    assert quiet + v.capture_s["total"] <= stall + 5, (quiet, v.capture_s)
+    assert not any("_invoke_run" in e or "select" in e.split(":")[0] for e in v.evidence), v.evidence
+
+
+@pytest.mark.parametrize("launch,scenario,wrap,cls,where,program", [
+    ("torchrun", "uneven", "ddp", "uneven_inputs", "time.sleep(0.2)", "model.join()"),
+    ("spawn", "nan", "none", "skipped_collective", "# everyone's checkpoint barrier", "dist.all_reduce(flag"),
+    ("spawn", "barrier", "ddp", "skipped_collective", "# a checkpoint barrier only this rank", "dist.all_reduce(flag"),
+], ids=["ddp_uneven_torchrun", "funcol_nan_guard_spawn", "ddp_barrier_in_a_branch_spawn"])
+def test_training_hangs_named_by_rank_collective_and_line(tmp_path, launch, scenario, wrap, cls, where, program):
+    """Real training loops: DDP's gradient all_reduce (issued in backward, numbered by the flight recorder), the
+    functional collectives' all_reduce + wait_tensor, a checkpoint barrier only one rank reaches."""
+    v = watched(tmp_path, *train_command(tmp_path, launch, scenario, wrap))
+    assert v.divergence["op"] == "all_reduce"
+    assert_training_verdict(v, cls, where, program)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("launch,scenario,wrap,cls,where,program", [
+    ("torchrun", "uneven", "ddp", "uneven_inputs", "time.sleep(0.2)", "model.join()"),
+    ("spawn", "nan", "ddp", "skipped_collective", "# everyone's checkpoint barrier", "dist.all_reduce(flag"),
+    ("torchrun", "nan", "none", "skipped_collective", "# everyone's checkpoint barrier", "dist.all_reduce(flag"),
+    ("spawn", "uneven", "fsdp", "uneven_inputs", "time.sleep(0.2)", "model.join()"),
+], ids=["ddp_uneven_torchrun", "ddp_nan_spawn", "funcol_nan_torchrun", "fsdp_uneven_spawn"])
+def test_training_hangs_on_two_gpus_with_nccl(tmp_path, launch, scenario, wrap, cls, where, program):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("NCCL needs two GPUs (one rank each)")
+    v = watched(tmp_path, *train_command(tmp_path, launch, scenario, wrap, "--backend", "nccl"), stall=5.0)
+    assert_training_verdict(v, cls, where, program, stall=5.0)
 
 
 @pytest.mark.gpu

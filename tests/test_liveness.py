@@ -244,3 +244,19 @@ def test_liveness_run_without_a_heartbeat_uses_cpu(tmp_path):
                           stderr=tmp_path / "e2")
     assert (busy.status, asleep.status) == ("ok", "hang")
     assert asleep.elapsed_s < 10 and asleep.last_progress_s is not None
+
+
+# ------------------------------------------------------------------------------------------ a job's launcher
+
+def test_a_shell_wrapper_that_prints_while_its_ranks_are_stuck_is_no_progress(tmp_path):
+    """A job is judged by its ranks: the shell that started them, printing while it waits, is their supervisor,
+    not their progress (its output counted as progress: such a job ran to its timeout)."""
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    job = f"{sys.executable} {FIX / 'dist_job.py'} stuck & while kill -0 $! 2>/dev/null; do echo waiting; sleep 0.2; done"
+    t0 = time.monotonic()
+    v = watch.run(["bash", "-c", job], stall_s=STALL, timeout_s=45, out_dir=tmp_path / "w", progress=lambda m: None,
+                  stacks=False)
+    assert v.status == "hang", v.evidence
+    assert time.monotonic() - t0 < 40
+    assert (tmp_path / "w" / "stdout.txt").read_text().count("waiting") > 5 * STALL   # it printed all along

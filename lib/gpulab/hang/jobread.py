@@ -304,7 +304,13 @@ def wait_of(frame: str | None, frames: Sequence[str], open_op: Mapping[str, Any]
 
 
 def _open_op(records: Sequence[Any]) -> dict | None:
-    inflight = localize(records)[0] if records else None
+    """The op the process is stuck in: GPU work that never completed first, else the main thread's innermost
+    open op (the program's own call: dist.barrier, not the gloo:barrier a backend thread runs for it), else
+    any thread's."""
+    inflight, _, open_host = localize(records) if records else (None, None, [])
+    main = [r for r in open_host if str(r.thread or "").startswith("MainThread")]
+    if inflight is not None and inflight.t_end is None and main:
+        inflight = max(main, key=lambda r: r.seq)
     if inflight is None:
         return None
     return {"name": inflight.name, "args": shapes_text(inflight.args), "call_site": inflight.call_site or "",
