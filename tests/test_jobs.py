@@ -224,3 +224,17 @@ def _free_port() -> int:
     return port
 
 
+
+
+@pytest.mark.parametrize("workload,head", [
+    ("script:torchrun --standalone --nproc-per-node 2 train.py --lr 1", ["-m", "torch.distributed.run", "--standalone"]),
+    ("script:-m torch.distributed.run --nproc-per-node 2 train.py", ["-m", "torch.distributed.run", "--nproc-per-node"]),
+    ("script:train.py --lr 1", ["train.py", "--lr"]),
+])
+def test_a_launched_job_as_the_chains_workload(workload, head):
+    """`workload=script:torchrun ...` runs the launcher under the interpreter that has gpulab (its console script
+    is torch.distributed.run), so the watchdog records it and follows its ranks."""
+    from gpulab import workloads
+
+    argv = workloads.command(workloads.WorkloadConfig(workload=workload))
+    assert argv[1:1 + len(head)] == head

@@ -285,7 +285,10 @@ def cli_args(cfg: WorkloadConfig) -> list[str]:
 def command(cfg: WorkloadConfig) -> list[str]:
     """argv (the interpreter first) that runs the configured workload as a child process."""
     if cfg.kind == "script":
-        return [interpreter(), *shlex.split(cfg.workload[len("script:"):])]
+        argv = shlex.split(cfg.workload[len("script:"):])
+        if argv[0] == "torchrun":   # the launcher's console script is torch.distributed.run, run by this interpreter
+            argv = ["-m", "torch.distributed.run", *argv[1:]]
+        return [interpreter(), *argv]
     return [interpreter(), "-m", "gpulab.workloads", *cli_args(cfg)]
 
 

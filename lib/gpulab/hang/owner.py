@@ -245,13 +245,15 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
                      "and the runtime's (rule rdna_rocm_memory_faults)")
 
     # 2. a job: the cross-process rules already say whose it is
-    if cls in ("collective_mismatch", "worker_stuck"):
+    if cls in ("collective_mismatch", "worker_stuck", "uneven_inputs", "skipped_collective"):
         row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), {})
         d = v.get("divergence") or {}
         where = row.get("frame") or (f"{d.get('op')} (group {d.get('group')}, seq {d.get('seq')})" if d else "")
         return Owner("program", where or str(v.get("culprit") or "the job"),
-                     "the ranks call different collectives at the same point" if cls == "collective_mismatch" else
-                     "the DataLoader worker blocks in the dataset's own code")
+                     {"collective_mismatch": "the ranks call different collectives at the same point",
+                      "uneven_inputs": "a rank left the training loop the others are still in (uneven inputs)",
+                      "skipped_collective": "a rank skipped a collective the others call"}.get(
+                         cls, "the DataLoader worker blocks in the dataset's own code"))
     if cls == "rank_stuck":
         row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), None)
         if row and row.get("own_code") and not row.get("open_op") and row.get("wait") not in ("cuda_sync",
