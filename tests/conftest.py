@@ -30,7 +30,8 @@ def _has_gpu() -> bool:
 # The files that take longest (seconds of test time on a 2-core CPU machine), handed out first: with
 # `--dist loadfile` a worker takes whole files in collection order, so a long file collected last keeps one
 # worker busy after the other has finished (about 50 s of a 13-minute suite). Order only; nothing is skipped.
-LONGEST_FIRST = ("test_jobs", "test_liveness", "test_oracle", "test_fixes", "test_ladder_bisect", "test_chain",
+LONGEST_FIRST = ("test_jobs", "test_from_capture", "test_liveness", "test_oracle", "test_fixes", "test_ladder_bisect",
+                 "test_chain", "test_watch_long", "test_compiled",
                  "test_fix_selection", "test_script_attention", "test_faults_watch", "test_runner",
                  "test_chain_crash", "test_chain_failing", "test_interrupts", "test_instrument_notebook", "test_trace")
 

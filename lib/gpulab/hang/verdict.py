@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from gpulab.hang import capture, classify, owner
+from gpulab.trace import analysis
 from gpulab.trace.analysis import localize  # noqa: F401 - hang.verdict.localize, as before
 from gpulab.trace.liveness import STATUSES
 
@@ -173,6 +174,23 @@ def driver_call(native_threads: Sequence[capture.Thread]) -> str | None:
     return None
 
 
+def within_facts(inflight: Any, records: Sequence[Any]) -> list[str]:
+    """Where the in-flight record ran: the records it is nested in (a compiled region, a graph call, a user's
+    record_function), and what the recorder cannot see inside a record with nothing open in it."""
+    outer = analysis.enclosing(records, inflight)
+    names = [_get(r, "name") for r in outer] + [_get(inflight, "name")]
+    out = []
+    if outer:
+        chain = " > ".join(f"{_get(r, 'name')} ({_get(r, 'call_site') or '?'})" for r in outer)
+        out.append(f"{_get(inflight, 'name')} ran inside {chain}"
+                   + ("; compiled by torch.compile, which ran as without gpulab" if analysis.compiled_code(names) else ""))
+    if _get(inflight, "kind") == "composite" and _get(inflight, "t_end") is None:
+        out.append(f"no record inside {_get(inflight, 'name')} is open: the host is in code between its ops or in "
+                   f"work the recorder does not see (a kernel torch.compile generated for the CPU, Python code, a "
+                   f"library's own threads); the stacks say where")
+    return out
+
+
 def gpu_facts(inflight: Any, localized: str | None, records: Sequence[Any], api: str | None) -> list[str]:
     """What GPU progress says about where the GPU stopped, in words that do not overclaim: work launched
     outside the dispatcher (a raw Triton or CUDA kernel) is invisible to the recorder."""
@@ -277,6 +295,8 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     else:
         c = classify.classify(evidence)
         cls, facts = c.cls, list(c.facts)
+    if inflight is not None and status != "ok":
+        facts.extend(within_facts(inflight, records))
     if inflight is not None and status in ("hang", "timeout"):
         facts.extend(gpu_facts(inflight, localized, records, api))
     if status in ("hang", "timeout"):

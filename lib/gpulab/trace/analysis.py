@@ -343,6 +343,32 @@ def _field(rec: Any, key: str, default: Any = None) -> Any:
     return rec.get(key, default) if isinstance(rec, Mapping) else getattr(rec, key, default)
 
 
+_COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph", "autograd::engine::evaluate_function:"
+             " CompiledFunctionBackward", "triton_", "cudagraph")
+
+
+def enclosing(records: Sequence[Any], rec: Any) -> list[Any]:
+    """Pure: the records `rec` ran inside, outermost first (a thread's records nest: the nearest earlier record
+    one level up is its parent). Empty when `rec` is at the top or its parents left the ring."""
+    depth, thread = _field(rec, "depth", 0) or 0, _field(rec, "thread")
+    out: list[Any] = []
+    for r in sorted((r for r in records if _field(r, "seq") < _field(rec, "seq") and _field(r, "thread") == thread),
+                    key=lambda r: -_field(r, "seq")):
+        d = _field(r, "depth", 0) or 0
+        if d < depth:
+            out.append(r)
+            depth = d
+            if d == 0:
+                break
+    return out[::-1]
+
+
+def compiled_code(names: Sequence[str]) -> bool:
+    """Whether records of these names are torch.compile's: a compiled region or graph call, or a kernel Inductor
+    generated (named by what it fuses: triton_poi_..., triton_red_...)."""
+    return any(str(n).startswith(_COMPILED) for n in names)
+
+
 def localize(records: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
     """(in-flight record, host-blocked-in record, all open records).
 
