@@ -236,23 +236,28 @@ def _fr_entries(groups: list) -> list:
     import sys
 
     c = getattr(sys.modules["torch"]._C, "_distributed_c10d", None)
-    raw = None
-    for name, args in (("_dump_fr_trace_json", (True, True)), ("_dump_nccl_trace_json", (True, True)),
-                       ("_dump_fr_trace_json", ()), ("_dump_nccl_trace_json", ())):
+    entries, seen = [], set()
+    # CPU backends keep one recorder, NCCL its own (a CUDA build has both): read each that answers
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
         fn = getattr(c, name, None)
-        if fn is None:
-            continue
-        try:
-            raw = fn(*args)
+        for args in ((True, True), ()):
+            if fn is None:
+                break
+            try:
+                raw = fn(*args)
+            except Exception:  # noqa: BLE001 - another signature, or the recorder is off
+                continue
+            try:
+                got = json.loads(raw).get("entries") or [] if raw else []
+            except ValueError:
+                got = []
+            for e in got:
+                key = (tuple(e.get("process_group") or ()), e.get("record_id"), e.get("collective_seq_id"),
+                       e.get("p2p_seq_id"), e.get("profiling_name"))
+                if key not in seen:
+                    seen.add(key)
+                    entries.append(e)
             break
-        except Exception:  # noqa: BLE001 - another signature, or the recorder is off
-            continue
-    if not raw:
-        return []
-    try:
-        entries = json.loads(raw).get("entries") or []
-    except ValueError:
-        return []
     keys = {g["name"]: g["key"] for g in groups}
     out = []
     for e in entries:
