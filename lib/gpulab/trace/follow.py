@@ -42,18 +42,16 @@ _state: dict[str, Any] = {"folder": None, "mode": "auto", "meta": None, "recorde
 def files(folder: str | os.PathLike, pid: int) -> dict[str, Path]:
     base = Path(folder)
     return {"meta": base / f"{pid}.json", "log": base / f"{pid}.log", "beat": base / f"{pid}.beat",
-            "faulthandler": base / f"{pid}.faulthandler.txt", "ask": ask_dir(base) / str(pid),
-            "collectives": base / f"{pid}.collectives.json"}
+            "faulthandler": base / f"{pid}.faulthandler.txt", "collectives": base / f"{pid}.collectives.json"}
 
 
-def ask_dir(folder: str | os.PathLike) -> Path:
-    """Where the job's processes keep their ask FIFOs: outside the job folder, so that nothing that copies or
-    zips the folder ever opens a FIFO (and blocks)."""
+def ask_address(folder: str | os.PathLike, pid: int) -> str:
+    """The abstract Unix socket where a process of the job listens for the watchdog's asks: no file anywhere
+    (nothing to clean up, nothing that copies the folder can block on it), gone when the process is."""
     import hashlib
-    import tempfile
 
     key = hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"gpulab-ask-{os.getuid()}" / key
+    return f"\0gpulab-ask-{key}-{pid}"
 
 
 def child_env(env: dict, folder: str | os.PathLike, mode: str) -> dict:
@@ -205,33 +203,31 @@ def _open_files(folder: Path, how: str) -> None:
     faulthandler.enable(file=fh)
     faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
     ring.create(f["log"], _state["mode"])
-    _answer_asks(f["ask"], f["collectives"])
+    _answer_asks(folder, f["collectives"])
 
 
-def _answer_asks(ask: Path, answer: Path) -> None:
-    """A helper thread that, each time the watchdog writes to the FIFO `ask`, writes this process's collectives
-    as PyTorch numbers them (gpulab.trace.collectives.snapshot: the groups' sequence numbers, the flight
-    recorder) to `answer`. Blocked in open() in between: no CPU; it answers while the main thread waits in a
-    collective, which releases the GIL (a process stuck holding the GIL answers nothing, and says nothing)."""
+def _answer_asks(folder: Path, answer: Path) -> None:
+    """A helper thread that, each time the watchdog asks (a datagram on ask_address), writes this process's
+    collectives as PyTorch numbers them (gpulab.trace.collectives.snapshot: the groups' sequence numbers, the
+    flight recorder) to `answer`. Blocked in recv() in between: no CPU; it answers while the main thread waits
+    in a collective, which releases the GIL (a process stuck holding the GIL answers nothing, and says so by
+    its silence)."""
+    import socket as sk
     import threading
 
+    pid = os.getpid()
     try:
-        ask.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        ask.unlink(missing_ok=True)
-        os.mkfifo(ask, 0o600)
+        sock = sk.socket(sk.AF_UNIX, sk.SOCK_DGRAM)
+        sock.bind(ask_address(folder, pid))
     except (OSError, AttributeError):
         return
-    me = os.getpid()
-    atexit.register(lambda: os.getpid() == me and ask.unlink(missing_ok=True))   # not a fork child's exit
 
     def serve() -> None:
-        pid = os.getpid()
         while os.getpid() == pid:
             try:
-                with open(ask, "rb") as fh:
-                    fh.read(1)
+                sock.recv(16)
             except OSError:
-                return   # the folder is gone: the job is being stopped
+                return
             try:
                 from gpulab.trace import collectives
 
@@ -243,7 +239,7 @@ def _answer_asks(ask: Path, answer: Path) -> None:
                 tmp.write_text(text)
                 os.replace(tmp, answer)
             except OSError:
-                return
+                return   # the folder is gone: the job is being stopped
 
     threading.Thread(target=serve, name="gpulab-ask", daemon=True).start()
 
@@ -251,23 +247,17 @@ def _answer_asks(ask: Path, answer: Path) -> None:
 def ask(folder: str | os.PathLike, pids, timeout_s: float = 2.0) -> dict[int, dict]:
     """The watchdog's side: ask each process (pid -> its answer) for its collectives, all at once, and wait up
     to timeout_s for the answers. A process that does not answer (gone, or holding the GIL) is left out."""
+    import socket as sk
+
     asked: dict[int, float] = {}
-    for pid in pids:
-        f = files(folder, pid)
-        t = time.time()
-        try:
-            fd = os.open(f["ask"], os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:
-            continue   # no reader: not followed, ended, or not answering
-        try:
-            os.write(fd, b"?")
-            asked[pid] = t
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    for pid in pids:   # asked once: the FIFOs go (an answering thread then ends at its next open)
-        files(folder, pid)["ask"].unlink(missing_ok=True)
+    with sk.socket(sk.AF_UNIX, sk.SOCK_DGRAM) as sock:
+        for pid in pids:
+            t = time.time()
+            try:
+                sock.sendto(b"?", ask_address(folder, pid))
+                asked[pid] = t
+            except OSError:
+                continue   # nobody listens: not followed, ended, or from before this mechanism
     out: dict[int, dict] = {}
     deadline = time.monotonic() + timeout_s
     while asked and time.monotonic() < deadline:
@@ -342,8 +332,7 @@ def adopt(folder: str | os.PathLike, mode: str, own: dict[str, str]) -> None:
     os.environ[ENV], os.environ[MODE_ENV] = str(folder), mode
     os.environ["PYTHONPATH"] = site_first(os.environ.get("PYTHONPATH", ""))
     _flight_recorder_on(os.environ)
-    f = files(folder, os.getpid())
-    _answer_asks(f["ask"], f["collectives"])
+    _answer_asks(Path(folder), files(folder, os.getpid())["collectives"])
     label_workers()
 
 
