@@ -43,7 +43,15 @@ for s in "$@"; do case $s in
   smoke)    step smoke 300 python3 -m gpulab run --params params/smoke.yaml --out $RES/smoke/outputs ;;
   ttr)      step ttr ${TTR_LIMIT:-560} python3 benchmarks/bench_time_to_recommendation.py --out $RES/ttr --programs gpu \
               --stall ${TTR_STALL:-8} --limit 270 ${TTR_ARGS:-} ;;
-  pytest)   step pytest 240 python3 -m pytest -q -m gpu -p no:cacheprovider ;;
+  pytest)   step pytest ${PYTEST_LIMIT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} ;;
+  native)   step native 120 python3 -c 'from gpulab.trace import native; print(native.ensure_all() or "observer and hot path built")' ;;
+  realstep) step realstep ${REALSTEP_LIMIT:-480} python3 benchmarks/bench_real_step.py --out $RES/realstep \
+              --rounds ${REALSTEP_ROUNDS:-2} --steps ${REALSTEP_STEPS:-20} --modes ${REALSTEP_MODES:-eager,compiled} \
+              --variants ${REALSTEP_VARIANTS:-none,watch,watch_nokernels,watch_dispatch} ;;
+  compiledhang) step compiledhang 200 python3 -m gpulab watch --stall 10 --out $RES/compiledhang/out \
+              --json $RES/compiledhang/verdict.json -- python3 tests/fixtures/gpu_compiled_spin.py ;;
+  eagerhang) step eagerhang 120 python3 -m gpulab watch --stall 8 --out $RES/eagerhang/out \
+              --json $RES/eagerhang/verdict.json -- python3 tests/fixtures/gpu_threshold_spin.py --n 80 ;;
   bisect)   step bisect 420 python3 benchmarks/bench_bisect.py --out $RES/bisect --parts gpu ;;
   *) echo "unknown step $s" ;;
 esac; done

@@ -66,8 +66,9 @@ def test_compiled_step_on_the_gpu_compiles_the_same_under_the_recorder(tmp_path)
     assert {k: v for k, v in runs["plain"].items() if k != "frames_ok"} == \
            {k: v for k, v in runs["recorded"].items() if k != "frames_ok"}
     snap = trace.read(tmp_path / "ops.log")
-    kernels = [r for r in snap.records if r.name.startswith("triton_")]
-    assert kernels and any(r.gpu_done for r in kernels), [r.name for r in snap.records][-40:]   # named, tracked
+    kernels = [r for r in snap.records if r.name.startswith("triton_")]   # Inductor's, named and tracked
+    assert kernels and any(r.gpu_done for r in kernels) and all("compiled_step.py" in r.call_site for r in kernels), \
+        [(r.name, r.call_site) for r in snap.records][-40:]
 
 
 @pytest.mark.gpu

@@ -3,9 +3,8 @@ every op the dispatcher runs into the log, instead of a TorchDispatchMode.
 
 Why: a dispatch mode costs ~5-10 us of Python per op (a real GPU step slowed by half) and, while it is active,
 dynamo compiles nothing; the observer costs well under a microsecond per op, leaves torch.compile, CUDA graphs
-and autocast as they are, and sees what compiled code runs: its aten, extern and custom ops, and (with
-`kernels`, as PyTorch's profiler does by setting torch.autograd.profiler._is_profiler_enabled) each compiled
-graph call and Triton kernel launch by name. The records are the dispatch mode's (gpulab.trace.texts writes the
+and autocast as they are, and sees what compiled code runs: its compiled regions, its aten, extern and custom ops, and (gpulab.trace.kernels)
+each Triton kernel it launches, by name. The records are the dispatch mode's (gpulab.trace.texts writes the
 texts on each cache miss), so every reader of the log is unchanged; SDPA needs no wrapper (the dispatcher's own
 `aten.scaled_dot_product_attention` is recorded, with the backend's op nested inside it).
 
@@ -16,29 +15,23 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from typing import Any, Callable
 
-from gpulab.trace import gpumarks, native, texts
+from gpulab.trace import gpumarks, kernels, native, texts
 from gpulab.trace.ring import _OFF_COMPLETED, _OFF_DEVICE, _OFF_STARTED
 
 _TRACK = {"ops": 0, "auto": 4, "gpu": 4}   # observer.cpp: 0 plain, 4 GPU markers from the first CUDA op on
 MODES = tuple(_TRACK)
 
 
-def kernels_wanted() -> bool:
-    """GPULAB_TRACE_KERNELS=0 leaves Inductor's launches unnamed (its fast launcher path stays on)."""
-    return os.environ.get("GPULAB_TRACE_KERNELS", "1") not in ("0", "false", "no", "off")
-
-
 class ObserverMode:
     """One recorder's observer over its log (see the module docstring)."""
 
-    def __init__(self, rec: Any, mod: Any, torch: Any, kernels: bool):
+    def __init__(self, rec: Any, mod: Any, torch: Any, name_kernels: bool):
         mm, lay = rec._mm, rec.layout
         self._torch = torch
-        self._kernels = kernels
-        self._profiler_flag: bool | None = None
+        self._kernels = name_kernels
+        self._undo_kernels: Callable[[], None] | None = None
         self._views = [memoryview(mm)]
         mv_b = self._views[0]
         mv_q, mv_h = mv_b.cast("q"), mv_b.cast("h")
@@ -91,17 +84,14 @@ class ObserverMode:
     def __enter__(self) -> "ObserverMode":
         self._obs.install()
         if self._kernels:
-            prof = getattr(self._torch.autograd, "profiler", None)
-            if prof is not None and hasattr(prof, "_is_profiler_enabled"):
-                self._profiler_flag = prof._is_profiler_enabled
-                prof._is_profiler_enabled = True
+            self._undo_kernels = kernels.install(self._obs, self._t.intern, self._t.gen)
         return self
 
     def __exit__(self, *exc) -> None:
         self._obs.remove()
-        if self._profiler_flag is not None:
-            self._torch.autograd.profiler._is_profiler_enabled = self._profiler_flag
-            self._profiler_flag = None
+        if self._undo_kernels is not None:
+            self._undo_kernels()
+            self._undo_kernels = None
 
     def call_wrapper(self, orig: Callable, name: bytes, describe: Callable) -> Callable:
         """A Python-level call (a torch.distributed collective) as one composite record around what the
@@ -147,6 +137,6 @@ def make(rec: Any) -> ObserverMode | None:
     import torch
 
     try:
-        return ObserverMode(rec, mod, torch, kernels_wanted())
+        return ObserverMode(rec, mod, torch, kernels.wanted())
     except (TypeError, ValueError, BufferError, RuntimeError):
         return None

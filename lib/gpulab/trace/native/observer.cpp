@@ -73,6 +73,7 @@ struct NameInfo {
     std::string key;          /* name \0 overload */
     uint32_t sid = 0;
     bool nomark = false;      /* a view or an allocation: no kernel, no GPU marker */
+    bool view = false;        /* aliases an input without writing it: metadata only */
     bool skip = false;        /* the profiler's own bookkeeping ops: not recorded */
     bool schema = false;      /* positional arguments known: the rest are dropped as the dispatch mode drops them */
     size_t positional = 0;
@@ -126,6 +127,8 @@ struct State {
     std::atomic<uint64_t> gen{1};
     std::atomic<int> track{kTrackPlain};
     std::atomic<bool> device_set{false};
+    int ablate = 0;   /* diagnostics (GPULAB_TRACE_ABLATE): 1 no call sites, 2 no argument summaries, 4 no GPU markers */
+    std::atomic<int64_t> markers{0}, native_marks{0}, python_marks{0};
     pid_t owner = 0;
     bool frames = false;
     Gpu *gpu = nullptr;
@@ -153,7 +156,20 @@ thread_local std::vector<Open> t_open;
 thread_local uint32_t t_thread_sid = 0;
 thread_local uint64_t t_thread_gen = 0;
 thread_local std::string t_key;
-thread_local bool t_inside = false;   /* in the observer's own code: an op it causes is not the program's */
+thread_local bool t_inside = false;
+/* this thread's newest GPU marker: the record it was for, when (steady ns) and on which stream entry */
+thread_local int64_t t_mark_seq = -1;
+thread_local int64_t t_mark_ns = 0;
+thread_local int16_t t_mark_stream = -1;
+/* a composite that ends within this of its last op's marker launched nothing after it: a kernel launch takes
+   several microseconds of host time, so that marker also tells when the composite's GPU work completed */
+constexpr int64_t kNoLaunchNs = 1500;
+
+int64_t steady_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}   /* in the observer's own code: an op it causes is not the program's */
 
 /* ------------------------------------------------------------------------------------------ texts */
 
@@ -588,7 +604,7 @@ NameInfo *name_info(State *s, const at::RecordFunction &fn, bool *missed) {
                         view = true;
                     ni->args.push_back(std::move(ai));
                 }
-                ni->nomark = view;
+                ni->nomark = ni->view = view;
             }
         } catch (...) {
             ni->schema = false;
@@ -679,7 +695,7 @@ uint32_t site_sid(State *s) {
         return 0;
     void *codes[kMaxFrames];
     int lastis[kMaxFrames];
-    int n = gpulab_frames(codes, lastis, kMaxFrames);
+    int n = gpulab_frames(codes, lastis, kMaxFrames);   /* innermost first; a user's frame is usually within 8 */
     if (n <= 0)
         return 0;
     int user = -1;
@@ -859,9 +875,14 @@ void gpu_after(State *s, Ctx *c) {
         track = s->track.load(std::memory_order_relaxed);
     }
     Gpu *g = s->gpu;
-    if (track != kTrackGpu || g == nullptr || c->nomark || c->dev == -1 ||
+    if (track != kTrackGpu || g == nullptr || c->nomark || c->dev == -1 || (s->ablate & 4) ||
         __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
         return;
+    if (c->slot[43] == 1 && t_mark_seq > c->seq && steady_ns() - t_mark_ns < kNoLaunchNs) {
+        memcpy(c->slot + 40, &t_mark_stream, 2);   /* its last op's marker covers it (see kNoLaunchNs) */
+        return;
+    }
+    s->markers.fetch_add(1, std::memory_order_relaxed);
     uintptr_t handle = 0;
     int capturing = 0;
     int32_t dev = c->dev;
@@ -871,21 +892,33 @@ void gpu_after(State *s, Ctx *c) {
         if (dev < 0)
             dev = s->current_device();
         GStream *e = gpu_find_stream(g, handle, dev);
-        if (e != nullptr) {
-            gpu_emit(g, e, handle, c->seq, c->slot);   /* errors that stop tracking call Python: rare */
-            return;
+        s->native_marks.fetch_add(1, std::memory_order_relaxed);
+        if (e == nullptr) {
+            Gil gil;
+            if (!gil.ok)
+                return;
+            e = gpu_stream(g, handle, dev);
+            if (e == nullptr || __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
+                return;
         }
-        Gil gil;
-        if (!gil.ok)
-            return;
-        e = gpu_stream(g, handle, dev);
-        if (e != nullptr && !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
-            gpu_emit(g, e, handle, c->seq, c->slot);
+        if (gpu_emit(g, e, handle, c->seq, c->slot)) {   /* errors that stop tracking call Python: rare */
+            t_mark_seq = c->seq;
+            t_mark_ns = steady_ns();
+            t_mark_stream = (int16_t)e->index;
+        }
         return;
     }
+    s->python_marks.fetch_add(1, std::memory_order_relaxed);
     Gil gil;
     if (gil.ok)
         gpu_mark(g, c->seq, dev, c->slot);
+}
+
+int32_t first_device(c10::ArrayRef<const c10::IValue> in) {
+    for (const auto &v : in)
+        if (v.isTensor() && v.toTensor().defined())
+            return v.toTensor().device().is_cuda() ? v.toTensor().device().index() : -1;
+    return -2;
 }
 
 /* an op on meta tensors: torch.compile tracing with fake tensors (their storage is meta), not program work */
@@ -908,16 +941,19 @@ std::unique_ptr<at::ObserverContext> enter(State *s, const at::RecordFunction &f
     for (int tries = 0; tries < 3; tries++) {   /* again if the string table wrapped meanwhile (ids went stale) */
         uint64_t gen = s->gen.load(std::memory_order_acquire);
         ni = name_info(s, fn, &missed);
-        if (ni->skip || on_meta(fn.inputs()))
-            return nullptr;
+        if (ni->skip || (ni->view && !t_open.empty()) || on_meta(fn.inputs()))
+            return nullptr;   /* a view inside an op (transpose's as_strided) is metadata of the op around it */
         nsid = ni->sid;
-        ai = args_info(s, ni, fn);
+        if (!(s->ablate & 2))
+            ai = args_info(s, ni, fn);
+        else
+            ai.dev = first_device(fn.inputs());
         if (!t_open.empty()) {
             const char *outer = t_open.back().slot;
             if (*(uint32_t *)(outer + 24) == nsid && *(uint32_t *)(outer + 32) == ai.sid)
                 return nullptr;   /* a Python dispatch mode (a fix's, a planted fault's) running the same op again */
             ssid = *(uint32_t *)(outer + 28);   /* nested: the outer record's call site */
-        } else {
+        } else if (!(s->ablate & 1)) {
             ssid = site_sid(s);
         }
         tsid = thread_sid(s);
@@ -1038,6 +1074,8 @@ static int Observer_init(Observer *self, PyObject *args, PyObject *kw) {
     s->track.store(track);
     s->owner = getpid();
     s->frames = gpulab_frames_supported() != 0;
+    const char *ab = getenv("GPULAB_TRACE_ABLATE");
+    s->ablate = ab ? atoi(ab) : 0;
     PyObject *o[] = {intern, on_thread, on_code, on_site, on_cuda, nogpu};
     PyObject **dst[] = {&s->intern, &s->on_thread, &s->on_code, &s->on_site, &s->on_cuda, &s->nogpu};
     for (int i = 0; i < 6; i++) {
@@ -1129,6 +1167,69 @@ static PyObject *Observer_end(Observer *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Observer_kernel_begin(Observer *self, PyObject *const *argv, Py_ssize_t nargs) {
+    /* a kernel launched outside the dispatcher (Inductor's Triton launches): begin(name_sid) -> seq, with the
+       call site read here; GIL held */
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "kernel_begin(name_sid)");
+        return NULL;
+    }
+    State *s = self->s;
+    if (s == nullptr || !self->has_view || !s->active.load(std::memory_order_relaxed)) {
+        return PyLong_FromLong(-1);
+    }
+    unsigned long nsid = PyLong_AsUnsignedLong(argv[0]);
+    if (PyErr_Occurred())
+        return NULL;
+    uint32_t ssid = t_open.empty() ? site_sid(s) : *(uint32_t *)(t_open.back().slot + 28);
+    uint32_t tsid = thread_sid(s);
+    int64_t seq = s->seq.fetch_add(1, std::memory_order_relaxed);
+    write_slot(s, seq, (uint32_t)nsid, ssid, 0, tsid, 0);
+    return PyLong_FromLongLong(seq);
+}
+
+static PyObject *Observer_kernel_end(Observer *self, PyObject *const *argv, Py_ssize_t nargs) {
+    /* kernel_end(seq, stream_handle, device, raised): its GPU marker on that stream, then the record ends */
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "kernel_end(seq, stream_handle, device, raised)");
+        return NULL;
+    }
+    long long seq = PyLong_AsLongLong(argv[0]);
+    unsigned long long handle = PyLong_AsUnsignedLongLongMask(argv[1]);
+    long dev = PyLong_AsLong(argv[2]);
+    int raised = PyObject_IsTrue(argv[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    State *s = self->s;
+    if (seq < 0 || s == nullptr || !self->has_view)
+        Py_RETURN_NONE;
+    char *sl = slot_of(s, seq);
+    if (!raised && dev >= 0) {
+        if (s->track.load() == kTrackWaitCuda) {
+            s->track.store(kTrackPlain);
+            PyObject *r = PyObject_CallNoArgs(s->on_cuda);
+            Py_XDECREF(r);
+            PyErr_Clear();
+        }
+        Gpu *g = s->gpu;
+        int status = 0;
+        bool capturing = s->is_capturing && s->is_capturing((void *)(uintptr_t)handle, &status) == 0 && status != 0;
+        if (s->track.load() == kTrackGpu && g != nullptr && !capturing && !(s->ablate & 4) &&
+            !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED)) {
+            GStream *e = gpu_stream(g, (uintptr_t)handle, dev);
+            if (e != nullptr && !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED) &&
+                gpu_emit(g, e, (uintptr_t)handle, seq, sl)) {
+                s->markers.fetch_add(1, std::memory_order_relaxed);
+                t_mark_seq = seq;
+                t_mark_ns = steady_ns();
+                t_mark_stream = (int16_t)e->index;
+            }
+        }
+    }
+    close_slot(s, seq, sl, raised != 0);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Observer_set_track(Observer *self, PyObject *arg) {
     long t = PyLong_AsLong(arg);
     if (t == -1 && PyErr_Occurred())
@@ -1181,9 +1282,7 @@ static PyObject *Observer_gpu_start(Observer *self, PyObject *args, PyObject *kw
 static PyObject *Observer_gpu_stop(Observer *self, PyObject *unused) {
     if (self->s && self->s->gpu) {
         self->s->track.store(kTrackPlain);
-        Py_BEGIN_ALLOW_THREADS
-        gpu_stop(self->s->gpu);
-        Py_END_ALLOW_THREADS
+        gpu_stop(self->s->gpu);   /* it lets the GIL go while it joins the poller */
     }
     Py_RETURN_NONE;
 }
@@ -1230,11 +1329,13 @@ static PyObject *Observer_stats(Observer *self, PyObject *unused) {
     if (s == nullptr)
         Py_RETURN_NONE;
     std::lock_guard<std::mutex> g(s->mu);
-    return Py_BuildValue("{s:L,s:K,s:n,s:n,s:n,s:i,s:i,s:i}", "seq", (long long)s->seq.load(), "misses",
-                         (unsigned long long)s->misses, "names", (Py_ssize_t)s->names.size(), "signatures",
+    return Py_BuildValue("{s:L,s:K,s:n,s:n,s:n,s:i,s:i,s:i,s:i,s:L,s:L,s:L}", "seq", (long long)s->seq.load(),
+                         "misses", (unsigned long long)s->misses, "names", (Py_ssize_t)s->names.size(), "signatures",
                          (Py_ssize_t)s->args.size(), "sites", (Py_ssize_t)s->sites.size(), "frames", (int)s->frames,
-                         "native_streams", (int)(s->get_stream && s->stream_handle), "inflight",
-                         s->inflight.load());
+                         "native_streams", (int)(s->get_stream && s->stream_handle), "capture_check",
+                         (int)(s->is_capturing != nullptr), "inflight", s->inflight.load(), "markers",
+                         (long long)s->markers.load(), "native_marks", (long long)s->native_marks.load(),
+                         "python_marks", (long long)s->python_marks.load());
 }
 
 static void Observer_dealloc(Observer *self) {
@@ -1259,6 +1360,10 @@ static PyMethodDef Observer_methods[] = {
     {"remove", (PyCFunction)Observer_remove, METH_NOARGS, "stop recording"},
     {"begin", (PyCFunction)Observer_begin, METH_VARARGS, "begin(name_sid, site_sid, args_sid, kind=1) -> seq"},
     {"end", (PyCFunction)Observer_end, METH_VARARGS, "end(seq, raised=False)"},
+    {"kernel_begin", (PyCFunction)(void (*)(void))Observer_kernel_begin, METH_FASTCALL,
+     "kernel_begin(name_sid) -> seq: a kernel launched outside the dispatcher, as a record"},
+    {"kernel_end", (PyCFunction)(void (*)(void))Observer_kernel_end, METH_FASTCALL,
+     "kernel_end(seq, stream_handle, device, raised): its GPU marker, then the record ends"},
     {"set_track", (PyCFunction)Observer_set_track, METH_O, "0 plain, 1 GPU markers, 4 start GPU tracking at the first CUDA op"},
     {"set_capturing", (PyCFunction)Observer_set_capturing, METH_O, "cuStreamIsCapturing's address"},
     {"forget", (PyCFunction)Observer_forget, METH_NOARGS, "the string table wrapped: drop cached ids"},

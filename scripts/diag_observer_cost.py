@@ -1,0 +1,102 @@
+"""Where the observer's per-step cost goes, in one process: a GPT-2-small-like step (benchmarks/gpt_step.py),
+eager and compiled, timed with no recorder and with the recorder in each configuration: mode ops (no GPU
+markers), auto (markers), and auto with parts of each record switched off (GPULAB_TRACE_ABLATE: 1 no call
+sites, 2 no argument summaries, 4 no GPU markers), and the dispatch-mode recorder for reference. Prints per
+configuration the median step, the records per step and the observer's counters.
+
+  python scripts/diag_observer_cost.py [--steps N] [--modes eager,compiled] [--tiny]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import torch  # noqa: E402
+
+import gpt_step  # noqa: E402
+from gpulab import trace  # noqa: E402
+from gpulab.trace import native  # noqa: E402
+
+CONFIGS = [("none", None, {}), ("ops", "ops", {}), ("auto", "auto", {}), ("auto-nosite", "auto", {"GPULAB_TRACE_ABLATE": "1"}),
+           ("auto-noargs", "auto", {"GPULAB_TRACE_ABLATE": "2"}), ("auto-nomarks", "auto", {"GPULAB_TRACE_ABLATE": "4"}),
+           ("auto-bare", "auto", {"GPULAB_TRACE_ABLATE": "7"}), ("auto-nokernels", "auto", {"GPULAB_TRACE_KERNELS": "0"}),
+           ("dispatch-auto", "auto", {"GPULAB_TRACE_OBSERVER": "0"})]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--modes", default="eager,compiled")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--configs", default=",".join(c[0] for c in CONFIGS))
+    a = ap.parse_args()
+    print(native.ensure_all() or "built", flush=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    tiny = a.tiny or dev == "cpu"
+    cfg = dict(vocab=512, ctx=64, d=64, layers=2, heads=4) if tiny else dict(vocab=50304, ctx=1024, d=768, layers=12,
+                                                                               heads=12)
+    batch = 4 if tiny else 8
+    wanted = a.configs.split(",")
+    for mode in a.modes.split(","):
+        torch.manual_seed(0)
+        model = gpt_step.GPT(**cfg).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev == "cuda")
+        fwd = torch.compile(model) if mode == "compiled" else model
+        idx = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
+        tgt = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
+
+        def step():
+            with torch.autocast(dev, dtype=torch.bfloat16):
+                loss = fwd(idx, tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.item()
+
+        for _ in range(5):
+            step()
+        for name, rmode, env in CONFIGS:
+            if name not in wanted:
+                continue
+            old = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            rec = None
+            try:
+                if rmode is not None:
+                    rec = trace.Recorder(Path(tempfile.mkdtemp()) / "ops.log", rmode).install()
+                for _ in range(3):
+                    step()
+                s0 = rec._mode_obj.stats() if rec is not None and rec.hot_path == "observer" else None
+                seq0 = trace.progress(rec.log).started if rec is not None else 0
+                times = []
+                for _ in range(a.steps):
+                    t0 = time.perf_counter()
+                    step()
+                    times.append(time.perf_counter() - t0)
+                per = (trace.progress(rec.log).started - seq0) / a.steps if rec is not None else 0
+                st = rec._mode_obj.stats() if s0 is not None else None
+                delta = {k: round((st[k] - s0[k]) / a.steps, 1) for k in ("markers", "native_marks", "python_marks", "misses")} \
+                    if st else {}
+                extra = {k: st[k] for k in ("native_streams", "capture_check", "frames")} if st else {}
+                print(f"{mode:9} {name:15} {statistics.median(times) * 1e3:8.2f} ms  records/step {per:7.0f}  "
+                      f"{rec.hot_path if rec else '':9} {rec.gpu_path if rec else ''} per step {delta} {extra}", flush=True)
+            finally:
+                if rec is not None:
+                    rec.close()
+                for k, v in old.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
+
+if __name__ == "__main__":
+    main()
