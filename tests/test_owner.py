@@ -229,3 +229,19 @@ def test_a_fault_planted_inside_an_aten_kernel_stays_a_librarys(tmp_path):
     assert v.status == "crash" and v.in_flight_op["name"] == "aten.addmm.default", v.evidence
     assert v.owner["kind"] == "library" and "aten.addmm" in v.owner["where"] and "PyTorch" in v.owner["where"]
     assert "upstream" in owner.next_step(v.owner) and "mm_loop.py:5" in v.owner["where"]
+
+
+@pytest.mark.parametrize("name,registered,kind", [
+    ("smooth_kernel_0", {"kernel:smooth_kernel": "/work/proj/train.py:12"}, "program"),   # the program's @triton.jit
+    ("triton_poi_fused_relu_0", {}, "library"),                                           # Inductor generated it
+    ("mystery_kernel", {}, None),                                                          # not known: not decided here
+])
+def test_a_kernel_launch_in_flight_is_owned_by_who_defined_it(name, registered, kind):
+    from gpulab.hang.owner import kernel_owner
+
+    v = {"status": "hang", "class": "unknown", "in_flight_op": {"name": name, "call_site": "train.py:40 in main",
+                                                                "gpu_done": False}}
+    got = kernel_owner(v, registered)
+    assert (got.kind if got else None) == kind
+    if got:
+        assert "train.py:40" in got.where
