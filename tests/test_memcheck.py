@@ -129,7 +129,8 @@ def test_the_programs_own_kernel_is_pinned_with_its_address(tmp_path, program, n
     assert v.memcheck["ran"] and v.memcheck["errors"], v.memcheck
     first = v.memcheck["errors"][0]
     assert kernel in first["kernel"] and first["address"] and first["block"] and first["thread"]
-    assert first["access"] == "write" and first["size"] == 4
+    # float32 elements; Triton may vectorize the store (on the H100 it wrote 8 bytes per thread)
+    assert first["access"] == "write" and first["size"] in (4, 8, 16)
     assert kernel in v.owner["where"] or source in v.owner["where"]
 
 

@@ -22,10 +22,11 @@ pytestmark = pytest.mark.usefixtures("native_hot_path")
 def _record(log: Path, n_ops: int, capacity: int = ring.DEFAULT_CAPACITY, mode: str = "ops"):
     import torch
 
-    with trace.Recorder(log, mode, capacity=capacity) as rec:
-        x = torch.zeros(4)
+    one = torch.ones(4)
+    with trace.Recorder(log, mode, capacity=capacity) as rec:   # ops that run no op inside them: a record each
+        x = torch.empty(4)
         for _ in range(n_ops - 1):
-            x = x + 1
+            x = x + one
     rec.close()
     return trace.read(log)
 

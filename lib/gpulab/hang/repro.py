@@ -12,6 +12,7 @@ a hang or crash) is kept, and the report says when none does.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -185,9 +186,42 @@ def sources_for(records: Sequence[Any], command: Sequence[str], cwd: Path) -> tu
 
 # ------------------------------------------------------------------------------------ verification
 
-def _replayable(records: Sequence[Any]) -> list[Any]:
-    """Leaf ops only: the recorder's composite SDPA records wrap ops that are recorded themselves."""
-    return [r for r in records if (_get(r, "kind") or "op") == "op"]
+_OP_NAME = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*\.[A-Za-z_]\w*$")   # ns.op.overload, as torch prints an op
+
+
+def replayable(records: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """(record to replay, the record it stands for) per replayed call, in order: the outermost ops (replaying an
+    op runs what it ran inside it); inside a record that is no op (a compiled region, a torch.distributed call,
+    a record_function scope) the ops it ran. A record nested in a replayed op stands for that op."""
+    out: list[tuple[Any, Any]] = []
+    stacks: dict = {}   # thread -> [(depth, record, replayed record or None)]
+    for r in sorted(records, key=lambda r: _get(r, "seq")):
+        depth = _get(r, "depth") or 0
+        stack = stacks.setdefault(_get(r, "thread"), [])
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        inside = next((rep for _, _, rep in reversed(stack) if rep is not None), None)
+        if inside is not None:
+            stack.append((depth, r, inside))
+            out.append((inside, r))
+            continue
+        rep = r if _OP_NAME.match(str(_get(r, "name") or "")) else None
+        stack.append((depth, r, rep))
+        if rep is not None:
+            out.append((r, r))
+    return out
+
+
+def replay_ops(records: Sequence[Any], seq: int | None = None) -> tuple[list[Any], int | None]:
+    """The records to replay, and the seq of the one that stands for record `seq`."""
+    pairs = replayable(records)
+    stands = next((_get(rep, "seq") for rep, r in pairs if _get(r, "seq") == seq), None)
+    seen, ops = set(), []
+    for rep, _ in pairs:
+        if _get(rep, "seq") not in seen:
+            seen.add(_get(rep, "seq"))
+            ops.append(rep)
+    return ops, stands
 
 
 def make(v: Verdict, records: Sequence[Any], out_dir: str | Path, *, stall_s: float = 10.0,
@@ -205,8 +239,8 @@ def make(v: Verdict, records: Sequence[Any], out_dir: str | Path, *, stall_s: fl
                f"loading, Python code), so the program itself is the repro (bisection's repro.sh, when it ran, "
                f"is its smallest failing form)")
         return _save(out, ReproResult(None, (), target, why))
-    seq = v.in_flight_op.get("seq")
-    ordered = sorted(_replayable(records), key=lambda r: _get(r, "seq"))
+    ordered, seq = replay_ops(records, v.in_flight_op.get("seq"))
+    seq = v.in_flight_op.get("seq") if seq is None else seq
     upto = [r for r in ordered if _get(r, "seq") <= seq][-MAX_SUFFIX:]
     if not upto or _get(upto[-1], "seq") != seq:
         return _save(out, ReproResult(None, (), target, f"op {seq} ({target_op}) is not in the op log any more "

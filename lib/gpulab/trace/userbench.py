@@ -114,7 +114,9 @@ def standard_variants(device: str) -> list[Variant]:
     cuda = str(device).startswith("cuda")
     out = [Variant("none", wrapper="none", note="no dispatch mode"),
            Variant("passthrough", wrapper="passthrough", note="bare pass-through TorchDispatchMode (reference)"),
-           Variant("ops", mode="ops", note="gpulab crash-safe ring (native hot path when built)"),
+           Variant("ops", mode="ops", note="gpulab crash-safe ring (the RecordFunction observer when built)"),
+           Variant("ops_dispatch", mode="ops", env=(("GPULAB_TRACE_OBSERVER", "0"),),
+                   note="gpulab ops from the TorchDispatchMode's C hot path (the recorder before the observer)"),
            Variant("ops_python", mode="ops", env=(("GPULAB_TRACE_NATIVE", "0"),),
                    note="gpulab ops with the pure-Python hot path (no compiler)"),
            Variant("auto", mode="auto", note="default: ops until CUDA, then GPU progress (best mechanism)")]
