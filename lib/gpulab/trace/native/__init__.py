@@ -31,6 +31,12 @@ OBSERVER = SOURCE.with_name("observer.cpp")
 FRAMES = SOURCE.with_name("pyframes.c")
 MODULE = "gpulab_hotpath"
 OBSERVER_MODULE = "gpulab_observer"
+# hidden symbols: the module exports only PyInit (its C++ template copies never stand in for torch's);
+# initial-exec TLS: no __tls_get_addr call per thread-local read on the hot path; NDEBUG: torch's release
+# headers (a debug build of observer.cpp would see other class layouts)
+C_FLAGS = ("-O2", "-fPIC", "-fvisibility=hidden")
+CXX_FLAGS = ("-O2", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", "-w", "-fvisibility=hidden",
+             "-fvisibility-inlines-hidden", "-ftls-model=initial-exec")
 _LOADED: dict[str, ModuleType | None] = {}
 
 
@@ -93,7 +99,7 @@ def observer_artifact() -> Path | None:
     version = (tdir / "version.py")
     stamp = version.read_bytes() if version.exists() else b""
     digest = hashlib.sha256(OBSERVER.read_bytes() + FRAMES.read_bytes() + HEADER.read_bytes() + sys.version.encode()
-                            + str(tdir).encode() + stamp).hexdigest()[:16]
+                            + str(tdir).encode() + stamp + " ".join(C_FLAGS + CXX_FLAGS).encode()).hexdigest()[:16]
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return _cache_root() / f"{OBSERVER_MODULE}-{digest}{suffix}"
 
@@ -204,11 +210,11 @@ def ensure_observer(timeout_s: float = 240.0) -> tuple[Path | None, str]:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     obj = path.with_name(f".{path.name}.{os.getpid()}.frames.o")
     try:
-        r = proc.run([cc, "-O2", "-fPIC", "-c", f"-I{include}", "-o", str(obj), str(FRAMES)],
+        r = proc.run([cc, *C_FLAGS, "-c", f"-I{include}", "-o", str(obj), str(FRAMES)],
                      timeout_s=timeout_s, capture=True, label="cc pyframes")
         if r.returncode == 0:
             lib = tdir / "lib"
-            r = proc.run([cxx, "-O2", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={flag[0]}",
+            r = proc.run([cxx, *CXX_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={flag[0]}",
                           f"-I{tdir / 'include'}", f"-I{include}", str(OBSERVER), str(obj), f"-L{lib}", "-lc10",
                           "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(tmp)],
                          timeout_s=timeout_s, capture=True, label="c++ observer")

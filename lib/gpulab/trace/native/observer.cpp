@@ -52,12 +52,25 @@ double now_s() {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+inline uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v * 0x9E3779B97F4A7C15ull;
+    h = (h << 31) | (h >> 33);
+    return h * 0xFF51AFD7ED558CCDull;
+}
+
+/* a hash of n bytes, eight at a time (the per-op keys are 30-300 bytes) */
 uint64_t fnv(const char *p, size_t n, uint64_t h = 1469598103934665603ull) {
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 1099511628211ull;
+    size_t len = n;
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        h = mix(h, v);
+        p += 8;
+        n -= 8;
     }
-    return h;
+    uint64_t v = 0;
+    memcpy(&v, p, n);
+    return mix(h, v ^ ((uint64_t)len << 56));
 }
 
 /* how an argument is shown when its IValue alone does not say it (an int that is a dtype) */
@@ -104,7 +117,35 @@ struct Ctx : public at::ObserverContext {
     int32_t dev = -1;
     int exc = 0;
     bool nomark = false;
+    Ctx *next_free = nullptr;
+    /* from the thread's free list: RecordFunction frees each op's context, so it would be an allocation per op */
+    static void *operator new(size_t n);
+    static void operator delete(void *p);
 };
+
+thread_local Ctx *t_free_ctx = nullptr;
+thread_local int t_free_count = 0;
+
+void *Ctx::operator new(size_t n) {
+    Ctx *c = t_free_ctx;
+    if (c != nullptr && n == sizeof(Ctx)) {
+        t_free_ctx = c->next_free;
+        t_free_count--;
+        return c;
+    }
+    return ::operator new(n);
+}
+
+void Ctx::operator delete(void *p) {
+    if (t_free_count < 256) {   /* a context may end on another thread (async ops): that thread keeps it */
+        Ctx *c = static_cast<Ctx *>(p);
+        c->next_free = t_free_ctx;
+        t_free_ctx = c;
+        t_free_count++;
+        return;
+    }
+    ::operator delete(p);
+}
 
 /* c10::Stream's layout: Device {DeviceType, DeviceIndex} then StreamId (returned in registers) */
 struct RawStream {
@@ -151,6 +192,26 @@ struct State {
 std::atomic<State *> g_state{nullptr};
 /* generations are unique across observers: a thread's cached ids (thread_sid) never outlive their log */
 std::atomic<uint64_t> g_gen{1};
+
+/* per thread, in front of the shared maps (a hit takes no lock): direct-mapped, checked by key and generation */
+constexpr size_t kLocal = 512;
+struct LocalName { uint64_t h = 0, gen = 0; NameInfo *ni = nullptr; };
+struct LocalArgs { uint64_t h = 0, gen = 0; ArgsInfo *ai = nullptr; };
+struct LocalCode { const void *code = nullptr; uint64_t gen = 0; int8_t kind = -1; };
+struct LocalSite { const void *code = nullptr; int lasti = 0; uint64_t gen = 0; uint32_t sid = 0; };
+struct Local {
+    LocalName names[kLocal];
+    LocalArgs args[kLocal];
+    LocalCode codes[kLocal];
+    LocalSite sites[kLocal];
+};
+thread_local Local *t_local = nullptr;
+
+Local &local() {
+    if (t_local == nullptr)
+        t_local = new Local();   /* per thread, for the thread's life (a few tens of KB) */
+    return *t_local;
+}
 
 thread_local std::vector<Open> t_open;
 thread_local uint32_t t_thread_sid = 0;
@@ -473,6 +534,22 @@ bool append_key(std::string &k, const c10::IValue &v) {
             else put(&d, 8);
             return true;
         }
+        const c10::TensorImpl *impl = t.unsafeGetTensorImpl();
+        if (t.layout() == c10::kStrided && !impl->has_symbolic_sizes_strides() && t.dim() <= 12) {
+            /* the common case in one append: plain sizes and strides, no SymInt to ask */
+            char buf[8 + 2 * 12 * 8];
+            c10::IntArrayRef sz = t.sizes(), st = t.strides();
+            size_t nd = sz.size();
+            buf[0] = 'P';   /* apart from the general form below */
+            buf[1] = (char)t.scalar_type();
+            buf[2] = (char)t.device().type();
+            buf[3] = (char)t.device().index();
+            buf[4] = (char)nd;
+            memcpy(buf + 5, sz.data(), 8 * nd);
+            memcpy(buf + 5 + 8 * nd, st.data(), 8 * nd);
+            k.append(buf, 5 + 16 * nd);
+            return true;
+        }
         k.push_back('T');
         int8_t meta[4] = {(int8_t)t.scalar_type(), (int8_t)t.device().type(), (int8_t)t.device().index(),
                           (int8_t)t.layout()};
@@ -561,12 +638,21 @@ NameInfo *name_info(State *s, const at::RecordFunction &fn, bool *missed) {
     const char *over = fn.scope() == at::RecordScope::FUNCTION ? fn.overload_name() : "";
     size_t nl = strlen(name), ol = strlen(over);
     uint64_t h = fnv(over, ol, fnv(name, nl + 1)) ^ (uint64_t)fn.scope();
+    uint64_t gen = s->gen.load(std::memory_order_relaxed);
+    auto same = [&](const NameInfo *ni) {
+        return ni->key.size() == nl + 1 + ol && memcmp(ni->key.data(), name, nl) == 0 &&
+               memcmp(ni->key.data() + nl + 1, over, ol) == 0;
+    };
+    LocalName &ln = local().names[h % kLocal];
+    if (ln.h == h && ln.gen == gen && ln.ni != nullptr && same(ln.ni))
+        return ln.ni;
     {
         std::lock_guard<std::mutex> g(s->mu);
         auto it = s->names.find(h);
-        if (it != s->names.end() && it->second->key.size() == nl + 1 + ol &&
-            memcmp(it->second->key.data(), name, nl) == 0 && memcmp(it->second->key.data() + nl + 1, over, ol) == 0)
+        if (it != s->names.end() && same(it->second)) {
+            ln = LocalName{h, gen, it->second};
             return it->second;
+        }
     }
     *missed = true;
     NameInfo *ni = new NameInfo();
@@ -645,12 +731,20 @@ ArgsInfo args_info(State *s, const NameInfo *ni, const at::RecordFunction &fn) {
     for (size_t i = 0; i < n && keyed; i++)
         keyed = append_key(k, in[i]);
     uint64_t h = fnv(k.data(), k.size());
+    uint64_t gen = s->gen.load(std::memory_order_relaxed);
+    LocalArgs &la = local().args[h % kLocal];
+    if (keyed && la.h == h && la.gen == gen && la.ai != nullptr && la.ai->key == k) {
+        out.sid = la.ai->sid;
+        out.dev = la.ai->dev;
+        return out;
+    }
     if (keyed) {
         std::lock_guard<std::mutex> g(s->mu);
         auto it = s->args.find(h);
         if (it != s->args.end() && it->second->key == k) {
             out.sid = it->second->sid;
             out.dev = it->second->dev;
+            la = LocalArgs{h, gen, it->second};
             return out;
         }
     }
@@ -676,14 +770,13 @@ ArgsInfo args_info(State *s, const NameInfo *ni, const at::RecordFunction &fn) {
     if (keyed) {
         std::lock_guard<std::mutex> g(s->mu);
         if (s->args.size() >= (1u << 14)) {   /* scalars that change every step (lr) must not fill it for good */
-            for (auto &kv : s->args) delete kv.second;
-            s->args.clear();
+            s->args.clear();                  /* entries stay allocated: threads' caches may point at them */
+            s->gen.store(g_gen.fetch_add(1));
         }
         auto *a = new ArgsInfo(out);
         a->key = k;
-        auto it = s->args.find(h);
-        if (it != s->args.end()) delete it->second;
         s->args[h] = a;
+        la = LocalArgs{h, s->gen.load(std::memory_order_relaxed), a};
         s->misses++;
     }
     return out;
@@ -700,24 +793,43 @@ uint32_t site_sid(State *s) {
         return 0;
     int user = -1;
     int unknown = -1;
-    {
+    uint64_t gen = s->gen.load(std::memory_order_relaxed);
+    Local &L = local();
+    int i0 = 0;
+    for (; i0 < n; i0++) {   /* the thread's cache of code kinds first (no lock) */
+        LocalCode &lc = L.codes[((uintptr_t)codes[i0] >> 4) % kLocal];
+        if (lc.code != codes[i0] || lc.kind < 0)
+            break;
+        if (lc.kind) {
+            user = i0;
+            break;
+        }
+    }
+    if (user < 0) {
         std::lock_guard<std::mutex> g(s->mu);
-        for (int i = 0; i < n; i++) {
+        for (int i = i0; i < n; i++) {
             auto it = s->codes.find(codes[i]);
             if (it == s->codes.end()) {
                 unknown = i;
                 break;
             }
+            L.codes[((uintptr_t)codes[i] >> 4) % kLocal] = LocalCode{codes[i], gen, it->second};
             if (it->second) {
                 user = i;
                 break;
             }
         }
-        if (user >= 0) {
-            uint64_t h = (uint64_t)(uintptr_t)codes[user] * 31 + (uint64_t)lastis[user];
-            auto it = s->sites.find(h);
-            if (it != s->sites.end() && it->second.code == codes[user] && it->second.lasti == lastis[user])
-                return it->second.sid;
+    }
+    if (user >= 0) {
+        uint64_t h = (uint64_t)(uintptr_t)codes[user] * 31 + (uint64_t)lastis[user];
+        LocalSite &ls = L.sites[h % kLocal];
+        if (ls.code == codes[user] && ls.lasti == lastis[user] && ls.gen == gen)
+            return ls.sid;
+        std::lock_guard<std::mutex> g(s->mu);
+        auto it = s->sites.find(h);
+        if (it != s->sites.end() && it->second.code == codes[user] && it->second.lasti == lastis[user]) {
+            ls = LocalSite{codes[user], lastis[user], gen, it->second.sid};
+            return it->second.sid;
         }
     }
     Gil gil;
@@ -1254,8 +1366,7 @@ static PyObject *Observer_forget(Observer *self, PyObject *unused) {
         Py_RETURN_NONE;
     std::lock_guard<std::mutex> g(s->mu);
     s->gen.store(g_gen.fetch_add(1));
-    s->names.clear();   /* the entries are kept (never freed): an op being entered may hold one */
-    for (auto &kv : s->args) delete kv.second;
+    s->names.clear();   /* the entries are kept (never freed): an op being entered or a thread's cache may hold one */
     s->args.clear();
     s->sites.clear();
     Py_RETURN_NONE;
