@@ -807,3 +807,36 @@ def test_a_hot_path_whose_arguments_do_not_parse_owns_nothing():
         with pytest.raises(TypeError):
             mod.Hot(bytearray(1 << 16), 4096, 4, 64, 8, 16, 1, probe)   # most arguments missing
     assert sys.getrefcount(probe) == before
+
+
+def _marked_log(path, done):
+    """A composite (seq 0) whose op (seq 1) ran first on the GPU: the op's marker carries 1, the composite's own
+    marker, enqueued after it, 2 (the observer's marker values rise in the order markers are enqueued)."""
+    cap, strcap = 16, 4096
+    ring.create(path, "auto", capacity=cap, mem_capacity=4, string_capacity=strcap)
+    lay = ring.Layout(ring.SLOT_SIZE, cap, 4, strcap)
+    with open(path, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), 0)
+        w = ring.StringWriter(mm, lay.strings_off, strcap)
+        off = ring.add_stream(mm, 0, 0x7000, 0)
+        ring._STREAM.pack_into(mm, off, done, 2, 0x7000, 0, 1)
+        thread = w.add(b"MainThread (1)")
+        for seq, name, depth, kind, mark in ((0, b"aten.sum.dim_IntList", 0, 1, 2), (1, b"aten.fill_.Scalar", 1, 0, 1)):
+            o = lay.slot(seq)
+            ring._SLOT.pack_into(mm, o, seq, 1.0 + seq, 3.0 - seq, w.add(name), 0, 0, thread, 0, depth, kind,
+                                 ring.F_MARK)
+            ring._MARK.pack_into(mm, o + ring._OFF_MARK, mark)
+        ring._COUNTERS.pack_into(mm, ring.COUNTERS_OFF, 2, 2, 0, -1, 0, 1, w.pos, 0)
+        mm.close()
+    return trace.read(path)
+
+
+@pytest.mark.parametrize("done,want", [(1, (False, True)), (2, (True, True)), (0, (False, False))])
+def test_a_composites_marker_after_its_ops_decides_its_completion(tmp_path, done, want):
+    """The composite's own GPU work ran after its op's: with only the op's marker landed, the op is done and the
+    composite is not, and it is the culprit (its own kernel never completed), never the op that finished."""
+    snap = _marked_log(tmp_path / "m.log", done)
+    assert (snap.records[0].gpu_done, snap.records[1].gpu_done) == want
+    inflight, _, _ = verdict.localize(snap.records)
+    expected = {1: "aten.sum.dim_IntList", 0: "aten.fill_.Scalar", 2: None}[done]   # 0: the op inside, first
+    assert (inflight.name if inflight is not None else None) == expected

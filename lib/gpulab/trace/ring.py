@@ -73,7 +73,11 @@ _STREAM = struct.Struct("<qqQii")
 STREAM_SIZE = 32
 MAX_STREAMS = PAGE // STREAM_SIZE
 _STR_HEAD = struct.Struct("<II")                    # position (mod 2**32), length
-F_STATS, F_RAISED, F_NONFINITE = 1, 2, 4
+F_STATS, F_RAISED, F_NONFINITE, F_MARK = 1, 2, 4, 8
+# F_MARK: the slot holds its GPU marker's value at _OFF_MARK (the observer: a composite's seq comes before its
+# ops' but its marker after theirs, so a record is done when its stream's done value reaches that marker's)
+_OFF_MARK = 48
+_MARK = struct.Struct("<q")
 KINDS = ("op", "composite")
 _UNINITIALIZED = (b"aten.empty", b"aten.new_empty", b"aten.empty_like", b"aten.empty_strided", b"aten.resize_")
 EVICTED = "<evicted from the string table>"
@@ -307,7 +311,8 @@ def gpu_completed(completed: int, streams: Sequence[StreamProgress]) -> int | No
 
 def gpu_done(seq: int, stream: int | None, host_returned: bool, streams: Sequence[StreamProgress]) -> bool | None:
     """Pure: did op `seq`'s GPU work complete? None when not tracked (a CPU op, before CUDA, a raised op)
-    or while the host is still inside the op (its completion marker is enqueued when the call returns)."""
+    or while the host is still inside the op (its completion marker is enqueued when the call returns).
+    `seq` is the record's marker value where the slot has one (F_MARK), else its seq."""
     if stream is None or not 0 <= stream < len(streams) or not host_returned:
         return None
     return seq <= streams[stream].done
@@ -396,6 +401,7 @@ def _unpack_record(data: bytes, off: int, expected: int, text: _Strings, streams
     seq, t0, t1, name, site, args, thread, stream, depth, kind, flags = _SLOT.unpack_from(data, off)
     if seq != expected:
         return None
+    mark = _MARK.unpack_from(data, off + _OFF_MARK)[0] if flags & F_MARK else seq
     stats = None
     if flags & F_STATS:
         mn, mx, mean, nan, inf, ninf = _STATS.unpack_from(data, off + _OFF_STATS)
@@ -405,7 +411,7 @@ def _unpack_record(data: bytes, off: int, expected: int, text: _Strings, streams
     sidx = stream if stream >= 0 else None
     return OpRecord(seq=seq, name=text(name), args=parse_args(text(args)), call_site=text(site),
                     thread=text(thread), t_start=t0, t_end=t_end,
-                    gpu_done=gpu_done(seq, sidx, t_end is not None, streams), stats=stats,
+                    gpu_done=gpu_done(mark, sidx, t_end is not None, streams), stats=stats,
                     kind=KINDS[kind] if 0 <= kind < len(KINDS) else str(kind), depth=depth,
                     raised=bool(flags & F_RAISED), stream=sidx)
 

@@ -43,6 +43,7 @@ typedef struct {
     int64_t *seqs;
     int64_t cap;
     int64_t head, tail;         /* head: written under the GIL; tail: by the poller (atomics) */
+    int64_t last_mark;          /* the newest marker value enqueued (observer: strictly increasing per stream) */
 } GStream;
 
 typedef struct Gpu {
@@ -290,9 +291,29 @@ static int gpu_emit1(Gpu *g, GStream *e, uintptr_t handle, long long seq) {
     return code;
 }
 
+/* The value a marker carries. The dispatch mode's C path emits markers in seq order, so the op's seq serves. The
+   observer's records nest: a composite's seq comes before its ops' but its marker after theirs, so it gives each
+   marker a value above every earlier one on the stream (at least the op's seq) and writes it into the slot
+   (offset 48, flag F_MARK): a record is done when the stream's done value reaches its own marker's. */
+#define F_MARK 8
+#define OFF_MARK 48
+
+static long long next_mark(GStream *e, long long seq) {
+    int64_t last = __atomic_load_n(&e->last_mark, __ATOMIC_RELAXED), want;
+    do {
+        want = last + 1 > seq ? last + 1 : seq;
+    } while (!__atomic_compare_exchange_n(&e->last_mark, &last, want, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return want;
+}
+
 /* the op `seq` ran on stream `handle` of device `dev` and its entry `e`: its marker after its work (never a
-   sync); -> 1 if a marker was enqueued. No Python unless tracking must stop (needs the GIL then). */
-static int gpu_emit(Gpu *g, GStream *e, uintptr_t handle, long long seq, char *slot) {
+   sync); -> 1 if a marker was enqueued. `marks`: give the marker its own increasing value (the observer).
+   No Python unless tracking must stop (needs the GIL then). */
+static int gpu_emit(Gpu *g, GStream *e, uintptr_t handle, long long seq, char *slot, int marks) {
+    if (marks) {
+        seq = next_mark(e, seq);
+        memcpy(slot + OFF_MARK, &seq, 8);
+    }
     void *popped;
     if (g->multi && e->ctx)
         g->push_ctx(e->ctx);
@@ -308,6 +329,8 @@ static int gpu_emit(Gpu *g, GStream *e, uintptr_t handle, long long seq, char *s
         __atomic_store_n((int64_t *)(g->base + g->page_off + e->index * g->stream_size + 8), (int64_t)seq,
                          __ATOMIC_RELEASE);
         memcpy(slot + 40, &idx, 2);
+        if (marks)
+            slot[44] = (char)(slot[44] | F_MARK);
         return 1;
     }
     if (code != G_SKIPPED && ++g->errors >= g->max_errors) {
@@ -318,7 +341,7 @@ static int gpu_emit(Gpu *g, GStream *e, uintptr_t handle, long long seq, char *s
 
 /* the op `seq` returned: its marker, after its work, on the current stream of its device (never a sync).
    Asks torch (Python: the GIL is held) for the stream; the observer resolves it natively when it can. */
-static void gpu_mark(Gpu *g, long long seq, long dev, char *slot) {
+static void gpu_mark(Gpu *g, long long seq, long dev, char *slot, int marks) {
     if (dev == -1)
         return;   /* CPU tensors only */
     PyObject *c = PyObject_CallNoArgs(g->capturing);
@@ -355,7 +378,7 @@ static void gpu_mark(Gpu *g, long long seq, long dev, char *slot) {
     GStream *e = gpu_stream(g, handle, dev);
     if (e == NULL || __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
         return;
-    gpu_emit(g, e, handle, seq, slot);
+    gpu_emit(g, e, handle, seq, slot, marks);
 }
 
 /* gpu_start's arguments (see Hot.gpu_start's docstring) -> a started Gpu over `base` of `len` bytes, or NULL

@@ -377,7 +377,7 @@ static int finish(Hot *self, PyObject *arg, int raised) {
     }
     char *s = slot_of(self, r >> 8);
     if (!raised && self->gpu && !__atomic_load_n(&self->gpu->disabled, __ATOMIC_RELAXED))
-        gpu_mark(self->gpu, r >> 8, (long)(r & 0xFF) - 2, s);
+        gpu_mark(self->gpu, r >> 8, (long)(r & 0xFF) - 2, s, 0);
     double t1 = now();
     if (raised)
         s[44] = (char)(s[44] | F_RAISED);

@@ -222,6 +222,7 @@ thread_local bool t_inside = false;
 thread_local int64_t t_mark_seq = -1;
 thread_local int64_t t_mark_ns = 0;
 thread_local int16_t t_mark_stream = -1;
+thread_local int64_t t_mark_value = -1;
 /* a composite that ends within this of its last op's marker launched nothing after it: a kernel launch takes
    several microseconds of host time, so that marker also tells when the composite's GPU work completed */
 constexpr int64_t kNoLaunchNs = 1500;
@@ -991,7 +992,9 @@ void gpu_after(State *s, Ctx *c) {
         __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
         return;
     if (c->slot[43] == 1 && t_mark_seq > c->seq && steady_ns() - t_mark_ns < kNoLaunchNs) {
-        memcpy(c->slot + 40, &t_mark_stream, 2);   /* its last op's marker covers it (see kNoLaunchNs) */
+        memcpy(c->slot + OFF_MARK, &t_mark_value, 8);   /* its last op's marker covers it (see kNoLaunchNs) */
+        memcpy(c->slot + 40, &t_mark_stream, 2);
+        c->slot[44] = (char)(c->slot[44] | F_MARK);
         return;
     }
     s->markers.fetch_add(1, std::memory_order_relaxed);
@@ -1013,17 +1016,18 @@ void gpu_after(State *s, Ctx *c) {
             if (e == nullptr || __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
                 return;
         }
-        if (gpu_emit(g, e, handle, c->seq, c->slot)) {   /* errors that stop tracking call Python: rare */
+        if (gpu_emit(g, e, handle, c->seq, c->slot, 1)) {   /* errors that stop tracking call Python: rare */
             t_mark_seq = c->seq;
             t_mark_ns = steady_ns();
             t_mark_stream = (int16_t)e->index;
+            memcpy(&t_mark_value, c->slot + OFF_MARK, 8);
         }
         return;
     }
     s->python_marks.fetch_add(1, std::memory_order_relaxed);
     Gil gil;
     if (gil.ok)
-        gpu_mark(g, c->seq, dev, c->slot);
+        gpu_mark(g, c->seq, dev, c->slot, 1);
 }
 
 int32_t first_device(c10::ArrayRef<const c10::IValue> in) {
@@ -1330,11 +1334,12 @@ static PyObject *Observer_kernel_end(Observer *self, PyObject *const *argv, Py_s
             !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED)) {
             GStream *e = gpu_stream(g, (uintptr_t)handle, dev);
             if (e != nullptr && !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED) &&
-                gpu_emit(g, e, (uintptr_t)handle, seq, sl)) {
+                gpu_emit(g, e, (uintptr_t)handle, seq, sl, 1)) {
                 s->markers.fetch_add(1, std::memory_order_relaxed);
                 t_mark_seq = seq;
                 t_mark_ns = steady_ns();
                 t_mark_stream = (int16_t)e->index;
+                memcpy(&t_mark_value, sl + OFF_MARK, 8);
             }
         }
     }
