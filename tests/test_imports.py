@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[1] / "lib" / "gpulab"
 
 
@@ -100,6 +102,29 @@ def test_hang_never_imports_fixes():
     up = sorted(f"{m} -> {d}" for m, deps in graph().items() if m.split(".")[:2] == ["gpulab", "hang"]
                 for d in deps if d.split(".")[:2] == ["gpulab", "fixes"])
     assert not up, f"gpulab.hang imports gpulab.fixes: {up}"
+
+
+def test_the_recorder_never_imports_fixes():
+    """The recorder (gpulab.trace) sits below the fixes: a recorded child calls their installer by the name its
+    parent gives (gpulab.trace.preload), and no import cycle goes through the recorder and the fixes."""
+    up = sorted(f"{m} -> {d}" for m, deps in graph().items() if m.split(".")[:2] == ["gpulab", "trace"]
+                for d in deps if d.split(".")[:2] == ["gpulab", "fixes"])
+    assert not up, f"gpulab.trace imports gpulab.fixes: {up}"
+    both = [c for c in cycles(graph()) if any(m.startswith("gpulab.trace") for m in c)
+            and any(m.startswith("gpulab.fixes") for m in c)]
+    assert not both, both
+
+
+def test_preload_calls_what_the_parent_names_and_rejects_a_bad_name(monkeypatch):
+    from gpulab.trace import preload
+
+    called = []
+    monkeypatch.setattr("gpulab.report.progress_log", lambda *a, **k: called.append(a), raising=False)
+    assert preload.run({"GPULAB_PRELOAD": ""}) == []
+    assert preload.run({preload.ENV: "gpulab.report:progress_log"}) == ["gpulab.report:progress_log"]
+    assert called == [()]
+    with pytest.raises(ValueError, match="not module:function"):
+        preload.run({preload.ENV: "gpulab.report"})
 
 
 def test_a_cycle_is_found():

@@ -16,6 +16,8 @@ from gpulab.fixes import registry
 from gpulab.fixes.fix import Fix, FixError
 
 FIXES_VAR = "GPULAB_FIXES"
+PRELOAD_VAR = "GPULAB_PRELOAD"   # gpulab.trace.preload.ENV: what a recorded child calls before the program
+INSTALLER = "gpulab.fixes.install:install_from_env"
 PYTHON_VAR = "GPULAB_PYTHON"   # = gpulab.workloads.PYTHON_ENV, not imported: children load this before runpy runs it
 LIST_VARS = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"})   # comma-separated options
 
@@ -71,6 +73,7 @@ def clean_env(env: Mapping[str, str]) -> dict[str, str]:
     out = dict(env)
     out.pop(AUTO_ENV, None)   # a parent's answer to device=auto holds for its environment, not for this one
     names = [n for n in out.pop(FIXES_VAR, "").split(",") if n]
+    out.pop(PRELOAD_VAR, None)
     out.pop(PYTHON_VAR, None)
     fixes = registry.load()
     for name in names:
@@ -90,6 +93,7 @@ def scenario_env(fix_names: Sequence[str], base: Mapping[str, str]) -> dict[str,
     if not comp.names:
         return out
     out[FIXES_VAR] = ",".join(comp.names)
+    out[PRELOAD_VAR] = INSTALLER   # the recorded child calls it before the program (gpulab.trace.preload)
     for key, value in comp.env.items():
         out[key] = _join(out.get(key, ""), value) if key in LIST_VARS else value
     if comp.python:

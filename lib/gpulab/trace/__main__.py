@@ -22,9 +22,8 @@ import os
 import sys
 
 from gpulab import beat, program
-from gpulab.fixes import install_from_env
 from gpulab.hang import faults
-from gpulab.trace import gpu, lazydynamo, recorder, ring  # no torch yet
+from gpulab.trace import gpu, lazydynamo, preload, recorder, ring  # no torch yet
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         lazydynamo.defer()
     if ns.fault:
         faults.plant(ns.fault)
-    install_from_env()  # the scenario's fixes ($GPULAB_FIXES): above a planted fault, below the recorder
+    preload.run()  # the scenario's fixes ($GPULAB_PRELOAD names their installer): above a planted fault, below the recorder
     rec = recorder.Recorder(ns.log, ns.mode, create_log=False, gpu_mechanism=ns.gpu_mechanism)
     rec.install()
     if ns.follow:

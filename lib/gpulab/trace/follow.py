@@ -26,6 +26,7 @@ from typing import Any, Callable, Container
 
 from gpulab import beat
 from gpulab.trace import recorder as _recorder  # its fork handler (leave the parent's log) runs before ours
+from gpulab.trace import preload
 from gpulab.trace import ring
 
 ENV = "GPULAB_FOLLOW"
@@ -291,9 +292,7 @@ def _install_recorder() -> None:
     if _state["recorder"] is not None or _state["meta"] is None:
         return
     try:
-        from gpulab.fixes import install_from_env
-
-        install_from_env()
+        preload.run()
         rec = _recorder.Recorder(files(_state["folder"], os.getpid())["log"], _state["mode"], create_log=False)
         rec.install()
     except Exception as exc:  # noqa: BLE001 - the program must run even when it cannot be recorded
