@@ -840,3 +840,32 @@ def test_a_composites_marker_after_its_ops_decides_its_completion(tmp_path, done
     inflight, _, _ = verdict.localize(snap.records)
     expected = {1: "aten.sum.dim_IntList", 0: "aten.fill_.Scalar", 2: None}[done]   # 0: the op inside, first
     assert (inflight.name if inflight is not None else None) == expected
+
+
+@pytest.mark.parametrize("path", hotpaths.PATHS)
+def test_a_forked_child_records_into_a_log_of_its_own(tmp_path, path):
+    """A DataLoader worker made by fork() is recorded into its own log (gpulab.trace.follow does this), once per
+    op: the observer it inherited, inactive, gives way to the child's."""
+    import torch
+
+    parent_log, child_log = tmp_path / "parent.log", tmp_path / "child.log"
+    one = torch.ones(4)
+    with trace.Recorder(parent_log, **hotpaths.kw(path)) as rec:
+        x = torch.empty(4)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with trace.Recorder(child_log, **hotpaths.kw(path)) as child:
+                    torch.empty(3).add_(one[:3])
+                child.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        x = x + one
+    rec.close()
+    assert os.WEXITSTATUS(status) == 0
+    assert [r.name for r in trace.read(child_log).records] == ["aten.empty.memory_format", "aten.slice.Tensor",
+                                                               "aten.add_.Tensor"]
+    assert [r.name for r in trace.read(parent_log).records] == ["aten.empty.memory_format", "aten.add.Tensor"]

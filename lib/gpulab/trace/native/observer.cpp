@@ -190,6 +190,10 @@ struct State {
 };
 
 std::atomic<State *> g_state{nullptr};
+/* the one RecordFunction callback of this process (a forked child inherits it registered: it is reused there,
+   so that the child's own observer never records each op twice) */
+std::atomic<at::CallbackHandle> g_handle{0};
+pid_t g_handle_pid = 0;
 /* generations are unique across observers: a thread's cached ids (thread_sid) never outlive their log */
 std::atomic<uint64_t> g_gen{1};
 
@@ -1130,6 +1134,7 @@ void after_fork_child() {
         s->active.store(false);
         s->owner = -1;
     }
+    g_state.store(nullptr);   /* the child may record into a log of its own (gpulab.trace.follow) */
     t_open.clear();
 }
 
@@ -1219,18 +1224,20 @@ static PyObject *Observer_install(Observer *self, PyObject *unused) {
         PyErr_SetString(PyExc_RuntimeError, "another gpulab observer is installed in this process");
         return NULL;
     }
-    if (s->handle == 0) {
+    if (g_handle.load() == 0) {
         try {
-            s->handle = at::addGlobalCallback(
+            g_handle.store(at::addGlobalCallback(
                 at::RecordFunctionCallback(on_enter, on_exit)
                     .needsInputs(true)
-                    .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+                    .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE})));
+            g_handle_pid = getpid();
         } catch (const std::exception &e) {
             g_state.store(nullptr);
             PyErr_Format(PyExc_RuntimeError, "could not add the RecordFunction callback: %s", e.what());
             return NULL;
         }
     }
+    s->handle = g_handle.load();
     s->active.store(true);
     Py_RETURN_NONE;
 }
@@ -1240,15 +1247,18 @@ static PyObject *Observer_remove(Observer *self, PyObject *unused) {
     if (s == nullptr)
         Py_RETURN_NONE;
     s->active.store(false);
-    if (s->handle != 0 && getpid() == s->owner) {
-        try {
-            at::removeCallback(s->handle);
-        } catch (...) {
-        }
-        s->handle = 0;
-    }
     State *expect = s;
     g_state.compare_exchange_strong(expect, nullptr);
+    /* the callback goes when no observer records here: removed in the process that added it (a child that
+       inherited it leaves it, inactive: the parent's registry copy is not the child's to change) */
+    if (s->handle != 0 && g_state.load() == nullptr && getpid() == g_handle_pid) {
+        try {
+            at::removeCallback(g_handle.load());
+        } catch (...) {
+        }
+        g_handle.store(0);
+    }
+    s->handle = 0;
     Py_RETURN_NONE;
 }
 
