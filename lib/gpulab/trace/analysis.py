@@ -210,12 +210,16 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str, mode
         where = (f", in op {open_op.name} ({_unfinished(open_op)})" if open_op else
                  f", last op {last.name}" + (" (raised)" if last.raised else "") if last else
                  ", before any op of its own" if getattr(rec, "processes", 0) else ", before any op")
+        if getattr(rec, "shown", ""):
+            where = f" (in {rec.shown}){where}"
         skipped = "recording cost and GPU times not measured"
         headline = f"the workload did not finish: {_ended(rec)} after {started} ops{where}; {skipped}; {nan}"
     if getattr(rec, "processes", 0):
+        shown = getattr(rec, "shown", "")
+        which = (f"02 shows {shown}'s, the busiest (the program it started ran no op of its own: a launcher)"
+                 if shown else "02 shows the one it started")
         headline += (f"; it started {rec.processes} other Python process(es), each recorded "
-                     f"({getattr(rec, 'process_ops', 0)} ops together; 02 shows the one it started; 03 judges them "
-                     "all)")
+                     f"({getattr(rec, 'process_ops', 0)} ops together; {which}; 03 judges them all)")
     metrics = dict(status=rec.status, ops_recorded=started, exit_code=rec.returncode, recording_mode=mode,
                    overhead_us_per_op=per_op, mode_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
                    first_nonfinite_seq=bad.seq if bad else None, nonfinite_checked=checked,

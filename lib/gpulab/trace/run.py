@@ -39,6 +39,7 @@ class Recording:
     stall_s: float | None = None
     processes: int = 0       # other Python processes the program started (each recorded in `<log>.procs/`)
     process_ops: int = 0     # the ops those processes recorded, together
+    shown: str = ""          # whose ops `snapshot` holds when not the root's: a launcher runs no op of its own
 
     @property
     def ok(self) -> bool:
@@ -161,9 +162,18 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     tail = (out / f"{stem}.stderr.txt").read_text(errors="replace")[-4000:]
     stopped = end.status in ("hang", "timeout")
     sig = end.signal or (signal.SIGKILL if stopped else None)
-    return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(log), tuple(cmd), tail,
-                     end.status, stall_s, len(children),
-                     sum(_started(log) for log in follow.child_logs(procs, children)))
+    logs = follow.child_logs(procs, children)
+    shown, shown_log = "", log
+    if (snap is None or snap.started == 0) and logs:
+        # a launcher (torchrun's agent, mp.spawn's parent) runs no op of its own: show the busiest process
+        busiest = max(logs, key=_started)
+        if _started(busiest) > 0:
+            meta = next((m for m in children if Path(procs) / m.get("log", "") == busiest), {})
+            shown = (f"process {meta.get('pid')}" + (f" (rank {meta['rank']})" if meta.get("rank") is not None
+                                                    else "")) if meta else busiest.stem
+            shown_log, snap = busiest, read(busiest)
+    return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(shown_log), tuple(cmd), tail,
+                     end.status, stall_s, len(children), sum(_started(x) for x in logs), shown)
 
 
 def _started(log: Path) -> int:
