@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['minutes']:>8} {r['folder_disk_mb']:>10} {r['folder_apparent_mb']:>12} {r['watchdog_rss_mb']:>12} "
               f"{r['job_rss_mb']:>8} {r['job_processes']:>6} {r['procs_files']:>6} "
               f"{r['stalls']}/{r['recovered']}")
-    print(f"spread (max/min - 1): " + ", ".join(f"{k} {v:+.1%}" for k, v in spread.items())
+    print("spread (max/min - 1): " + ", ".join(f"{k} {v:+.1%}" for k, v in spread.items())
           + f"; exit {code}, verdict {summary['verdict_status']}, stalls {summary['stalls']} "
           f"({summary['stalls_recovered']} recovered)")
     return 0

@@ -83,7 +83,7 @@ def main() -> None:
                     times.append(time.perf_counter() - t0)
                 per = (trace.progress(rec.log).started - seq0) / a.steps if rec is not None else 0
                 st = rec._mode_obj.stats() if s0 is not None else None
-                delta = {k: round((st[k] - s0[k]) / a.steps, 1) for k in ("markers", "native_marks", "python_marks", "misses")} \
+                delta = {k: round((st[k] - s0[k]) / a.steps, 1) for k in ("markers", "python_marks", "misses")} \
                     if st else {}
                 extra = {k: st[k] for k in ("native_streams", "capture_check", "frames")} if st else {}
                 print(f"{mode:9} {name:15} {statistics.median(times) * 1e3:8.2f} ms  records/step {per:7.0f}  "

@@ -315,8 +315,8 @@ def test_gpu_done_per_record(seq, stream, returned, want):
 
 
 def _log_by_hand(path, ops, streams):
-    """A log as the recorder and the GPU would leave it: ops = [(name, returned, stream index or -1)],
-    streams = [(done, enqueued)]."""
+    """A log as the recorder and the GPU would leave it: ops = [(name, returned, stream index or -1[, depth, kind,
+    marker value])], streams = [(done, enqueued)]."""
     cap, strcap = 64, 4096
     ring.create(path, "auto", capacity=cap, mem_capacity=4, string_capacity=strcap)
     lay = ring.Layout(ring.SLOT_SIZE, cap, 4, strcap)
@@ -327,10 +327,14 @@ def _log_by_hand(path, ops, streams):
             off = ring.add_stream(mm, i, 0x7000 + i, 0)
             ring._STREAM.pack_into(mm, off, done, enq, 0x7000 + i, 0, 1)
         thread = w.add(b"MainThread (1)")
-        for seq, (name, returned, stream) in enumerate(ops):
+        for seq, (name, returned, stream, *nested) in enumerate(ops):
+            depth, kind, mark = nested or (0, 0, None)
             ring._SLOT.pack_into(mm, lay.slot(seq), seq, 1.0 + seq, 2.0 + seq if returned else 0.0,
-                                 w.add(name.encode()), 0, 0, thread, stream, 0, 0, 0)
-        ring._COUNTERS.pack_into(mm, ring.COUNTERS_OFF, len(ops), sum(r for _, r, _ in ops), 0 if streams else -1,
+                                 w.add(name.encode()), 0, 0, thread, stream, depth, kind,
+                                 0 if mark is None else ring.F_MARK)
+            if mark is not None:
+                ring._MARK.pack_into(mm, lay.slot(seq) + ring._OFF_MARK, mark)
+        ring._COUNTERS.pack_into(mm, ring.COUNTERS_OFF, len(ops), sum(op[1] for op in ops), 0 if streams else -1,
                                  -1, 0, len(streams), w.pos, 0)
         mm.close()
     return path
@@ -812,23 +816,8 @@ def test_a_hot_path_whose_arguments_do_not_parse_owns_nothing():
 def _marked_log(path, done):
     """A composite (seq 0) whose op (seq 1) ran first on the GPU: the op's marker carries 1, the composite's own
     marker, enqueued after it, 2 (the observer's marker values rise in the order markers are enqueued)."""
-    cap, strcap = 16, 4096
-    ring.create(path, "auto", capacity=cap, mem_capacity=4, string_capacity=strcap)
-    lay = ring.Layout(ring.SLOT_SIZE, cap, 4, strcap)
-    with open(path, "r+b") as fh:
-        mm = mmap.mmap(fh.fileno(), 0)
-        w = ring.StringWriter(mm, lay.strings_off, strcap)
-        off = ring.add_stream(mm, 0, 0x7000, 0)
-        ring._STREAM.pack_into(mm, off, done, 2, 0x7000, 0, 1)
-        thread = w.add(b"MainThread (1)")
-        for seq, name, depth, kind, mark in ((0, b"aten.sum.dim_IntList", 0, 1, 2), (1, b"aten.fill_.Scalar", 1, 0, 1)):
-            o = lay.slot(seq)
-            ring._SLOT.pack_into(mm, o, seq, 1.0 + seq, 3.0 - seq, w.add(name), 0, 0, thread, 0, depth, kind,
-                                 ring.F_MARK)
-            ring._MARK.pack_into(mm, o + ring._OFF_MARK, mark)
-        ring._COUNTERS.pack_into(mm, ring.COUNTERS_OFF, 2, 2, 0, -1, 0, 1, w.pos, 0)
-        mm.close()
-    return trace.read(path)
+    ops = [("aten.sum.dim_IntList", True, 0, 0, 1, 2), ("aten.fill_.Scalar", True, 0, 1, 0, 1)]
+    return trace.read(_log_by_hand(path, ops, [(done, 2)]))
 
 
 @pytest.mark.parametrize("done,want", [(1, (False, True)), (2, (True, True)), (0, (False, False))])

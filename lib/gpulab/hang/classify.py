@@ -65,6 +65,12 @@ _BUSY = ("a rank runs the program's own code outside any op or collective (03 na
          "comes, a branch only that rank takes); `py-spy dump --pid` on that rank shows it live")
 
 
+def program_step(where: Any, why: Any) -> str:
+    """The next step when the owner is the program (gpulab.hang.owner): its place and what is wrong there."""
+    return (f"the bug is in the program's own code, at {where}: {why}; fix it there (it is not PyTorch's, a "
+            f"library's or the platform's code)")
+
+
 def program_cause(cls: str | None, culprit: str | None = None, processes: Sequence[Mapping] = (),
                   owner: Mapping | None = None) -> str | None:
     """Why the failure is the program's own bug, in the next step's words, or None (a fix or an upstream report
@@ -73,8 +79,7 @@ def program_cause(cls: str | None, culprit: str | None = None, processes: Sequen
     call or a kernel is not the program's to fix. Else the verdict's owner (gpulab.hang.owner) when it is the
     program: its place and what the evidence says is wrong there."""
     if owner and owner.get("kind") == "program" and cls not in IN_THE_PROGRAM:
-        return (f"the bug is in the program's own code, at {owner.get('where')}: {owner.get('why')}; fix it there "
-                f"(it is not PyTorch's, a library's or the platform's code)")
+        return program_step(owner.get("where"), owner.get("why"))
     if cls in IN_THE_PROGRAM:
         return IN_THE_PROGRAM[cls]
     if cls != "rank_stuck" or not culprit:

@@ -441,8 +441,7 @@ def next_step(o: Owner | Mapping[str, Any] | None) -> str | None:
     if o is None or o.kind == "unknown":
         return None
     if o.kind == "program":
-        return (f"the bug is in the program's own code, at {o.where}: {o.why}; fix it there (it is not PyTorch's, "
-                f"a library's or the platform's code)")
+        return classify.program_step(o.where, o.why)
     if o.kind == "library":
         return (f"the fault is in {o.where}: report it upstream with 03's verified repro and bundle.zip "
                 f"(today's behaviour), and the workaround if 04 found one")

@@ -29,16 +29,18 @@ def _device_index(meta: dict) -> int:
     return idx if isinstance(idx, int) and idx >= 0 else 0
 
 
-def wrap_run(orig: Callable, begin: Callable, end: Callable, name_sid: Callable[[Any], int]) -> Callable:
-    """CachingAutotuner.run recorded: begin(name) before the launch, end(seq, stream, device, raised) after."""
+def wrap_run(orig: Callable, begin: Callable, end: Callable, about: Callable[[Any], tuple[int, int]]) -> Callable:
+    """CachingAutotuner.run recorded: begin(name) before the launch, end(seq, stream, device, raised) after.
+    about(tuner) -> (name's string id, device), cached on the tuner: one lookup per launch."""
     def run(self, *args, stream, **kwargs):
-        seq = begin(name_sid(self))
+        sid, dev = about(self)
+        seq = begin(sid)
         try:
             out = orig(self, *args, stream=stream, **kwargs)
         except BaseException:
             end(seq, stream or 0, -1, True)
             raise
-        end(seq, stream or 0, _device_index(self.triton_meta), False)
+        end(seq, stream or 0, dev, False)
         return out
     run.__wrapped__ = orig
     run.__gpulab_kernels__ = True
@@ -49,16 +51,16 @@ def install(obs: Any, intern: Callable[[bytes], int], gen: list) -> Callable[[],
     """Wrap CachingAutotuner.run now, or when Inductor's runtime is imported; -> undo."""
     state: dict = {"cls": None, "orig": None, "finder": None}
 
-    def name_sid(tuner) -> int:
+    def about(tuner) -> tuple[int, int]:
         cached = tuner.__dict__.get("_gpulab_name")
         if cached is not None and cached[0] == gen[0]:   # the string table did not wrap since
             return cached[1]
         meta = getattr(tuner, "inductor_meta", None) or {}
         fn = getattr(tuner, "fn", None)
         name = meta.get("kernel_name") or getattr(fn, "__name__", None) or "triton kernel"
-        sid = intern(str(name).encode()[:255])
-        tuner.__dict__["_gpulab_name"] = (gen[0], sid)
-        return sid
+        got = (intern(str(name).encode()[:255]), _device_index(getattr(tuner, "triton_meta", None) or {}))
+        tuner.__dict__["_gpulab_name"] = (gen[0], got)
+        return got
 
     def patch(mod=None) -> None:
         mod = mod or sys.modules.get(MODULE)
@@ -67,7 +69,7 @@ def install(obs: Any, intern: Callable[[bytes], int], gen: list) -> Callable[[],
         if run is None or getattr(run, "__gpulab_kernels__", False):
             return
         state.update(cls=cls, orig=run)
-        cls.run = wrap_run(run, obs.kernel_begin, obs.kernel_end, name_sid)
+        cls.run = wrap_run(run, obs.kernel_begin, obs.kernel_end, about)
 
     if MODULE in sys.modules:
         patch()

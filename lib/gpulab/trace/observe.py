@@ -32,10 +32,6 @@ class ObserverMode:
         self._torch = torch
         self._kernels = name_kernels
         self._undo_kernels: Callable[[], None] | None = None
-        self._views = [memoryview(mm)]
-        mv_b = self._views[0]
-        mv_q, mv_h = mv_b.cast("q"), mv_b.cast("h")
-        self._views += [mv_q, mv_h]
         self._obs = None
 
         def forget() -> None:
@@ -45,7 +41,9 @@ class ObserverMode:
         t = texts.op_texts(mm, lay, rec.strings, torch, forget)
         self._t = t
 
-        start_gpu, _ = gpumarks.gpu_marks(rec, torch, self, t.intern, lambda on: None, mv_q, mv_h)
+        # the native side emits every marker: gpumarks' Python marker (and the log views it writes through) is
+        # never used here, so it gets none
+        start_gpu, _ = gpumarks.gpu_marks(rec, torch, self, t.intern, lambda on: None, None, None)
 
         def on_cuda() -> None:
             """The first op on a CUDA tensor ended: pick the GPU mechanism (it calls gpu_start on success)."""
@@ -120,8 +118,6 @@ class ObserverMode:
 
     def release(self) -> None:
         self._obs.release()
-        for v in reversed(self._views):
-            v.release()
 
     def leave_fork(self) -> None:
         self._obs.leave()

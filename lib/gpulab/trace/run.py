@@ -162,18 +162,18 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     tail = (out / f"{stem}.stderr.txt").read_text(errors="replace")[-4000:]
     stopped = end.status in ("hang", "timeout")
     sig = end.signal or (signal.SIGKILL if stopped else None)
-    logs = follow.child_logs(procs, children)
+    ops = {x: _started(x) for x in follow.child_logs(procs, children)}   # each header read once
     shown, shown_log = "", log
-    if (snap is None or snap.started == 0) and logs:
+    if (snap is None or snap.started == 0) and ops:
         # a launcher (torchrun's agent, mp.spawn's parent) runs no op of its own: show the busiest process
-        busiest = max(logs, key=_started)
-        if _started(busiest) > 0:
+        busiest = max(ops, key=ops.get)
+        if ops[busiest] > 0:
             meta = next((m for m in children if Path(procs) / m.get("log", "") == busiest), {})
             shown = (f"process {meta.get('pid')}" + (f" (rank {meta['rank']})" if meta.get("rank") is not None
                                                     else "")) if meta else busiest.stem
             shown_log, snap = busiest, read(busiest)
     return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(shown_log), tuple(cmd), tail,
-                     end.status, stall_s, len(children), sum(_started(x) for x in logs), shown)
+                     end.status, stall_s, len(children), sum(ops.values()), shown)
 
 
 def _started(log: Path) -> int:

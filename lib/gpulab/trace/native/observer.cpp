@@ -59,7 +59,7 @@ inline uint64_t mix(uint64_t h, uint64_t v) {
 }
 
 /* a hash of n bytes, eight at a time (the per-op keys are 30-300 bytes) */
-uint64_t fnv(const char *p, size_t n, uint64_t h = 1469598103934665603ull) {
+uint64_t hash_bytes(const char *p, size_t n, uint64_t h = 1469598103934665603ull) {
     size_t len = n;
     while (n >= 8) {
         uint64_t v;
@@ -169,7 +169,7 @@ struct State {
     std::atomic<int> track{kTrackPlain};
     std::atomic<bool> device_set{false};
     int ablate = 0;   /* diagnostics (GPULAB_TRACE_ABLATE): 1 no call sites, 2 no argument summaries, 4 no GPU markers */
-    std::atomic<int64_t> markers{0}, native_marks{0}, python_marks{0};
+    std::atomic<int64_t> markers{0}, python_marks{0};   /* markers enqueued; of them through Python */
     pid_t owner = 0;
     bool frames = false;
     Gpu *gpu = nullptr;
@@ -201,7 +201,7 @@ std::atomic<uint64_t> g_gen{1};
 constexpr size_t kLocal = 512;
 struct LocalName { uint64_t h = 0, gen = 0; NameInfo *ni = nullptr; };
 struct LocalArgs { uint64_t h = 0, gen = 0; ArgsInfo *ai = nullptr; };
-struct LocalCode { const void *code = nullptr; uint64_t gen = 0; int8_t kind = -1; };
+struct LocalCode { const void *code = nullptr; int8_t kind = -1; };
 struct LocalSite { const void *code = nullptr; int lasti = 0; uint64_t gen = 0; uint32_t sid = 0; };
 struct Local {
     LocalName names[kLocal];
@@ -209,11 +209,11 @@ struct Local {
     LocalCode codes[kLocal];
     LocalSite sites[kLocal];
 };
-thread_local Local *t_local = nullptr;
+thread_local std::unique_ptr<Local> t_local;   /* a few tens of KB per thread, freed when the thread ends */
 
 Local &local() {
-    if (t_local == nullptr)
-        t_local = new Local();   /* per thread, for the thread's life (a few tens of KB) */
+    if (!t_local)
+        t_local.reset(new Local());
     return *t_local;
 }
 
@@ -638,11 +638,11 @@ bool append_key(std::string &k, const c10::IValue &v) {
     return true;
 }
 
-NameInfo *name_info(State *s, const at::RecordFunction &fn, bool *missed) {
+NameInfo *name_info(State *s, const at::RecordFunction &fn) {
     const char *name = fn.name();
     const char *over = fn.scope() == at::RecordScope::FUNCTION ? fn.overload_name() : "";
     size_t nl = strlen(name), ol = strlen(over);
-    uint64_t h = fnv(over, ol, fnv(name, nl + 1)) ^ (uint64_t)fn.scope();
+    uint64_t h = hash_bytes(over, ol, hash_bytes(name, nl + 1)) ^ (uint64_t)fn.scope();
     uint64_t gen = s->gen.load(std::memory_order_relaxed);
     auto same = [&](const NameInfo *ni) {
         return ni->key.size() == nl + 1 + ol && memcmp(ni->key.data(), name, nl) == 0 &&
@@ -659,7 +659,6 @@ NameInfo *name_info(State *s, const at::RecordFunction &fn, bool *missed) {
             return it->second;
         }
     }
-    *missed = true;
     NameInfo *ni = new NameInfo();
     ni->key.assign(name, nl + 1);
     ni->key.append(over, ol);
@@ -735,7 +734,7 @@ ArgsInfo args_info(State *s, const NameInfo *ni, const at::RecordFunction &fn) {
     bool keyed = true;
     for (size_t i = 0; i < n && keyed; i++)
         keyed = append_key(k, in[i]);
-    uint64_t h = fnv(k.data(), k.size());
+    uint64_t h = hash_bytes(k.data(), k.size());
     uint64_t gen = s->gen.load(std::memory_order_relaxed);
     LocalArgs &la = local().args[h % kLocal];
     if (keyed && la.h == h && la.gen == gen && la.ai != nullptr && la.ai->key == k) {
@@ -818,7 +817,7 @@ uint32_t site_sid(State *s) {
                 unknown = i;
                 break;
             }
-            L.codes[((uintptr_t)codes[i] >> 4) % kLocal] = LocalCode{codes[i], gen, it->second};
+            L.codes[((uintptr_t)codes[i] >> 4) % kLocal] = LocalCode{codes[i], it->second};
             if (it->second) {
                 user = i;
                 break;
@@ -974,22 +973,39 @@ bool stream_native(State *s, int32_t dev, uintptr_t *handle, int *capturing) {
     return true;
 }
 
+/* the first record with CUDA work: the recorder picks the GPU mechanism (it calls gpu_start, or not);
+   -> the tracking state after (one thread asks, the others go on untracked meanwhile) */
+int start_tracking(State *s) {
+    int expect = kTrackWaitCuda;
+    if (!s->track.compare_exchange_strong(expect, kTrackPlain))
+        return expect;
+    Gil gil;
+    if (gil.ok) {
+        PyObject *r = PyObject_CallNoArgs(s->on_cuda);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    return s->track.load(std::memory_order_relaxed);
+}
+
+/* the marker of record `seq` (slot `sl`) on stream entry `e`; remembered as the thread's newest (kNoLaunchNs) */
+void emit_marker(State *s, Gpu *g, GStream *e, uintptr_t handle, int64_t seq, char *sl) {
+    if (!gpu_emit(g, e, handle, seq, sl, 1))   /* errors that stop tracking call Python: rare */
+        return;
+    s->markers.fetch_add(1, std::memory_order_relaxed);
+    t_mark_seq = seq;
+    t_mark_ns = steady_ns();
+    t_mark_stream = (int16_t)e->index;
+    memcpy(&t_mark_value, sl + OFF_MARK, 8);
+}
+
 /* the op returned on the GPU side of things: start tracking at the first CUDA op, then mark its stream */
 void gpu_after(State *s, Ctx *c) {
     int track = s->track.load(std::memory_order_relaxed);
     if (track == kTrackWaitCuda) {
         if (c->dev < 0)
             return;
-        int expect = kTrackWaitCuda;
-        if (!s->track.compare_exchange_strong(expect, kTrackPlain))
-            return;
-        Gil gil;   /* the recorder picks the mechanism and calls gpu_start (or not) */
-        if (!gil.ok)
-            return;
-        PyObject *r = PyObject_CallNoArgs(s->on_cuda);
-        Py_XDECREF(r);
-        PyErr_Clear();
-        track = s->track.load(std::memory_order_relaxed);
+        track = start_tracking(s);
     }
     Gpu *g = s->gpu;
     if (track != kTrackGpu || g == nullptr || c->nomark || c->dev == -1 || (s->ablate & 4) ||
@@ -1001,7 +1017,6 @@ void gpu_after(State *s, Ctx *c) {
         c->slot[44] = (char)(c->slot[44] | F_MARK);
         return;
     }
-    s->markers.fetch_add(1, std::memory_order_relaxed);
     uintptr_t handle = 0;
     int capturing = 0;
     int32_t dev = c->dev;
@@ -1011,7 +1026,6 @@ void gpu_after(State *s, Ctx *c) {
         if (dev < 0)
             dev = s->current_device();
         GStream *e = gpu_find_stream(g, handle, dev);
-        s->native_marks.fetch_add(1, std::memory_order_relaxed);
         if (e == nullptr) {
             Gil gil;
             if (!gil.ok)
@@ -1020,14 +1034,10 @@ void gpu_after(State *s, Ctx *c) {
             if (e == nullptr || __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
                 return;
         }
-        if (gpu_emit(g, e, handle, c->seq, c->slot, 1)) {   /* errors that stop tracking call Python: rare */
-            t_mark_seq = c->seq;
-            t_mark_ns = steady_ns();
-            t_mark_stream = (int16_t)e->index;
-            memcpy(&t_mark_value, c->slot + OFF_MARK, 8);
-        }
+        emit_marker(s, g, e, handle, c->seq, c->slot);
         return;
     }
+    s->markers.fetch_add(1, std::memory_order_relaxed);
     s->python_marks.fetch_add(1, std::memory_order_relaxed);
     Gil gil;
     if (gil.ok)
@@ -1054,13 +1064,12 @@ bool on_meta(c10::ArrayRef<const c10::IValue> in) {
 }
 
 std::unique_ptr<at::ObserverContext> enter(State *s, const at::RecordFunction &fn) {
-    bool missed = false;
     NameInfo *ni = nullptr;
     ArgsInfo ai;
     uint32_t nsid = 0, ssid = 0, tsid = 0;
     for (int tries = 0; tries < 3; tries++) {   /* again if the string table wrapped meanwhile (ids went stale) */
         uint64_t gen = s->gen.load(std::memory_order_acquire);
-        ni = name_info(s, fn, &missed);
+        ni = name_info(s, fn);
         if (ni->skip || (ni->view && !t_open.empty()) || on_meta(fn.inputs()))
             return nullptr;   /* a view inside an op (transpose's as_strided) is metadata of the op around it */
         nsid = ni->sid;
@@ -1331,37 +1340,19 @@ static PyObject *Observer_kernel_end(Observer *self, PyObject *const *argv, Py_s
         Py_RETURN_NONE;
     char *sl = slot_of(s, seq);
     if (!raised && dev >= 0) {
-        if (s->track.load() == kTrackWaitCuda) {
-            s->track.store(kTrackPlain);
-            PyObject *r = PyObject_CallNoArgs(s->on_cuda);
-            Py_XDECREF(r);
-            PyErr_Clear();
-        }
+        if (s->track.load() == kTrackWaitCuda)
+            start_tracking(s);
         Gpu *g = s->gpu;
         int status = 0;
         bool capturing = s->is_capturing && s->is_capturing((void *)(uintptr_t)handle, &status) == 0 && status != 0;
         if (s->track.load() == kTrackGpu && g != nullptr && !capturing && !(s->ablate & 4) &&
             !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED)) {
             GStream *e = gpu_stream(g, (uintptr_t)handle, dev);
-            if (e != nullptr && !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED) &&
-                gpu_emit(g, e, (uintptr_t)handle, seq, sl, 1)) {
-                s->markers.fetch_add(1, std::memory_order_relaxed);
-                t_mark_seq = seq;
-                t_mark_ns = steady_ns();
-                t_mark_stream = (int16_t)e->index;
-                memcpy(&t_mark_value, sl + OFF_MARK, 8);
-            }
+            if (e != nullptr && !__atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
+                emit_marker(s, g, e, (uintptr_t)handle, seq, sl);
         }
     }
     close_slot(s, seq, sl, raised != 0);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Observer_set_track(Observer *self, PyObject *arg) {
-    long t = PyLong_AsLong(arg);
-    if (t == -1 && PyErr_Occurred())
-        return NULL;
-    if (self->s) self->s->track.store((int)t);
     Py_RETURN_NONE;
 }
 
@@ -1455,13 +1446,12 @@ static PyObject *Observer_stats(Observer *self, PyObject *unused) {
     if (s == nullptr)
         Py_RETURN_NONE;
     std::lock_guard<std::mutex> g(s->mu);
-    return Py_BuildValue("{s:L,s:K,s:n,s:n,s:n,s:i,s:i,s:i,s:i,s:L,s:L,s:L}", "seq", (long long)s->seq.load(),
+    return Py_BuildValue("{s:L,s:K,s:n,s:n,s:n,s:i,s:i,s:i,s:i,s:L,s:L}", "seq", (long long)s->seq.load(),
                          "misses", (unsigned long long)s->misses, "names", (Py_ssize_t)s->names.size(), "signatures",
                          (Py_ssize_t)s->args.size(), "sites", (Py_ssize_t)s->sites.size(), "frames", (int)s->frames,
                          "native_streams", (int)(s->get_stream && s->stream_handle), "capture_check",
                          (int)(s->is_capturing != nullptr), "inflight", s->inflight.load(), "markers",
-                         (long long)s->markers.load(), "native_marks", (long long)s->native_marks.load(),
-                         "python_marks", (long long)s->python_marks.load());
+                         (long long)s->markers.load(), "python_marks", (long long)s->python_marks.load());
 }
 
 static void Observer_dealloc(Observer *self) {
@@ -1490,7 +1480,6 @@ static PyMethodDef Observer_methods[] = {
      "kernel_begin(name_sid) -> seq: a kernel launched outside the dispatcher, as a record"},
     {"kernel_end", (PyCFunction)(void (*)(void))Observer_kernel_end, METH_FASTCALL,
      "kernel_end(seq, stream_handle, device, raised): its GPU marker, then the record ends"},
-    {"set_track", (PyCFunction)Observer_set_track, METH_O, "0 plain, 1 GPU markers, 4 start GPU tracking at the first CUDA op"},
     {"set_capturing", (PyCFunction)Observer_set_capturing, METH_O, "cuStreamIsCapturing's address"},
     {"forget", (PyCFunction)Observer_forget, METH_NOARGS, "the string table wrapped: drop cached ids"},
     {"gpu_start", (PyCFunction)(void (*)(void))Observer_gpu_start, METH_VARARGS | METH_KEYWORDS,
