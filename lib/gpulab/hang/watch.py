@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import beat, proc, report, tee, trace, workloads
 from gpulab.args import BadInput, json_target, parser, positive, writable_dir
-from gpulab.hang import capture, faults, job, jobread, stalls
+from gpulab.hang import capture, classify, faults, job, jobread, stalls
 from gpulab.hang import status as status_mod
 from gpulab.hang import memcheck, owner
 from gpulab.hang.verdict import EXIT_CODES, Observation, Verdict, judge, oplog_line
@@ -922,8 +922,10 @@ def main(argv: Sequence[str] | None = None,
           + (f"  SELF-TEST (planted {v.planted})" if v.planted else ""))
     for fact in v.evidence:
         print(f"  - {fact}")
-    if owner.next_step(v.owner):
-        print(f"next step: {owner.next_step(v.owner)}")
+    # the chain's own next step (gpulab.chain.verdict): a failure of the program's training loop names its remedy
+    step = classify.program_cause(v.cls, v.culprit, v.processes, v.owner) or owner.next_step(v.owner)
+    if step:
+        print(f"next step: {step}")
     print(Path(v.log["dir"]) / v.log["verdict"])
     code = exit_code(v)
     if v.interrupted:   # the last line says what the signal did, as for every other command
