@@ -380,6 +380,13 @@ def minimal_config(cfg: workloads.WorkloadConfig, out_dir: Path) -> workloads.Wo
     return dataclasses.replace(cfg, rung=rung, **small)
 
 
+def run_command(command: Sequence[str], mcfg: MatrixConfig, out_dir: str | Path, *,
+                progress: Callable[[str], None] | None = None) -> MatrixResult:
+    """Notebook 04 on what a watch caught: the fixes tried on a reproduction (a command), products in
+    out_dir/fixes; the job itself is never run again."""
+    return run(Target(command=command), mcfg, Path(out_dir) / NAME, pointers_dir=out_dir, progress=progress)
+
+
 def run_workload(cfg: workloads.WorkloadConfig, mcfg: MatrixConfig, out_dir: str | Path, *,
                  progress: Callable[[str], None] | None = None) -> MatrixResult:
     """Notebook 04's matrix: the configured workload, products in out_dir/fixes, `auto` following the 01/03
