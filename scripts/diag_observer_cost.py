@@ -1,8 +1,9 @@
 """Where the observer's per-step cost goes, in one process: a GPT-2-small-like step (benchmarks/gpt_step.py),
 eager and compiled, timed with no recorder and with the recorder in each configuration: mode ops (no GPU
 markers), auto (markers), and auto with parts of each record switched off (GPULAB_TRACE_ABLATE: 1 no call
-sites, 2 no argument summaries, 4 no GPU markers), and the dispatch-mode recorder for reference. Prints per
-configuration the median step, the records per step and the observer's counters.
+sites, 2 no argument summaries, 4 no GPU markers, 8 no capture check, 16 no marker enqueued), and the dispatch-mode recorder for reference. Prints per
+configuration the median step, the median host time to enqueue it (before the step's one sync: what the
+recorder adds when the GPU does not hide it), the records per step and the observer's counters.
 
   python scripts/diag_observer_cost.py [--steps N] [--modes eager,compiled] [--tiny]
 """
@@ -27,7 +28,8 @@ from gpulab.trace import native  # noqa: E402
 
 CONFIGS = [("none", None, {}), ("ops", "ops", {}), ("auto", "auto", {}), ("auto-nosite", "auto", {"GPULAB_TRACE_ABLATE": "1"}),
            ("auto-noargs", "auto", {"GPULAB_TRACE_ABLATE": "2"}), ("auto-nomarks", "auto", {"GPULAB_TRACE_ABLATE": "4"}),
-           ("auto-bare", "auto", {"GPULAB_TRACE_ABLATE": "7"}), ("auto-nokernels", "auto", {"GPULAB_TRACE_KERNELS": "0"}),
+           ("auto-bare", "auto", {"GPULAB_TRACE_ABLATE": "7"}), ("auto-nocapcheck", "auto", {"GPULAB_TRACE_ABLATE": "8"}),
+           ("auto-noenqueue", "auto", {"GPULAB_TRACE_ABLATE": "16"}), ("auto-nokernels", "auto", {"GPULAB_TRACE_KERNELS": "0"}),
            ("dispatch-auto", "auto", {"GPULAB_TRACE_OBSERVER": "0"})]
 
 
@@ -45,6 +47,9 @@ def main() -> None:
                                                                                heads=12)
     batch = 4 if tiny else 8
     wanted = a.configs.split(",")
+    unknown = [w for w in wanted if w not in {c[0] for c in CONFIGS}]
+    if unknown:
+        ap.error(f"unknown config {unknown}; choose from {', '.join(c[0] for c in CONFIGS)}")
     for mode in a.modes.split(","):
         torch.manual_seed(0)
         model = gpt_step.GPT(**cfg).to(dev)
@@ -53,19 +58,21 @@ def main() -> None:
         idx = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
         tgt = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
 
+        host = []
+
         def step():
             with torch.autocast(dev, dtype=torch.bfloat16):
                 loss = fwd(idx, tgt)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            host.append(time.perf_counter())
             return loss.item()
 
         for _ in range(5):
             step()
-        for name, rmode, env in CONFIGS:
-            if name not in wanted:
-                continue
+        by_name = {c[0]: c for c in CONFIGS}
+        for name, rmode, env in (by_name[w] for w in wanted):   # a name given twice runs twice (drift shows)
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             rec = None
@@ -76,17 +83,18 @@ def main() -> None:
                     step()
                 s0 = rec._mode_obj.stats() if rec is not None and rec.hot_path == "observer" else None
                 seq0 = trace.progress(rec.log).started if rec is not None else 0
-                times = []
+                times, hosts = [], []
                 for _ in range(a.steps):
                     t0 = time.perf_counter()
                     step()
                     times.append(time.perf_counter() - t0)
+                    hosts.append(host[-1] - t0)
                 per = (trace.progress(rec.log).started - seq0) / a.steps if rec is not None else 0
                 st = rec._mode_obj.stats() if s0 is not None else None
                 delta = {k: round((st[k] - s0[k]) / a.steps, 1) for k in ("markers", "python_marks", "misses")} \
                     if st else {}
                 extra = {k: st[k] for k in ("native_streams", "capture_check", "frames")} if st else {}
-                print(f"{mode:9} {name:15} {statistics.median(times) * 1e3:8.2f} ms  records/step {per:7.0f}  "
+                print(f"{mode:9} {name:15} {statistics.median(times) * 1e3:8.2f} ms  host {statistics.median(hosts) * 1e3:7.2f} ms  records/step {per:7.0f}  "
                       f"{rec.hot_path if rec else '':9} {rec.gpu_path if rec else ''} per step {delta} {extra}", flush=True)
             finally:
                 if rec is not None:

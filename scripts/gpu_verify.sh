@@ -48,6 +48,12 @@ for s in "$@"; do case $s in
   realstep) step realstep ${REALSTEP_LIMIT:-480} python3 benchmarks/bench_real_step.py --out $RES/realstep \
               --rounds ${REALSTEP_ROUNDS:-2} --steps ${REALSTEP_STEPS:-20} --modes ${REALSTEP_MODES:-eager,compiled} \
               --variants ${REALSTEP_VARIANTS:-none,watch,watch_nokernels,watch_dispatch} ;;
+  diag)     step diag ${DIAG_LIMIT:-240} python3 scripts/diag_observer_cost.py --steps ${DIAG_STEPS:-20} \
+              --modes ${DIAG_MODES:-eager,compiled} ${DIAG_ARGS:-} ;;
+  jobverdict) step jobverdict ${JOBV_LIMIT:-300} python3 benchmarks/bench_job_verdict.py --out $RES/jobverdict \
+              --cases ${JOBV_CASES:-gpu,train} --stall 5 ;;
+  longwatch) step longwatch 200 python3 -m gpulab watch --stall 8 --on-stall keep --out $RES/longwatch/out \
+              --json $RES/longwatch/verdict.json --timeout 60 -- python3 -m gpulab.workloads --device cuda --rung steps --steps 3000 ;;
   compiledhang) step compiledhang 200 python3 -m gpulab watch --stall 10 --out $RES/compiledhang/out \
               --json $RES/compiledhang/verdict.json -- python3 tests/fixtures/gpu_compiled_spin.py ;;
   eagerhang) step eagerhang 120 python3 -m gpulab watch --stall 8 --out $RES/eagerhang/out \

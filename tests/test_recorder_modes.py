@@ -87,6 +87,23 @@ def test_live_recording_survives_a_wrapping_string_table(tmp_path, path):
                and r.thread.startswith("MainThread") and r.args[1]["value"] != ring.EVICTED for r in tail)
 
 
+
+def test_the_observers_argument_cache_stays_bounded_when_every_op_has_new_arguments(tmp_path):
+    """A learning rate that changes every step gives an op new arguments every step: over days the cache of
+    argument summaries must retire old entries (freed one generation later), not keep every one."""
+    import torch
+
+    if native.load_observer() is None:
+        pytest.skip("the observer is not built here (no C++ compiler or torch headers)")
+    x = torch.ones(3)
+    with trace.Recorder(tmp_path / "lr.log", capacity=4096, **hotpaths.kw("observer")) as rec:
+        for i in range(40_000):
+            x = torch.clamp(x, max=2.0 + i * 1e-6)
+        st = rec._mode_obj.stats()
+    assert st["misses"] >= 40_000
+    assert st["signatures"] < 1 << 14 and st["signatures_retired"] <= 1 << 14, st
+
+
 # ------------------------------------------------------------------------------------------ another process
 
 WRITER = textwrap.dedent("""

@@ -8,7 +8,8 @@ from gpulab.trace.ring import HEADER_SIZE, MEM_SIZE, PAGE, Layout
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 # how far ahead of each region's write frontier pages are kept mapped writable (see Prefault)
-_AHEAD = {"slots": 256 << 10, "strings": 64 << 10, "memory": 16 << 10}
+# (slots: ~0.2 s of a busy eager step's records, the background thread's slowest poll being 0.1 s)
+_AHEAD = {"slots": 1 << 20, "strings": 64 << 10, "memory": 16 << 10}
 
 
 class Prefault:

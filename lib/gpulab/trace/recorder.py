@@ -38,6 +38,7 @@ from gpulab.trace.ring import (_MEM, _OFF_MEMCOUNT, _OFF_STARTED, DEFAULT_CAPACI
                                _check_mode, _Q, create)
 
 _GPU_POLL_S = 0.001
+_MEM_FAST_FOR_S, _MEM_SLOW_S = 10.0, 0.1   # memory samples every mem_interval_s for 10 s, then every 0.1 s
 
 
 def _rss_bytes() -> int:
@@ -171,23 +172,27 @@ class Recorder:
         """Memory samples every mem_interval_s, pages prefaulted ahead of the writers, and GPU progress
         copied or polled (memop-pinned, events) every millisecond. Never a host sync."""
         next_mem = 0.0
+        t_start = time.monotonic()
         while not self._stop.is_set():
             now = time.time()
+            # each sample takes the GIL from the program (~0.1 ms): fine-grained while a short run is all there
+            # is to see, then at _MEM_SLOW_S, which a job that runs for hours can leave on
+            interval = self._mem_interval if time.monotonic() - t_start < _MEM_FAST_FOR_S else \
+                max(self._mem_interval, _MEM_SLOW_S)
             if now >= next_mem:
                 self._sample_memory(now)
                 try:
                     self._step_prefault()
                 except (ValueError, OSError):
                     pass
-                next_mem = now + self._mem_interval
+                next_mem = now + interval
             tracker = self.tracker
             if tracker is not None:
                 try:
                     tracker.poll()
                 except Exception:  # noqa: BLE001 - GPU progress is best effort, recording goes on
                     pass
-            self._stop.wait(_GPU_POLL_S if tracker is not None and tracker.needs_poll else
-                            min(self._mem_interval, 0.02))
+            self._stop.wait(_GPU_POLL_S if tracker is not None and tracker.needs_poll else interval)
         self._sample_memory(time.time())
 
     def _sample_memory(self, now: float) -> None:

@@ -88,6 +88,7 @@ struct NameInfo {
     bool nomark = false;      /* a view or an allocation: no kernel, no GPU marker */
     bool view = false;        /* aliases an input without writing it: metadata only */
     bool skip = false;        /* the profiler's own bookkeeping ops: not recorded */
+    bool elide = false;       /* inside an op, bookkeeping of that op: not recorded there (see name_info) */
     bool schema = false;      /* positional arguments known: the rest are dropped as the dispatch mode drops them */
     size_t positional = 0;
     std::vector<ArgInfo> args;
@@ -168,7 +169,8 @@ struct State {
     std::atomic<uint64_t> gen{1};
     std::atomic<int> track{kTrackPlain};
     std::atomic<bool> device_set{false};
-    int ablate = 0;   /* diagnostics (GPULAB_TRACE_ABLATE): 1 no call sites, 2 no argument summaries, 4 no GPU markers */
+    int ablate = 0;   /* diagnostics (GPULAB_TRACE_ABLATE): 1 no call sites, 2 no argument summaries, 4 no GPU markers,
+                         8 no capture check, 16 markers' stream found but none enqueued */
     std::atomic<int64_t> markers{0}, python_marks{0};   /* markers enqueued; of them through Python */
     pid_t owner = 0;
     bool frames = false;
@@ -184,6 +186,7 @@ struct State {
     std::mutex mu;   /* the caches below */
     std::unordered_map<uint64_t, NameInfo *> names;
     std::unordered_map<uint64_t, ArgsInfo *> args;
+    std::vector<ArgsInfo *> args_retired;   /* the entries of the generation before: freed at the next retirement */
     std::unordered_map<const void *, int8_t> codes;   /* 1 user code, 0 internal (kept alive by Python) */
     std::unordered_map<uint64_t, SiteInfo> sites;
     uint64_t misses = 0;
@@ -199,7 +202,7 @@ std::atomic<uint64_t> g_gen{1};
 
 /* per thread, in front of the shared maps (a hit takes no lock): direct-mapped, checked by key and generation */
 constexpr size_t kLocal = 512;
-struct LocalName { uint64_t h = 0, gen = 0; NameInfo *ni = nullptr; };
+struct LocalName { const char *name = nullptr, *over = nullptr; int scope = -1; uint64_t gen = 0; NameInfo *ni = nullptr; };
 struct LocalArgs { uint64_t h = 0, gen = 0; ArgsInfo *ai = nullptr; };
 struct LocalCode { const void *code = nullptr; int8_t kind = -1; };
 struct LocalSite { const void *code = nullptr; int lasti = 0; uint64_t gen = 0; uint32_t sid = 0; };
@@ -220,7 +223,30 @@ Local &local() {
 thread_local std::vector<Open> t_open;
 thread_local uint32_t t_thread_sid = 0;
 thread_local uint64_t t_thread_gen = 0;
-thread_local std::string t_key;
+/* the key of an op's arguments, built per record: a plain buffer (std::string's appends cost more than the copy) */
+struct KeyBuf {
+    char *p = nullptr;
+    size_t n = 0, cap = 0;
+    ~KeyBuf() { free(p); }
+    void grow(size_t need) {
+        size_t c = std::max(cap * 2, need + 256);
+        char *q = (char *)realloc(p, c);
+        if (q == nullptr) throw std::bad_alloc();
+        p = q;
+        cap = c;
+    }
+    inline void put(const void *src, size_t k) {
+        if (n + k > cap) grow(n + k);
+        memcpy(p + n, src, k);
+        n += k;
+    }
+    inline void push(char c) {
+        if (n + 1 > cap) grow(n + 1);
+        p[n++] = c;
+    }
+    bool same(const std::string &other) const { return other.size() == n && memcmp(other.data(), p, n) == 0; }
+};
+thread_local KeyBuf t_key;
 thread_local bool t_inside = false;
 /* this thread's newest GPU marker: the record it was for, when (steady ns) and on which stream entry */
 thread_local int64_t t_mark_seq = -1;
@@ -398,6 +424,15 @@ std::string value_text(const c10::IValue &v, ArgShow show) {
 }
 
 /* the dispatch mode's positional arguments: those before the keyword-only ones, trailing defaults dropped */
+bool same_ints(c10::ArrayRef<c10::IValue> a, c10::ArrayRef<c10::IValue> b) {
+    if (a.size() != b.size())
+        return false;
+    for (size_t i = 0; i < a.size(); i++)
+        if (a[i].toInt() != b[i].toInt())
+            return false;
+    return true;
+}
+
 size_t shown_args(const NameInfo *ni, c10::ArrayRef<const c10::IValue> in) {
     if (!ni->schema)
         return in.size();
@@ -412,7 +447,7 @@ size_t shown_args(const NameInfo *ni, c10::ArrayRef<const c10::IValue> in) {
         else if (a.def.isInt() && v.isInt()) same = a.def.toInt() == v.toInt();
         else if (a.def.isBool() && v.isBool()) same = a.def.toBool() == v.toBool();
         else if (a.def.isDouble() && v.isDouble()) same = a.def.toDouble() == v.toDouble();
-        else if (a.def.isIntList() && v.isIntList()) same = a.def.toIntVector() == v.toIntVector();
+        else if (a.def.isIntList() && v.isIntList()) same = same_ints(a.def.toListRef(), v.toListRef());
         else if (a.def.isString() && v.isString()) same = a.def.toStringRef() == v.toStringRef();
         if (!same)
             break;
@@ -520,11 +555,11 @@ std::string args_text(const NameInfo *ni, c10::ArrayRef<const c10::IValue> in, s
 }
 
 /* the signature key: everything args_text reads (a hit needs no text) */
-bool append_key(std::string &k, const c10::IValue &v) {
-    auto put = [&k](const void *p, size_t n) { k.append((const char *)p, n); };
+bool append_key(KeyBuf &k, const c10::IValue &v) {
+    auto put = [&k](const void *p, size_t n) { k.put(p, n); };
     auto tensor = [&](const at::Tensor &t) {
         if (!t.defined()) {
-            k.push_back('n');
+            k.push('n');
             return true;
         }
         if (wrapped_number(t)) {   /* keyed by its value, as the text shows it */
@@ -533,8 +568,8 @@ bool append_key(std::string &k, const c10::IValue &v) {
             int kind = number_of(t, &i, &d);
             if (kind == 0)
                 return false;
-            k.push_back('w');
-            k.push_back((char)t.scalar_type());
+            k.push('w');
+            k.push((char)t.scalar_type());
             if (kind == 1) put(&i, 8);
             else put(&d, 8);
             return true;
@@ -552,10 +587,10 @@ bool append_key(std::string &k, const c10::IValue &v) {
             buf[4] = (char)nd;
             memcpy(buf + 5, sz.data(), 8 * nd);
             memcpy(buf + 5 + 8 * nd, st.data(), 8 * nd);
-            k.append(buf, 5 + 16 * nd);
+            k.put(buf, 5 + 16 * nd);
             return true;
         }
-        k.push_back('T');
+        k.push('T');
         int8_t meta[4] = {(int8_t)t.scalar_type(), (int8_t)t.device().type(), (int8_t)t.device().index(),
                           (int8_t)t.layout()};
         put(meta, 4);
@@ -579,37 +614,40 @@ bool append_key(std::string &k, const c10::IValue &v) {
         return true;
     };
     if (v.isTensor()) return tensor(v.toTensor());
-    if (v.isNone()) { k.push_back('N'); return true; }
-    if (v.isInt()) { k.push_back('i'); int64_t x = v.toInt(); put(&x, 8); return true; }
-    if (v.isBool()) { k.push_back(v.toBool() ? 'B' : 'b'); return true; }
-    if (v.isDouble()) { k.push_back('d'); double x = v.toDouble(); put(&x, 8); return true; }
+    if (v.isNone()) { k.push('N'); return true; }
+    if (v.isInt()) { k.push('i'); int64_t x = v.toInt(); put(&x, 8); return true; }
+    if (v.isBool()) { k.push(v.toBool() ? 'B' : 'b'); return true; }
+    if (v.isDouble()) { k.push('d'); double x = v.toDouble(); put(&x, 8); return true; }
     if (v.isSymInt()) {
         auto m = v.toSymInt().maybe_as_int();
         if (!m) return false;
-        k.push_back('i');
+        k.push('i');
         int64_t x = *m;
         put(&x, 8);
         return true;
     }
     if (v.isString()) {
         const std::string &s = v.toStringRef();
-        k.push_back('s');
+        k.push('s');
         uint32_t n = (uint32_t)std::min<size_t>(s.size(), 40);
         put(&n, 4);
         put(s.data(), n);
         return true;
     }
-    if (v.isIntList()) {
-        auto l = v.toIntVector();
-        k.push_back('l');
+    if (v.isIntList()) {   /* read in place (toIntVector would copy the list into a new vector) */
+        auto l = v.toListRef();
+        k.push('l');
         uint32_t n = (uint32_t)l.size();
         put(&n, 4);
-        put(l.data(), 8 * l.size());
+        for (const auto &x : l) {
+            int64_t val = x.toInt();
+            put(&val, 8);
+        }
         return true;
     }
     if (v.isTensorList()) {
         auto l = v.toTensorList();
-        k.push_back('L');
+        k.push('L');
         uint32_t n = (uint32_t)l.size();
         put(&n, 4);
         for (size_t j = 0; j < l.size(); j++)
@@ -624,7 +662,7 @@ bool append_key(std::string &k, const c10::IValue &v) {
     }
     if (v.isList()) {
         auto l = v.toListRef();
-        k.push_back('[');
+        k.push('[');
         uint32_t n = (uint32_t)l.size();
         put(&n, 4);
         for (const auto &x : l)
@@ -632,30 +670,35 @@ bool append_key(std::string &k, const c10::IValue &v) {
         return true;
     }
     /* a generator, a process group, a capsule...: shown by its kind, which the tag says */
-    k.push_back('o');
-    k.push_back((char)v.tagKind().size());
+    k.push('o');
+    k.push((char)v.tagKind().size());
     put(v.tagKind().data(), v.tagKind().size());
     return true;
 }
 
 NameInfo *name_info(State *s, const at::RecordFunction &fn) {
     const char *name = fn.name();
+    int scope = (int)fn.scope();
     const char *over = fn.scope() == at::RecordScope::FUNCTION ? fn.overload_name() : "";
+    uint64_t gen = s->gen.load(std::memory_order_relaxed);
+    /* an operator's name and overload are the dispatcher's own strings: the same pointers every call, so the
+       thread's cache is found by them without reading the text (then compared, as a user scope's name may be a
+       temporary whose address another name reuses) */
+    LocalName &ln = local().names[(((uintptr_t)name >> 3) ^ ((uintptr_t)over >> 2) ^ (uintptr_t)scope) % kLocal];
+    if (ln.name == name && ln.over == over && ln.scope == scope && ln.gen == gen && ln.ni != nullptr &&
+        strcmp(ln.ni->key.c_str(), name) == 0 && strcmp(ln.ni->key.c_str() + strlen(name) + 1, over) == 0)
+        return ln.ni;
     size_t nl = strlen(name), ol = strlen(over);
     uint64_t h = hash_bytes(over, ol, hash_bytes(name, nl + 1)) ^ (uint64_t)fn.scope();
-    uint64_t gen = s->gen.load(std::memory_order_relaxed);
     auto same = [&](const NameInfo *ni) {
         return ni->key.size() == nl + 1 + ol && memcmp(ni->key.data(), name, nl) == 0 &&
                memcmp(ni->key.data() + nl + 1, over, ol) == 0;
     };
-    LocalName &ln = local().names[h % kLocal];
-    if (ln.h == h && ln.gen == gen && ln.ni != nullptr && same(ln.ni))
-        return ln.ni;
     {
         std::lock_guard<std::mutex> g(s->mu);
         auto it = s->names.find(h);
         if (it != s->names.end() && same(it->second)) {
-            ln = LocalName{h, gen, it->second};
+            ln = LocalName{name, over, scope, gen, it->second};
             return it->second;
         }
     }
@@ -700,6 +743,10 @@ NameInfo *name_info(State *s, const at::RecordFunction &fn) {
             ni->schema = false;
         }
     }
+    /* a C++ scope named without a namespace inside an op ("detach" around autograd's detach): not an op, and
+       what runs in it is recorded */
+    if (fn.scope() == at::RecordScope::FUNCTION && !ni->schema && strstr(name, "::") == nullptr)
+        ni->elide = true;
     Gil gil;
     if (!gil.ok)
         return ni;   /* interpreter going away: the record keeps id 0 */
@@ -721,23 +768,37 @@ NameInfo *name_info(State *s, const at::RecordFunction &fn) {
         s->names[h] = ni;
         s->misses++;
     }
+    ln = LocalName{name, over, scope, gen, ni};
     return ni;
+}
+
+/* under s->mu, after a new generation: the map starts empty. Its entries are freed one retirement later, not now:
+   a thread's cache reads an entry only if it is of the current generation, and one that checked just before the
+   generation moved finishes its read long before 16384 new misses retire the next one (a job that runs for days
+   with a learning rate that changes every step keeps its memory) */
+void retire_args(State *s) {
+    for (ArgsInfo *a : s->args_retired)
+        delete a;
+    s->args_retired.clear();
+    for (auto &kv : s->args)
+        s->args_retired.push_back(kv.second);
+    s->args.clear();
 }
 
 ArgsInfo args_info(State *s, const NameInfo *ni, const at::RecordFunction &fn) {
     ArgsInfo out;
     c10::ArrayRef<const c10::IValue> in = fn.inputs();
     size_t n = shown_args(ni, in);
-    std::string &k = t_key;
-    k.clear();
-    k.append((const char *)&ni, sizeof(ni));
+    KeyBuf &k = t_key;
+    k.n = 0;
+    k.put(&ni, sizeof(ni));
     bool keyed = true;
     for (size_t i = 0; i < n && keyed; i++)
         keyed = append_key(k, in[i]);
-    uint64_t h = hash_bytes(k.data(), k.size());
+    uint64_t h = hash_bytes(k.p, k.n);
     uint64_t gen = s->gen.load(std::memory_order_relaxed);
     LocalArgs &la = local().args[h % kLocal];
-    if (keyed && la.h == h && la.gen == gen && la.ai != nullptr && la.ai->key == k) {
+    if (keyed && la.h == h && la.gen == gen && la.ai != nullptr && k.same(la.ai->key)) {
         out.sid = la.ai->sid;
         out.dev = la.ai->dev;
         return out;
@@ -745,7 +806,7 @@ ArgsInfo args_info(State *s, const NameInfo *ni, const at::RecordFunction &fn) {
     if (keyed) {
         std::lock_guard<std::mutex> g(s->mu);
         auto it = s->args.find(h);
-        if (it != s->args.end() && it->second->key == k) {
+        if (it != s->args.end() && k.same(it->second->key)) {
             out.sid = it->second->sid;
             out.dev = it->second->dev;
             la = LocalArgs{h, gen, it->second};
@@ -774,11 +835,11 @@ ArgsInfo args_info(State *s, const NameInfo *ni, const at::RecordFunction &fn) {
     if (keyed) {
         std::lock_guard<std::mutex> g(s->mu);
         if (s->args.size() >= (1u << 14)) {   /* scalars that change every step (lr) must not fill it for good */
-            s->args.clear();                  /* entries stay allocated: threads' caches may point at them */
             s->gen.store(g_gen.fetch_add(1));
+            retire_args(s);
         }
         auto *a = new ArgsInfo(out);
-        a->key = k;
+        a->key.assign(k.p, k.n);
         s->args[h] = a;
         la = LocalArgs{h, s->gen.load(std::memory_order_relaxed), a};
         s->misses++;
@@ -969,7 +1030,7 @@ bool stream_native(State *s, int32_t dev, uintptr_t *handle, int *capturing) {
     RawStream rs = s->get_stream((int8_t)dev);
     *handle = (uintptr_t)s->stream_handle(&rs);
     int status = 0;
-    *capturing = s->is_capturing((void *)*handle, &status) == 0 && status != 0;
+    *capturing = !(s->ablate & 8) && s->is_capturing((void *)*handle, &status) == 0 && status != 0;
     return true;
 }
 
@@ -1034,7 +1095,8 @@ void gpu_after(State *s, Ctx *c) {
             if (e == nullptr || __atomic_load_n(&g->disabled, __ATOMIC_RELAXED))
                 return;
         }
-        emit_marker(s, g, e, handle, c->seq, c->slot);
+        if (!(s->ablate & 16))
+            emit_marker(s, g, e, handle, c->seq, c->slot);
         return;
     }
     s->markers.fetch_add(1, std::memory_order_relaxed);
@@ -1070,7 +1132,7 @@ std::unique_ptr<at::ObserverContext> enter(State *s, const at::RecordFunction &f
     for (int tries = 0; tries < 3; tries++) {   /* again if the string table wrapped meanwhile (ids went stale) */
         uint64_t gen = s->gen.load(std::memory_order_acquire);
         ni = name_info(s, fn);
-        if (ni->skip || (ni->view && !t_open.empty()) || on_meta(fn.inputs()))
+        if (ni->skip || ((ni->view || ni->elide) && !t_open.empty()) || on_meta(fn.inputs()))
             return nullptr;   /* a view inside an op (transpose's as_strided) is metadata of the op around it */
         nsid = ni->sid;
         if (!(s->ablate & 2))
@@ -1373,7 +1435,7 @@ static PyObject *Observer_forget(Observer *self, PyObject *unused) {
     std::lock_guard<std::mutex> g(s->mu);
     s->gen.store(g_gen.fetch_add(1));
     s->names.clear();   /* the entries are kept (never freed): an op being entered or a thread's cache may hold one */
-    s->args.clear();
+    retire_args(s);
     s->sites.clear();
     Py_RETURN_NONE;
 }
@@ -1446,9 +1508,9 @@ static PyObject *Observer_stats(Observer *self, PyObject *unused) {
     if (s == nullptr)
         Py_RETURN_NONE;
     std::lock_guard<std::mutex> g(s->mu);
-    return Py_BuildValue("{s:L,s:K,s:n,s:n,s:n,s:i,s:i,s:i,s:i,s:L,s:L}", "seq", (long long)s->seq.load(),
+    return Py_BuildValue("{s:L,s:K,s:n,s:n,s:n,s:n,s:i,s:i,s:i,s:i,s:L,s:L}", "seq", (long long)s->seq.load(),
                          "misses", (unsigned long long)s->misses, "names", (Py_ssize_t)s->names.size(), "signatures",
-                         (Py_ssize_t)s->args.size(), "sites", (Py_ssize_t)s->sites.size(), "frames", (int)s->frames,
+                         (Py_ssize_t)s->args.size(), "signatures_retired", (Py_ssize_t)s->args_retired.size(), "sites", (Py_ssize_t)s->sites.size(), "frames", (int)s->frames,
                          "native_streams", (int)(s->get_stream && s->stream_handle), "capture_check",
                          (int)(s->is_capturing != nullptr), "inflight", s->inflight.load(), "markers",
                          (long long)s->markers.load(), "python_marks", (long long)s->python_marks.load());
