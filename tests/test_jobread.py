@@ -174,21 +174,25 @@ def fr(seq, op="gloo:all_reduce", retired=True, t=0.0, group="default", sizes=((
 
 
 def test_flight_recorder_numbers_what_pytorch_issues_and_joins_the_python_calls():
-    """DDP's gradient all_reduce (c10d records inside `loss.backward()`, no Python call) gets the flight
-    recorder's number, state and shapes, and the line that issued it; a Python call with the same number is one
-    collective, done only when both say so."""
-    records = [rec(1, "c10d.allreduce_.default", 10.0), rec(2, "c10d.allreduce_.default", 20.0),
+    """DDP's gradient all_reduce (c10d records inside `loss.backward()`, no Python call) is numbered by counting
+    the op log's collectives from the barrier's number, and joined with the flight recorder's entry of that
+    number: one collective, done only when both say so, with the line that issued it and the op log's shapes."""
+    t36 = [{"shape": [36], "dtype": "float32"}]
+    records = [rec(1, "c10d.allreduce_.default", 10.0, args=t36), rec(2, "c10d.allreduce_.default", 20.0, args=t36),
                rec(3, "dist.barrier", 30.0, site="train.py:44 in train", end=True,
                    args=[{"value": "g=default"}, {"value": "seq=3"}])]
     answer = {"fr": [fr(1, t=10.0), fr(2, retired=False, t=20.0), fr(3, "gloo:barrier", retired=False, t=30.0,
                                                                           sizes=())]}
     got = jobread.collectives_of(records, answer)
     assert [(c.op, c.seq, c.done, c.source) for c in got] == [
-        ("barrier", 3, False, "op log + flight recorder"), ("all_reduce", 1, True, "flight recorder"),
-        ("all_reduce", 2, False, "flight recorder")]
-    assert got[2].call_site == "train.py:30 in train" and got[2].shapes == "f32[36]"
-    alone = jobread.collectives_of(records)   # not asked: the Python call alone, as its op log has it
-    assert [(c.op, c.seq, c.done, c.source) for c in alone] == [("barrier", 3, True, "op log")]
+        ("all_reduce", 1, True, "op log + flight recorder"), ("all_reduce", 2, False, "op log + flight recorder"),
+        ("barrier", 3, False, "op log + flight recorder")]
+    assert got[1].call_site == "train.py:30 in train" and got[1].shapes == "f32[36]" and got[1].counted
+    alone = jobread.collectives_of(records)   # not asked: the op log alone, counted from the barrier's number
+    assert [(c.op, c.seq, c.done, c.source) for c in alone] == [
+        ("all_reduce", 1, True, "op log"), ("all_reduce", 2, True, "op log"), ("barrier", 3, True, "op log")]
+    only_fr = jobread.collectives_of(records[:2], {"fr": answer["fr"][:2]})   # no numbered call: the recorder's
+    assert [(c.seq, c.done) for c in only_fr] == [(1, True), (2, False)]
 
 
 @pytest.mark.parametrize("name,family", [("c10d.allreduce_.default", "allreduce"), ("gloo:all_reduce", "allreduce"),

@@ -6,6 +6,13 @@ calls the group's collectives in the same order, so the n-th call of each rank m
 same shapes. The first sequence number where the ranks differ is the divergence: the ranks that reached it
 wait, the ranks that did not are doing something else (named from their open op or their Python frame).
 
+NCCL returns from a collective at launch: a rank's host goes on and blocks later elsewhere (a .item(), a
+torch.save, the next collective), after issuing more collectives behind the one that can never complete. The
+first collective of a rank that never completed is what it waits on (its row in the table says so), wherever
+its host is. And NCCL matches a group's collectives by their order alone: a rank's call of another kind or size
+at the same number (its barrier is an all_reduce of one element) pairs with the others' call, completes on its
+side and lets it go on, while theirs never completes: the calls differ and only one side completed (paired).
+
 Then the program's shape says why, where its source is known: the ranks that wait in the collective their
 training loop issues every step (one they already matched at an earlier number, from the same line), while
 another rank is past the end of that loop, ran out of steps (uneven_inputs: more batches on some ranks) or
@@ -37,6 +44,9 @@ class Collective:
     t_start: float = 0.0       # seconds, the process's op-log clock (comparable across processes of one host)
     t_end: float | None = None
     source: str = "op log"     # "op log" (the Python call), "flight recorder" (PyTorch's own entry), or both
+    by_torch: bool = False     # issued by PyTorch inside the program's call (DDP's reducer in backward, FSDP's
+                               # hooks, a functional collective), not a torch.distributed call of the program
+    counted: bool = False      # its seq counted along the op log from a number the group gave (gpulab.hang.jobread)
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,10 @@ class ProcessView:
     # ops the program's own lines issued (depth 0), by line: "train.py:31" -> count; None when the op log
     # lost records (then counts compare nothing)
     line_ops: dict | None = None
+    # a line of the program -> the one line that calls the function holding it, read from the source
+    # ("train.py:47" in average_gradients -> "train.py:70"): where a collective was issued from once the
+    # host has moved on (NCCL returns at launch)
+    callers: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,10 @@ class Divergence:
     instead: dict = field(default_factory=dict)   # role -> what it is doing instead (a sentence)
     mismatch: str | None = None            # "op" | "shape" when the ranks are at seq with different calls
     t_start: float | None = None           # when the first waiting call started (op-log clock): the timeline's mark
+    # role -> its own call at seq, which completed although it differs from the waiting ranks': NCCL matches
+    # a group's collectives by their order, so a rank's barrier (an all_reduce of one element) pairs with the
+    # others' gradient all_reduce of the same number; it completes there, that rank goes on, theirs never does
+    paired: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -126,11 +144,12 @@ def analyse(views: Sequence[ProcessView]) -> JobFinding:
     diverged = [w for w in walks if w.divergence is not None]
     if diverged:
         w = min(diverged, key=lambda w: w.t_first)
+        rows = tuple(_paired_row(r, w.divergence) for r in rows)
         cls = "collective_mismatch" if w.divergence.mismatch else "rank_stuck"
         shape = _loop_shape(w.divergence, _groups(order)[w.divergence.group])
         if shape is not None:
             cls, culprit, why = shape
-            kept = tuple(e for e in w.evidence if not e.startswith("no call is the most common"))
+            kept = tuple(e for e in w.evidence if not e.startswith(_UNDECIDED))
             return JobFinding(cls, culprit, w.divergence, why + kept + _loader_links(order, w) + gaps, rows)
         return JobFinding(cls, w.culprit, w.divergence, w.evidence + _loader_links(order, w) + gaps, rows)
     agreed = tuple(s for w in walks for s in w.evidence) or (
@@ -195,7 +214,9 @@ def _calls(v: ProcessView, group: str) -> dict[int, Collective]:
 # ------------------------------------------------------------------------------------------- one group
 
 def _walk(group: str, members: list[ProcessView]) -> _Walk:
-    """The first seq where the members part: one missing it, or calls that differ in op or shapes."""
+    """The first seq where the members part: one missing it, or calls that differ in op or shapes. Where the
+    calls differ but some completed while the others never do, the backend paired them (NCCL: see
+    Divergence.paired): the ones that completed went on without the call the others wait in."""
     calls = {m.role: _calls(m, group) for m in members}
     seqs, matched = sorted(set().union(*calls.values())), 0
     for s in seqs:
@@ -205,11 +226,64 @@ def _walk(group: str, members: list[ProcessView]) -> _Walk:
                 return _missing(group, s, members, at, matched)
             continue   # everyone who called it completed it: a record lost, not a divergence
         kind = "op" if len({c.op for c in at.values()}) > 1 else (
-            "shape" if len({c.shapes for c in at.values()}) > 1 else None)
+            "shape" if not _same_shapes(list(at.values())) else None)
         if kind:
+            if 0 < sum(c.done for c in at.values()) < len(at):
+                return _paired(group, s, members, at, kind, matched)
             return _mismatch(group, s, members, at, kind)
         matched += 1
     return _Walk(None, None, (_agreed(group, members, calls, seqs),))
+
+
+def _same_shapes(cs: list[Collective]) -> bool:
+    """The calls' tensors agree. The op log lists a call's tensors (all_gather_into_tensor: output and input),
+    the flight recorder its inputs: an entry only the recorder knows agrees with a call whose tensors hold its."""
+    logged = {c.shapes for c in cs if c.source != "flight recorder"}
+    recorded = {c.shapes for c in cs if c.source == "flight recorder"}
+    if len(logged) > 1 or len(recorded) > 1:
+        return False
+    if not logged or not recorded:
+        return True
+    have, inputs = set(next(iter(logged)).split(", ")), next(iter(recorded)).split(", ")
+    return all(x in have for x in inputs)
+
+
+_UNDECIDED = "no call is the most common"
+
+
+def _paired(group: str, s: int, members: list[ProcessView], at: dict, kind: str, earlier: int) -> _Walk:
+    """At seq s the members called different collectives, and the backend matched them as one: on some ranks
+    the call completed (they went on), on the others it never will (they wait). The ranks that wait are the
+    divergence's; the others never called what they wait in (missing, their own call paired). Which side is
+    out of place: the call of the fewer members (a tie names nobody; the program's loop may, _loop_shape)."""
+    waiting = [m for m in members if not at[m.role].done]
+    went = [m for m in members if at[m.role].done]
+    key = (lambda m: at[m.role].op) if kind == "op" else (lambda m: at[m.role].shapes)
+    ranked = Counter(key(m) for m in members).most_common()
+    tie = ranked[0][1] == ranked[1][1]
+    culprit = None if tie else ", ".join(m.role for m in members if key(m) != ranked[0][0])
+    op = Counter(at[m.role].op for m in waiting).most_common(1)[0][0]
+    theirs = _call(at[waiting[0].role])
+    instead = {m.role: f"its {_call(at[m.role])} (group {group}, seq {s}) completed, paired with the others' "
+                       f"{at[waiting[0].role].op}; then: {_instead(m)}" for m in went}
+    paired = {m.role: _call(at[m.role]) for m in went}
+    t = min(at[m.role].t_start for m in waiting)
+    div = Divergence(group, s, op, _roles(waiting), _roles(went), instead, kind, t, paired)
+    what = "ops" if kind == "op" else "shapes"
+    barrier = "; its barrier is an all_reduce of one element" if any(c.op == "barrier" for c in at.values()) else ""
+    gone, stay = ", ".join(_roles(went)), ", ".join(_roles(waiting))
+    lines = [f"group {group}, seq {s}: the members called different {what}: {_who(waiting + went, at, 'call', True)}",
+             (f"{gone} and {stay} called their different collectives as the same number {s}: the backend matched "
+              f"them as one (NCCL pairs a group's collectives by their order, not their kind or size{barrier}), so "
+              f"{gone} completed {'its' if len(went) == 1 else 'their'} call and went on, while {stay} "
+              f"wait{'s' if len(waiting) == 1 else ''} in {theirs} for a partner that never calls it")]
+    if earlier:
+        lines.append(f"group {group}: {earlier} earlier collective(s) matched on all {len(members)} members")
+    lines += [f"{m.role}: after its seq {s}: {_instead(m)}; {_progress(m)}" for m in went]
+    lines.append(f"{_UNDECIDED} ({' vs '.join(str(n) for _, n in ranked)} members): which side's call is out of "
+                 "place the calls alone do not tell" if tie else
+                 f"{culprit} differ(s) from the call of {ranked[0][1]} of {len(members)} members")
+    return _Walk(div, culprit, tuple(lines), t)
 
 
 def _missing(group: str, s: int, members: list[ProcessView], at: dict, earlier: int) -> _Walk:
@@ -244,7 +318,7 @@ def _mismatch(group: str, s: int, members: list[ProcessView], at: dict, kind: st
     culprit = None if tie else ", ".join(_roles(other))
     what = "ops" if kind == "op" else "shapes"
     head = f"group {group}, seq {s}: the members call different {what}: {_who(same + other, at, 'call', True)}"
-    why = (f"no call is the most common ({' vs '.join(str(n) for _, n in ranked)} members): neither side is "
+    why = (f"{_UNDECIDED} ({' vs '.join(str(n) for _, n in ranked)} members): neither side is "
            "named the culprit" if tie else
            f"{culprit} differ(s) from the call of {len(same)} of {len(members)} members: {_call(at[same[0].role])}")
     return _Walk(div, culprit, (head, why), t)
@@ -302,8 +376,13 @@ def _iterations(stay: ProcessView, off: ProcessView, loop: tuple[str, int, int],
 
 
 def _lines(v: ProcessView, c: Collective | None) -> list[str]:
-    """A rank's own lines, innermost first: its call at the divergence, then its main thread's stack."""
-    first = [_site_line(c.call_site)] if c is not None and c.call_site else []
+    """A rank's own lines, innermost first: its call at the divergence and the lines that call it (read from
+    the source: the host may have moved on since it issued the call), then its main thread's stack."""
+    first: list[str] = []
+    line = _site_line(c.call_site) if c is not None and c.call_site else None
+    while line and line not in first:
+        first.append(line)
+        line = v.callers.get(line)
     return first + [x for x in v.stack if x not in first] or ([v.place] if v.place else [])
 
 
@@ -349,16 +428,17 @@ def _loop_shape(d: Divergence, members: list[ProcessView]) -> tuple[str, str, tu
     line = _site_line(ref.call_site)
     issued = (f"{ref.op} (group {d.group}, seq {d.seq}), the collective their loop at {span} issues every step"
               + (f" from {line}" if line else "")
+              + (f" (called from {loop[0]}:{upto})" if line and _split(line) != (loop[0], upto) else "")
               + (" (issued inside that call by PyTorch, as DDP's gradient all_reduce is in backward)"
-                 if ref.source == "flight recorder" else ""))
+                 if ref.by_torch or ref.source == "flight recorder" else ""))
     left = [m for m in off if where[m.role] is None or not _in_loop(where[m.role], loop)]
     branch = [m for m in off if m not in left and calls[m.role] is not None]
     waiting = f"{', '.join(_roles(stay))} wait{'s' if len(stay) == 1 else ''} in {issued}"
     if branch and not left and len(branch) == len(off):
         culprit = ", ".join(_roles(branch))
-        lines = tuple(f"{m.role} is in {calls[m.role].op} at {where[m.role]}, inside the same loop: a collective in a "
-                      f"branch the others did not take (the ranks decided differently whether to call it)"
-                      for m in branch)
+        lines = tuple(f"{m.role} {_branch_call(m, calls[m.role], d)} at {where[m.role]}, inside the same loop: a "
+                      f"collective in a branch the others did not take (the ranks decided differently whether to "
+                      f"call it)" for m in branch)
         return "skipped_collective", culprit, (waiting,) + lines
     if not left or len(left) != len(off):
         return None   # a rank inside the loop in its own code or an op: stuck there, not a shape of the loop
@@ -368,7 +448,9 @@ def _loop_shape(d: Divergence, members: list[ProcessView]) -> tuple[str, str, tu
     lines = [waiting]
     for m in left:
         now = _state(m.state) if where[m.role] is None else f"at {m.frame or where[m.role]}"
-        lines.append(f"{m.role} left that loop: it is {now}, past its end, after {_last_call(m, d.group)}")
+        after = (f"; its {d.paired[m.role]} (seq {d.seq}, outside that loop) was paired with their {ref.op}, "
+                 f"completed, and it went on" if m.role in d.paired else f", after {_last_call(m, d.group)}")
+        lines.append(f"{m.role} left that loop: it is {now}, past its end{after}")
     if cls == "skipped_collective":
         lines.append(f"{culprit} ran as many steps of the loop as {stay[0].role} (a line of the loop before the "
                      "collective issued as many ops on both) but one collective fewer: it skipped the collective in "
@@ -380,6 +462,13 @@ def _loop_shape(d: Divergence, members: list[ProcessView]) -> tuple[str, str, tu
         lines.append(f"the op logs do not tell whether {culprit} ran out of data (uneven inputs) or skipped a step "
                      "(a rank-local skip): either way it left the loop before the others")
     return cls, culprit, tuple(lines)
+
+
+def _branch_call(m: ProcessView, c: Collective, d: Divergence) -> str:
+    if m.role in d.paired:
+        return (f"called {c.op}{f' ({c.shapes})' if c.shapes else ''} as seq {d.seq}, which completed, paired with the "
+                f"others' {d.op}")
+    return f"is in {c.op}"
 
 
 # -------------------------------------------------------------------------------------------- sentences
@@ -528,10 +617,26 @@ def _loader_links(order: list[ProcessView], w: _Walk) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------------------------ the table
 
+def _first_open(v: ProcessView) -> Collective | None:
+    """The first collective of the process that never completed: what it waits on, whatever its host does
+    since (NCCL returns at launch; the host blocks later, in a .item(), a torch.save, the next collective)."""
+    open_ = [c for c in v.collectives if not c.done]
+    return min(open_, key=lambda c: (c.t_start, c.seq if c.seq is not None else math.inf)) if open_ else None
+
+
 def _row(v: ProcessView) -> dict[str, Any]:
-    c = _latest(v.collectives)
+    """A process's row: its collective is the first one that never completed, else its latest."""
+    c = _first_open(v) or _latest(v.collectives)
     coll = {"group": c.group, "seq": c.seq, "op": c.op, "shapes": c.shapes, "done": c.done} if c else None
     return {"role": v.role, "pid": v.pid, "node": v.node, "kind": v.kind, "state": v.state,
             "open_op": _op_text(v.open_op) if v.open_op else None, "collective": coll,
             "last_progress_s": v.last_progress_s, "wait": v.wait, "frame": v.frame, "own_code": v.own_code,
             "log": v.log}
+
+
+def _paired_row(row: dict[str, Any], d: Divergence) -> dict[str, Any]:
+    """A row whose collective the backend paired with the waiting ranks' different call says so."""
+    c = row.get("collective")
+    if row["role"] not in d.paired or not c or (c["group"], c["seq"]) != (d.group, d.seq):
+        return row
+    return {**row, "collective": {**c, "paired_with": f"{d.op} of {', '.join(d.waiting)}"}}

@@ -24,7 +24,8 @@ def _collective_text(c: dict | None) -> str:
         return "-"
     seq = f"seq {c['seq']}" if c["seq"] is not None else "p2p"
     shapes = f" {c['shapes']}" if c["shapes"] else ""
-    return f"{c['op']}{shapes} ({c['group']}, {seq}, {'done' if c['done'] else 'OPEN'})"
+    paired = f", paired with {c['paired_with']}" if c.get("paired_with") else ""
+    return f"{c['op']}{shapes} ({c['group']}, {seq}, {'done' if c['done'] else 'OPEN'}{paired})"
 
 
 def _progress_text(s: float | None) -> str:

@@ -269,16 +269,19 @@ def _thin_captures(root: Path, limit: int = MAX_CAPTURES) -> None:
 # ------------------------------------------------------------------------------------ a job of processes
 
 def _job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, native_tools: Sequence[str],
-                 stacks: bool, dest: Path) -> tuple[list, Any, dict]:
+                 stacks: bool, dest: Path, t_stall: float | None = None) -> tuple[list, Any, dict]:
     """Every followed process's Python stacks (at once), the views, the cross-process finding, and the
     native stacks of the process the finding names; each process's op-log tail written (into `dest`) from the
-    same read. Before the stop: the processes are still stuck."""
+    same read. Before the stop: the processes are still stuck. t_stall (monotonic): when the stall was seen,
+    what each process's last progress is counted back from (not the end of this capture: asking a rank that
+    holds the GIL waits out its timeout)."""
+    t_stall = time.monotonic() if t_stall is None else t_stall
     left = jobread.read_job(launch.procs, ask=True)   # the ranks' own collective numbers, while stuck
     metas = {pid: lf.meta for pid, lf in left.items()}
     pythons = {pid: c.text for pid, c in jobread.capture_python(launch.procs, metas).items()} if stacks else {}
     if root_python and not pythons.get(root_pid):
         pythons[root_pid] = root_python
-    views = jobread.views(launch.procs, pythons, getattr(tracker, "last", None), left=left)
+    views = jobread.views(launch.procs, pythons, getattr(tracker, "last", None), now=t_stall, left=left)
     jobread.write_tails(dest, left)
     finding = job.analyse(views)
     natives: dict = {}
@@ -305,14 +308,22 @@ def _with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, sta
                      "divergence": plain["divergence"]}
     if any(p.ops_completed or p.collectives for p in views):
         changes["phase"] = "ops"
-    if finding.cls is None:
-        changes["evidence"] = tuple(v.evidence) + tuple(finding.evidence)
-        return dataclasses.replace(v, **changes)
-    # the job's finding first; what the watchdog saw of the process it started (often a launcher that
-    # waits for its children) after it, said to be about that process
     who = next((p.role for p in views if p.pid == root), "the process the watchdog started")
     kept = ("the watchdog", "exit code", "planted")
     launcher = any(p.pid == root and p.supervises for p in views)   # where a launcher waits is no finding
+    if finding.cls is None:
+        if not launcher or v.status != "hang":
+            changes["evidence"] = tuple(v.evidence) + tuple(finding.evidence)
+            return dataclasses.replace(v, **changes)
+        # the process the watchdog started only waits for its ranks (torchrun's agent, mp.spawn's parent): what
+        # it is in says nothing of the job, and is never its finding
+        why = (f"{who} only waits for the job's processes: what it is in is not the job's finding, and the job's "
+               "processes show nothing that explains the stall")
+        evidence = tuple(finding.evidence) + tuple(e for e in v.evidence if e.startswith(kept)) + (why,)
+        changes.update(cls="unknown", host_blocked_in=None, evidence=evidence)
+        return dataclasses.replace(v, **changes)
+    # the job's finding first; what the watchdog saw of the process it started (often a launcher that
+    # waits for its children) after it, said to be about that process
     own = tuple(e if e.startswith(kept) else f"{who}: {e}" for e in v.evidence
                 if e != "no rule matched the evidence" and not e.startswith("status ")
                 and not (launcher and not e.startswith(kept)))
@@ -366,6 +377,7 @@ class _Seen:
 def _evidence(child: proc.Child, launch: Launch, tracker: Any, dest: Path, *, stacks: bool,
               capture_gpu: bool | str, cuda_gdb: bool, coredump: bool, native_tools: Sequence[str]) -> _Seen:
     """Stacks (every process's, for a job) and the op log as the stall left them; the child still runs."""
+    t_stall = time.monotonic()
     if stacks:
         caps = _capture(child, launch, capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
                         native_tools=native_tools)
@@ -374,7 +386,7 @@ def _evidence(child: proc.Child, launch: Launch, tracker: Any, dest: Path, *, st
     jobbed = None
     if getattr(tracker, "procs", None):   # the job has processes besides the one started
         t_job = time.monotonic()
-        jobbed = _job_capture(launch, tracker, child.pid, caps["python"].text, native_tools, stacks, dest)
+        jobbed = _job_capture(launch, tracker, child.pid, caps["python"].text, native_tools, stacks, dest, t_stall)
         caps["processes"] = capture.Capture("processes", "", "faulthandler", time.monotonic() - t_job, True)
     t_log = time.monotonic()
     snap, log_notes = _read_log(launch)  # last: the op-log tail as the stall left it

@@ -231,7 +231,10 @@ def snapshot() -> dict:
 
 
 def _fr_entries(groups: list) -> list:
-    """The flight recorder's entries, each with the group's key ('default' or its name); [] when it is off."""
+    """The flight recorder's entries, each with the group's key ('default' or its name); [] when it is off.
+    Every entry the ring holds, completed ones too: NCCL marks an entry completed when its GPU work is (gloo
+    never does, and retires it instead), so asking for the active ones only would leave a rank whose
+    collectives all completed with none at all, and nothing to match the waiting ranks' numbers against."""
     import json
     import sys
 
@@ -240,7 +243,7 @@ def _fr_entries(groups: list) -> list:
     # CPU backends keep one recorder, NCCL its own (a CUDA build has both): read each that answers
     for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
         fn = getattr(c, name, None)
-        for args in ((True, True), ()):
+        for args in ((True, False), ()):   # (includeCollectives, onlyActive)
             if fn is None:
                 break
             try:
@@ -265,19 +268,34 @@ def _fr_entries(groups: list) -> list:
         out.append({"group": keys.get(str(pg[0]), str(pg[0])), "seq": e.get("collective_seq_id"),
                     "p2p_seq": e.get("p2p_seq_id"), "p2p": bool(e.get("is_p2p")), "op": fr_op(e.get("profiling_name")),
                     "sizes": e.get("input_sizes") or [], "dtypes": e.get("input_dtypes") or [],
-                    "state": e.get("state"), "retired": bool(e.get("retired")),
+                    "state": e.get("state"), "retired": bool(e.get("retired")) or e.get("state") == "completed",
                     "created": (e.get("time_created_ns") or 0) / 1e9,
                     "frames": [f"{f.get('filename')}:{f.get('line')} in {f.get('name')}" for f in e.get("frames") or ()][:8]})
     return out
 
 
 _FR_OPS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-           "alltoall": "all_to_all", "_allgather_base": "all_gather_into_tensor",
+           "alltoall": "all_to_all", "_allgather_base": "all_gather_into_tensor", "_all_gather_base": "all_gather_into_tensor",
            "_reduce_scatter_base": "reduce_scatter_tensor", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
-           "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor", "allreduce_coalesced": "all_reduce"}
+           "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor", "allreduce_coalesced": "all_reduce",
+           # NCCL's barrier is an all_reduce of one element, named apart; c10d's op names (the dispatcher's)
+           "all_reduce_barrier": "barrier", "alltoall_base": "all_to_all_single", "allgather_coalesced": "all_gather",
+           "reduce_scatter": "reduce_scatter"}
 
 
 def fr_op(profiling_name: str | None) -> str:
     """'gloo:all_reduce' / 'nccl:all_reduce' -> 'all_reduce', the torch.distributed name."""
     name = str(profiling_name or "?").split(":", 1)[-1]
     return _FR_OPS.get(name, name)
+
+
+def dispatcher_op(name: str) -> str:
+    """The torch.distributed name of a collective as the dispatcher or a backend names it:
+    'c10d.allreduce_.default', '_c10d_functional.all_gather_into_tensor.default', 'nccl:all_reduce_barrier'
+    -> 'all_reduce', 'all_gather_into_tensor', 'barrier'."""
+    if ":" in name:
+        return fr_op(name)
+    parts = name.split(".")
+    op = parts[1] if len(parts) > 1 else parts[0]
+    op = op.removesuffix("_")   # c10d's in-place names: allreduce_, _allgather_base_
+    return _FR_OPS.get(op, op)
