@@ -66,6 +66,7 @@ def test_compiled_step_on_the_gpu_compiles_the_same_under_the_recorder(tmp_path)
     assert {k: v for k, v in runs["plain"].items() if k != "frames_ok"} == \
            {k: v for k, v in runs["recorded"].items() if k != "frames_ok"}
     snap = trace.read(tmp_path / "ops.log")
+    assert snap.device == "cuda"   # the model is built on the CPU first, then moved: the log names where it computes
     kernels = [r for r in snap.records if r.name.startswith("triton_")]   # Inductor's, named and tracked
     # forward kernels at the program's line (backward's run on autograd's device thread: no Python caller)
     assert kernels and any(r.gpu_done for r in kernels) and any("compiled_step.py" in r.call_site for r in kernels), \

@@ -228,12 +228,15 @@ def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[]
         return v
 
     def set_device(args) -> None:
+        # the device the program computes on: cpu until an accelerator's tensor is seen (a CUDA program's first
+        # ops are often on the CPU: a seed, indices, a batch before .to())
         for a in args:
-            if isinstance(a, Tensor):
+            if isinstance(a, Tensor) and a.device.type != "meta":
                 dev = a.device.type.encode()[:31]
                 mm[_OFF_DEVICE:_OFF_DEVICE + 32] = dev.ljust(32, b"\0")
-                state["device_unset"] = False
-                return
+                if a.device.type != "cpu":
+                    state["device_unset"] = False
+                    return
 
     return SimpleNamespace(names=names, codes=codes, threads=threads, arg_cache=arg_cache, scalar_cls=scalar_cls,
                            uninitialized=uninitialized, no_gpu_work=no_gpu_work, state=state, gen=gen, intern=intern,

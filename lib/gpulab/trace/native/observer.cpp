@@ -821,14 +821,21 @@ ArgsInfo args_info(State *s, const NameInfo *ni, const at::RecordFunction &fn) {
     out.sid = intern_text(s, text);
     out.dev = dev;
     if (!s->device_set.load(std::memory_order_relaxed) && s->off_device >= 0) {
+        /* the device the program computes on: a CPU tensor says cpu until an accelerator's tensor is seen (a
+           CUDA program's first ops are often on the CPU: a seed, indices, a batch before .to()) */
         for (size_t i = 0; i < n; i++) {
             if (in[i].isTensor() && in[i].toTensor().defined()) {
-                std::string d = c10::DeviceTypeName(in[i].toTensor().device().type(), true);
+                c10::DeviceType t = in[i].toTensor().device().type();
+                if (t == c10::DeviceType::Meta)
+                    continue;
+                std::string d = c10::DeviceTypeName(t, true);
                 char buf[32] = {0};
                 memcpy(buf, d.data(), std::min<size_t>(d.size(), 31));
                 memcpy(s->base + s->off_device, buf, 32);
-                s->device_set.store(true);
-                break;
+                if (t != c10::DeviceType::CPU) {
+                    s->device_set.store(true);
+                    break;
+                }
             }
         }
     }
