@@ -17,7 +17,7 @@ import ctypes
 import functools
 from typing import Any, Callable
 
-from gpulab.trace import gpumarks, kernels, native, texts
+from gpulab.trace import gpumarks, graphs, kernels, native, texts
 from gpulab.trace.ring import _OFF_COMPLETED, _OFF_DEVICE, _OFF_STARTED
 
 _TRACK = {"ops": 0, "auto": 4, "gpu": 4}   # observer.cpp: 0 plain, 4 GPU markers from the first CUDA op on
@@ -32,6 +32,7 @@ class ObserverMode:
         self._torch = torch
         self._kernels = name_kernels
         self._undo_kernels: Callable[[], None] | None = None
+        self._undo_graphs: Callable[[], None] | None = None
         self._obs = None
 
         def forget() -> None:
@@ -83,13 +84,15 @@ class ObserverMode:
         self._obs.install()
         if self._kernels:
             self._undo_kernels = kernels.install(self._obs, self._t.intern, self._t.gen)
+        self._undo_graphs = graphs.install(self._obs, self._t)
         return self
 
     def __exit__(self, *exc) -> None:
         self._obs.remove()
-        if self._undo_kernels is not None:
-            self._undo_kernels()
-            self._undo_kernels = None
+        for undo in (self._undo_kernels, self._undo_graphs):
+            if undo is not None:
+                undo()
+        self._undo_kernels = self._undo_graphs = None
 
     def call_wrapper(self, orig: Callable, name: bytes, describe: Callable) -> Callable:
         """A Python-level call (a torch.distributed collective) as one composite record around what the
