@@ -16,6 +16,7 @@ import pytest
 
 from gpulab import proc, tee
 from gpulab.hang import stalls, status, watch
+from gpulab.trace import liveness
 
 FIX = Path(__file__).parent / "fixtures"
 CKPT = str(FIX / "checkpoint_pause.py")
@@ -182,16 +183,17 @@ def test_ended_processes_beyond_the_latest_are_pruned(tmp_path):
             (procs / f"{pid}.json").write_text(json.dumps({"pid": pid, "started": float(i), "log": f"{pid}.log"}))
             (procs / f"{pid}.beat").write_bytes(b"")
 
-        class Tracker:
-            procs = {p: object() for p in [*ended, live.pid]}
-            last = {p: 0.0 for p in [*ended, live.pid]}
-            seen = set([*ended, live.pid])
-
-        watch._prune(procs, Tracker, set(), keep_ended=2)
+        tracker = liveness.JobProgress(liveness.Progress(live.pid), procs)
+        tracker.advanced()   # reads every <pid>.json
+        tracker.last.update({p: 0.0 for p in ended})
+        assert set(tracker.metas) == tracker.seen == {*ended, live.pid}
+        watch._prune(procs, tracker, set(), keep_ended=2)
         left = sorted(int(p.name.split(".")[0]) for p in procs.glob("*.json"))
     assert left == sorted([*ended[-2:], live.pid])
     assert not list(procs.glob(f"{ended[0]}.*"))
-    assert set(Tracker.procs) == set(Tracker.last) == Tracker.seen == {*ended[-2:], live.pid}
+    kept = {*ended[-2:], live.pid}   # nothing of a pruned process stays: a job of days costs no more memory
+    assert set(tracker.metas) == tracker.seen == kept
+    assert set(tracker.last) | set(tracker.procs) | tracker._ranks_pending <= kept
 
 
 # ------------------------------------------------------------------------------------ pure judgement

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -248,14 +251,21 @@ def _prune(procs: Path, tracker: Any, shrunk: set[int], keep_ended: int = KEEP_E
         if pid not in shrunk and log.exists():
             keep_recorded(log)
             shrunk.add(pid)
-    for _, pid in ended[:cut]:
-        for p in procs.glob(f"{pid}.*"):
+    gone = {str(pid) for _, pid in ended[:cut]}
+    # one listing, matched by name: a glob per pid compiles a pattern per pid, and pathlib's and re's caches
+    # keep the latest hundreds of them, each one new memory, churned for days
+    try:
+        names = os.listdir(procs) if gone else []
+    except OSError:
+        names = []
+    for name in names:
+        if name.split(".", 1)[0] in gone:
             with contextlib.suppress(OSError):
-                p.unlink()
+                os.unlink(procs / name)
+    for _, pid in ended[:cut]:
         shrunk.discard(pid)
-        for held in ("procs", "last"):
-            getattr(tracker, held, {}).pop(pid, None)
-        getattr(tracker, "seen", set()).discard(pid)
+        if hasattr(tracker, "forget"):
+            tracker.forget(pid)
 
 
 def _thin_captures(root: Path, limit: int = MAX_CAPTURES) -> None:
@@ -612,11 +622,10 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
                     cap = out / "captures" / f"{n:02d}"
                     if writer is not None:
                         writer.update(dataclasses.replace(writer.state, phase="capturing"), now=True)
-                    rec = found.add(_keep_capture(child, launch, tracker, cap, command=command, t0=t0,
-                                               hang_started=hang_started, stall_s=stall_s, timeout_s=timeout_s,
-                                               mode=mode, spec=spec, tail=tail, stacks=stacks,
-                                               capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
-                                               native_tools=native_tools))
+                    rec = found.add(_apart(functools.partial(
+                        _keep_capture, child, launch, tracker, cap, command=command, t0=t0, hang_started=hang_started,
+                        stall_s=stall_s, timeout_s=timeout_s, mode=mode, spec=spec, tail=tail, stacks=stacks,
+                        capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump, native_tools=native_tools)))
                     _thin_captures(out / "captures")
                     say(f"stall {n} captured in {cap} ({rec['where']}; "
                         f"{rec['pause']['kind'] or 'no usual pause'}): watching on")
@@ -638,6 +647,8 @@ def run(command: Sequence[str], *, stall_s: float = 60.0, timeout_s: float | Non
             except proc.Interrupted as exc:
                 if not grace_s:
                     raise
+                if found.last and found.last["for_s"] is None:   # the signal came while a stall went on
+                    found.last["for_s"] = round(time.monotonic() - (hang_started or t0), 3)
                 interrupted = _pass_on(child, exc, grace_s, say)
                 stalled = None
             if seen is None:   # ended by itself (or passed a signal): the op log as it was left
@@ -680,9 +691,66 @@ def _keep_capture(child: proc.Child, launch: Launch, tracker: Any, cap: Path, *,
     return rec
 
 
+def _apart(capture_fn: Callable[[], dict]) -> dict:
+    """capture_fn() (a stall's capture under keep: files in its folder, -> its record) run in a forked copy of
+    the watchdog, its record sent back as JSON; run here when the copy cannot do it (no fork, it failed).
+
+    Why: a capture reads the op logs into ~100 MB of short-lived Python objects (a ring of 131072 records).
+    In this process the few objects allocated meanwhile that outlive it (the record, the status thread's
+    samples, the re and glob caches) each pin one of pymalloc's 1 MiB arenas, which are given back only
+    when empty: measured, 12 arenas a stall stayed, and the watchdog grew by ~7 MB a stall however often it
+    collected and trimmed. The copy's memory goes with it; the watchdog keeps the record only."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return capture_fn()
+    try:
+        with warnings.catch_warnings():   # 3.12+ warns of fork with threads running: the copy takes none of
+            warnings.simplefilter("ignore", DeprecationWarning)   # their locks (status writer, tees)
+            pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return capture_fn()
+    if pid == 0:   # the copy: never back into the watchdog's code, nor its exit handlers (they stop the job)
+        code = 1
+        try:
+            os.close(r)
+            with contextlib.suppress(ValueError):   # an interrupt ends the copy; the watchdog handles its own
+                for sig in proc.HANDLED_SIGNALS:
+                    signal.signal(sig, signal.SIG_DFL)
+            data = json.dumps(capture_fn()).encode()
+            code = 0
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view):]
+        except BaseException:  # noqa: BLE001 - the watchdog captures again itself
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks: list[bytes] = []
+    read = False
+    try:
+        while chunk := os.read(r, 1 << 16):
+            chunks.append(chunk)
+        read = True
+    finally:
+        os.close(r)
+        if not read:   # interrupted meanwhile: the copy goes too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:
+        return capture_fn()
+
+
 def _release() -> None:
-    """After a capture: the op logs it read (a ring of 131072 records is ~100 MB of Python objects) given back to
-    the system, so a watchdog that captures a stall every hour does not grow."""
+    """After a capture: what it left in this process given back to the system (all of a capture run here when
+    _apart could not fork: a ring of 131072 records is ~100 MB of Python objects)."""
     import ctypes
     import gc
 
