@@ -80,3 +80,29 @@ def test_the_watchdog_does_not_grow_with_the_stalls_it_captures(tmp_path):
     # the first capture may import what it needs once; after it, a few MB a stall was the leak
     assert rss[-1] - rss[0] < 2.5, f"the watchdog grew from {rss[0]:.1f} to {rss[-1]:.1f} MB over {len(rss)} stalls: " \
                                    f"{[round(x, 1) for x in rss]}"
+
+
+def test_a_capture_copy_that_never_reports_is_killed_and_the_capture_runs_in_the_watchdog(monkeypatch):
+    """A copy forked while another thread held a lock it then needs would wait forever: past the limit it goes
+    and the watchdog captures itself."""
+    import os
+    import time
+
+    from gpulab.hang import watch
+
+    monkeypatch.setattr(watch, "APART_LIMIT_S", 0.5)
+    parent = os.getpid()
+
+    def capture():
+        if os.getpid() != parent:
+            time.sleep(30)   # the copy never answers
+        return {"where": "here"}
+
+    t0 = time.monotonic()
+    assert watch._apart(capture) == {"where": "here"}
+    assert time.monotonic() - t0 < 10
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)   # the copy was reaped: no child left
+    except ChildProcessError:
+        pid = 0
+    assert pid == 0

@@ -31,6 +31,7 @@ import functools
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import sys
@@ -59,6 +60,7 @@ STDERR_TAIL_CHARS = 4000
 FIXES_VAR = "GPULAB_FIXES"   # gpulab.fixes.compose.FIXES_VAR: names the fixes a child installs
 ON_STALL = ("stop", "keep")
 GRACE_S = 30.0           # the CLI's wait for a job that was passed a signal
+APART_LIMIT_S = 300.0    # a capture's forked copy gets this long (captures take seconds; 29 s seen under load)
 MAX_CAPTURES = 20        # capture folders kept under keep: the first and the latest half each
 KEEP_ENDED = 8           # ended processes whose files stay in the job folder: the latest ones
 PRUNE_EVERY_S = 10.0
@@ -731,21 +733,29 @@ def _apart(capture_fn: Callable[[], dict]) -> dict:
     os.close(w)
     chunks: list[bytes] = []
     read = False
+    deadline = time.monotonic() + APART_LIMIT_S
     try:
-        while chunk := os.read(r, 1 << 16):
+        # bounded: a copy forked while another thread held a lock it then needs would wait forever; past the
+        # limit it is killed and the capture runs here
+        while (left := deadline - time.monotonic()) > 0 and select.select([r], [], [], left)[0]:
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                read = True
+                break
             chunks.append(chunk)
-        read = True
     finally:
         os.close(r)
-        if not read:   # interrupted meanwhile: the copy goes too
+        if not read:   # interrupted meanwhile, or past the limit: the copy goes
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
     try:
-        return json.loads(b"".join(chunks))
+        if read:
+            return json.loads(b"".join(chunks))
     except ValueError:
-        return capture_fn()
+        pass
+    return capture_fn()
 
 
 def _release() -> None:
