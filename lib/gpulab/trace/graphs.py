@@ -9,15 +9,11 @@ captures (the observer asks the driver), so what a capture ran is not in the log
 """
 from __future__ import annotations
 
-import os
 import sys
 import weakref
 from typing import Any, Callable
 
-
-def _short(code) -> str:
-    parts = code.co_filename.split(os.sep)
-    return os.sep.join(parts[-2:]) if len(parts) > 2 else code.co_filename
+from gpulab.trace import texts
 
 
 def _user_site(t: Any, depth: int) -> str:
@@ -28,7 +24,7 @@ def _user_site(t: Any, depth: int) -> str:
         if kind is None:
             kind = t.code_kind(f.f_code)
         if kind is not True:
-            return f"{_short(f.f_code)}:{f.f_lineno} in {f.f_code.co_name}"
+            return texts.site_label(f.f_code, f.f_lineno)
         f = f.f_back
     return "an unknown place"
 

@@ -36,6 +36,13 @@ def enqueues_no_gpu_work(func: Any, text: bytes) -> bool:
     return bool(getattr(func, "is_view", False)) or text in _NO_GPU_WORK
 
 
+def site_label(code: Any, line: int | None) -> str:
+    """`file:line in function`, the file by its last two path parts: how every recorded call site reads."""
+    parts = code.co_filename.split(os.sep)
+    short = os.sep.join(parts[-2:]) if len(parts) > 2 else code.co_filename
+    return f"{short}:{line} in {code.co_name}"
+
+
 def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[], None]) -> SimpleNamespace:
     """The text side of one recorder over mapping `mm` of layout `lay` (see the module docstring)."""
     cap = lay.capacity
@@ -141,10 +148,7 @@ def op_texts(mm: Any, lay: Any, strings: Any, torch: Any, on_forget: Callable[[]
 
     def site_at(code, line: int | None) -> int:
         """The string id of `file:line in function` (the observer reads the line itself, without the GIL)."""
-        fn = code.co_filename
-        parts = fn.split(os.sep)
-        short = os.sep.join(parts[-2:]) if len(parts) > 2 else fn
-        return intern(f"{short}:{line} in {code.co_name}".encode()[-255:])
+        return intern(site_label(code, line).encode()[-255:])
 
     def site_text(f, d: dict, lasti: int | None = None) -> int:
         """The site's string id, cached in the code's dict under f_lasti (or the native path's key)."""
