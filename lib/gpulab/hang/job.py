@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # classes this module adds to gpulab.hang.classify's vocabulary
 CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck", "uneven_inputs", "skipped_collective")
@@ -258,9 +258,7 @@ def _paired(group: str, s: int, members: list[ProcessView], at: dict, kind: str,
     out of place: the call of the fewer members (a tie names nobody; the program's loop may, _loop_shape)."""
     waiting = [m for m in members if not at[m.role].done]
     went = [m for m in members if at[m.role].done]
-    key = (lambda m: at[m.role].op) if kind == "op" else (lambda m: at[m.role].shapes)
-    ranked = Counter(key(m) for m in members).most_common()
-    tie = ranked[0][1] == ranked[1][1]
+    key, ranked, tie = _ranked(members, at, kind)
     culprit = None if tie else ", ".join(m.role for m in members if key(m) != ranked[0][0])
     op = Counter(at[m.role].op for m in waiting).most_common(1)[0][0]
     theirs = _call(at[waiting[0].role])
@@ -286,6 +284,14 @@ def _paired(group: str, s: int, members: list[ProcessView], at: dict, kind: str,
     return _Walk(div, culprit, tuple(lines), t)
 
 
+def _ranked(members: list[ProcessView], at: dict, kind: str) -> tuple[Callable, list, bool]:
+    """(what each member's call at the seq is compared by, its values most common first, whether the top two
+    tie): _mismatch and _paired judge the calls alike."""
+    key = (lambda m: at[m.role].op) if kind == "op" else (lambda m: at[m.role].shapes)
+    ranked = Counter(key(m) for m in members).most_common()
+    return key, ranked, ranked[0][1] == ranked[1][1]
+
+
 def _missing(group: str, s: int, members: list[ProcessView], at: dict, earlier: int) -> _Walk:
     waiting = [m for m in members if m.role in at and not at[m.role].done]
     missing = [m for m in members if m.role not in at]
@@ -304,9 +310,7 @@ def _missing(group: str, s: int, members: list[ProcessView], at: dict, earlier: 
 def _mismatch(group: str, s: int, members: list[ProcessView], at: dict, kind: str) -> _Walk:
     """The most common call is the reference; the members that differ from it are the culprits. On a tie
     nobody is: the first member's side is listed first and both sides are named."""
-    key = (lambda m: at[m.role].op) if kind == "op" else (lambda m: at[m.role].shapes)
-    ranked = Counter(key(m) for m in members).most_common()
-    tie = ranked[0][1] == ranked[1][1]
+    key, ranked, tie = _ranked(members, at, kind)
     top = {k for k, n in ranked if n == ranked[0][1]}
     ref = next(key(m) for m in members if key(m) in top)
     same = [m for m in members if key(m) == ref]

@@ -150,7 +150,7 @@ def collectives_of(records: Sequence[Any], answer: Mapping[str, Any] | None = No
         if not r.name.startswith(collectives.PREFIX):
             continue
         tags = collectives.parse(r.args)
-        done = r.t_end is not None and not r.raised and not _gpu_pending_inside(records, i)
+        done = _done(records, i)
         out.append((i, Collective(op=r.name[len(collectives.PREFIX):], group=tags["group"] or collectives.DEFAULT_GROUP,
                                   seq=tags["seq"], shapes=shapes_text(r.args), call_site=sites[i], done=done,
                                   peer=tags["peer"], t_start=r.t_start, t_end=r.t_end, by_torch=_by_torch(r))))
@@ -174,6 +174,12 @@ def collectives_of(records: Sequence[Any], answer: Mapping[str, Any] | None = No
                                 done=e["retired"], t_start=e["created"], t_end=e["created"] if e["retired"] else None,
                                 source="flight recorder", by_torch=True))
     return tuple(calls)
+
+
+def _done(records: Sequence[Any], i: int) -> bool:
+    """Record i's collective completed on the host and none of the GPU work recorded inside it is pending."""
+    r = records[i]
+    return r.t_end is not None and not r.raised and not _gpu_pending_inside(records, i)
 
 
 def _is_collective(name: str) -> bool:
@@ -252,7 +258,7 @@ def _counted(records: Sequence[Any], sites: Sequence[str], python: Sequence[tupl
         if seq in have or seq in fr and (_family("c10d." + fr[seq]["op"]) != _family(r.name) or fr[seq].get("created")
                                           and abs(fr[seq]["created"] - r.t_start) > 1.0):
             return []   # a number taken twice, or not the recorder's collective of that number: miscounted
-        done = r.t_end is not None and not r.raised and not _gpu_pending_inside(records, i)
+        done = _done(records, i)
         out.append((i, Collective(op=op, group=group, seq=seq, shapes=shapes_text(r.args), call_site=sites[i],
                                   done=done, t_start=r.t_start, t_end=r.t_end if done else None,
                                   by_torch=_by_torch(r), counted=True)))
@@ -278,7 +284,11 @@ def _fr_offsets(records: Sequence[Any], units: Sequence[tuple[int, int]], before
 def _by_torch(r: Any) -> bool:
     """A collective's record made inside another op's (DDP's reducer in backward, FSDP's hooks in forward), or
     on a thread of PyTorch's own: PyTorch issued it, not a call on the program's line."""
-    return bool(getattr(r, "depth", 0)) or not str(r.thread or "").startswith("MainThread")
+    return bool(getattr(r, "depth", 0)) or not _on_main(r)
+
+
+def _on_main(r: Any) -> bool:
+    return str(r.thread or "").startswith("MainThread")
 
 
 def _sites(records: Sequence[Any]) -> list[str]:
@@ -288,7 +298,7 @@ def _sites(records: Sequence[Any]) -> list[str]:
     out, main = [], ""
     for r in records:
         site = r.call_site or ""
-        if str(r.thread or "").startswith("MainThread"):
+        if _on_main(r):
             main = site or main
         elif not site and str(r.thread or "").startswith("native"):
             site = main
@@ -519,9 +529,9 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
         calls = collectives_of(records, lf.answer, groups)
         place = _line(_site_of_frame(mf.own)) if mf.own else None
         stack = tuple(_line(_site_of_frame(f)) for f in mf.frames if _origin(f) == "own" and _FRAME.match(f))
-        callers = _callers({_line(c.call_site) for c in calls if c.call_site}, paths)
-        sites = ({_line(c.call_site) for c in calls if c.call_site} | set(stack) | ({place} if place else set())
-                 | set(callers.values()))
+        issued = {_line(c.call_site) for c in calls if c.call_site}
+        callers = _callers(issued, paths)
+        sites = issued | set(stack) | ({place} if place else set()) | set(callers.values())
         sites = sorted(x for x in sites if _LINE.match(x))
         spans = {x: _spans(paths.get(x.rsplit(":", 1)[0]), int(x.rsplit(":", 1)[1])) for x in sites}
         out.append(ProcessView(
@@ -574,13 +584,10 @@ def _known_paths(metas: Mapping[int, Mapping[str, Any]], frames: Mapping[int, Ma
 def _spans(path: str | None, line: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """(the innermost for/while loop holding `line`, the function holding it, or the whole module), each as its
     first and last line, in the source at `path`; (None, None) when the source cannot be read."""
-    try:
-        mtime = os.stat(path).st_mtime if path else None
-    except OSError:
-        return None, None
+    mtime = _mtime(path)
     if mtime is None:
         return None, None
-    loops, funcs, end = _blocks(path, mtime)
+    loops, funcs, end, _, _ = _blocks(path, mtime)
     if end == 0:
         return None, None
 
@@ -612,37 +619,15 @@ def _callers(lines: set[str], paths: Mapping[str, str], depth: int = 4) -> dict[
 def _caller(path: str | None, line: int) -> int | None:
     """The one line of the file at `path` that calls the function holding `line` (None: at module level, called
     from nowhere or from several places in that file, or the source cannot be read)."""
-    try:
-        mtime = os.stat(path).st_mtime if path else None
-    except OSError:
-        return None
+    mtime = _mtime(path)
     if mtime is None:
         return None
-    funcs, calls = _calls_in(path, mtime)
+    _, _, _, funcs, calls = _blocks(path, mtime)
     held = [(end - start, name) for start, end, name in funcs if start <= line <= end]
     if not held:
         return None
     sites = calls.get(min(held)[1], ())
     return sites[0] if len(sites) == 1 else None
-
-
-@functools.lru_cache(maxsize=64)
-def _calls_in(path: str, mtime: float) -> tuple[tuple, dict]:
-    """(functions as (first line, last line, name), name -> the lines that call it) of a source file."""
-    try:
-        tree = ast.parse(Path(path).read_text(errors="replace"))
-    except (OSError, SyntaxError, ValueError):
-        return (), {}
-    funcs, calls = [], {}
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            funcs.append((n.lineno, n.end_lineno or n.lineno, n.name))
-        elif isinstance(n, ast.Call):
-            f = n.func
-            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-            if name:
-                calls.setdefault(name, []).append(n.lineno)
-    return tuple(funcs), {k: tuple(sorted(set(v))) for k, v in calls.items()}
 
 
 def loop_of(path: str | None, line: int) -> tuple[int, int] | None:
@@ -651,19 +636,37 @@ def loop_of(path: str | None, line: int) -> tuple[int, int] | None:
     return _spans(path, line)[0]
 
 
+def _mtime(path: str | None) -> float | None:
+    """The source's modification time (what _blocks' cache is keyed on), None when it cannot be read."""
+    try:
+        return os.stat(path).st_mtime if path else None
+    except OSError:
+        return None
+
+
 @functools.lru_cache(maxsize=64)
-def _blocks(path: str, mtime: float) -> tuple[tuple, tuple, int]:
-    """(loops, functions, last line) of a source file: each block's first and last line."""
+def _blocks(path: str, mtime: float) -> tuple[tuple, tuple, int, tuple, dict]:
+    """(loops, functions, last line, named functions as (first, last line, name), name -> the lines that call
+    it) of a source file, from one parse: _spans and _caller read the same files."""
     try:
         text = Path(path).read_text(errors="replace")
         tree = ast.parse(text)
     except (OSError, SyntaxError, ValueError):
-        return (), (), 0
+        return (), (), 0, (), {}
     span = lambda n: (n.lineno, n.end_lineno or n.lineno)   # noqa: E731
     nodes = list(ast.walk(tree))
+    calls: dict[str, list[int]] = {}
+    for n in nodes:
+        if isinstance(n, ast.Call):
+            f = n.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name:
+                calls.setdefault(name, []).append(n.lineno)
     return (tuple(span(n) for n in nodes if isinstance(n, (ast.For, ast.While, ast.AsyncFor))),
             tuple(span(n) for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
-            max(1, text.count("\n") + 1))
+            max(1, text.count("\n") + 1),
+            tuple((*span(n), n.name) for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
+            {k: tuple(sorted(set(v))) for k, v in calls.items()})
 
 
 def _line_ops(records: Sequence[Any]) -> dict[str, int]:

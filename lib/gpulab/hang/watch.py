@@ -281,13 +281,12 @@ def _thin_captures(root: Path, limit: int = MAX_CAPTURES) -> None:
 # ------------------------------------------------------------------------------------ a job of processes
 
 def _job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, native_tools: Sequence[str],
-                 stacks: bool, dest: Path, t_stall: float | None = None) -> tuple[list, Any, dict]:
+                 stacks: bool, dest: Path, t_stall: float) -> tuple[list, Any, dict]:
     """Every followed process's Python stacks (at once), the views, the cross-process finding, and the
     native stacks of the process the finding names; each process's op-log tail written (into `dest`) from the
     same read. Before the stop: the processes are still stuck. t_stall (monotonic): when the stall was seen,
     what each process's last progress is counted back from (not the end of this capture: asking a rank that
     holds the GIL waits out its timeout)."""
-    t_stall = time.monotonic() if t_stall is None else t_stall
     left = jobread.read_job(launch.procs, ask=True)   # the ranks' own collective numbers, while stuck
     metas = {pid: lf.meta for pid, lf in left.items()}
     pythons = {pid: c.text for pid, c in jobread.capture_python(launch.procs, metas).items()} if stacks else {}
