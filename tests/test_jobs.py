@@ -243,3 +243,18 @@ def test_a_launched_job_as_the_chains_workload(workload, head):
 
     argv = workloads.command(workloads.WorkloadConfig(workload=workload))
     assert argv[1:1 + len(head)] == head
+
+
+def test_a_compiled_ddp_job_with_dataloader_workers_names_the_rank_not_a_worker(tmp_path):
+    """Training code as it is written (torchrun, DDP over torch.compile, forked DataLoader workers, a checkpoint
+    barrier): a worker answers with its rank's collectives copied at fork, and was named as the member that never
+    called the next one. The rank that left the loop is the culprit, at its barrier."""
+    script = Path(__file__).parent / "fixtures" / "ddp_loader_uneven.py"
+    v = watched(tmp_path, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                str(script), str(tmp_path), stall=8.0)
+    assert v.status == "hang" and v.culprit == "rank 1/2", v.evidence
+    d = v.divergence
+    assert (d["op"], d["waiting"]) == ("all_reduce", ["rank 0/2"]) and d["seq"] > 1, d
+    assert not any("worker" in w for w in (*d["waiting"], *d["missing"], *d.get("instead", {}))), d
+    assert "ddp_loader_uneven.py:31" in (roles(v)["rank 1/2"]["frame"] or "")
+    assert not any(p["collective"] for p in v.processes if p["kind"] == "worker")

@@ -526,7 +526,9 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
         else:
             t = (last_progress or {}).get(pid)
             state, progress = state_of(pid, meta), round(now - t, 2) if t is not None else None
-        calls = collectives_of(records, lf.answer, groups)
+        # a DataLoader worker issues no collective: what it answers (flight recorder, calls) is its rank's state
+        # copied when it was forked, and as a member it would be named as the one that never called the next
+        calls = () if kind == "worker" else collectives_of(records, lf.answer, groups)
         place = _line(_site_of_frame(mf.own)) if mf.own else None
         stack = tuple(_line(_site_of_frame(f)) for f in mf.frames if _origin(f) == "own" and _FRAME.match(f))
         issued = {_line(c.call_site) for c in calls if c.call_site}
