@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 JOB = '''
 import json, os, sys, time
 import torch
@@ -98,11 +100,18 @@ def test_a_capture_copy_that_never_reports_is_killed_and_the_capture_runs_in_the
             time.sleep(30)   # the copy never answers
         return {"where": "here"}
 
+    forked = []
+    real_fork = os.fork
+
+    def fork():
+        pid = real_fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork)
     t0 = time.monotonic()
     assert watch._apart(capture) == {"where": "here"}
-    assert time.monotonic() - t0 < 10
-    try:
-        pid, _ = os.waitpid(-1, os.WNOHANG)   # the copy was reaped: no child left
-    except ChildProcessError:
-        pid = 0
-    assert pid == 0
+    assert time.monotonic() - t0 < 10 and len(forked) == 1
+    with pytest.raises(ChildProcessError):   # the copy was killed and reaped (another test's children aside)
+        os.waitpid(forked[0], os.WNOHANG)
