@@ -520,7 +520,17 @@ R cuEventRecord(void *e, void *s) {
     tickets[((intptr_t)e - 0x2000) % FAKE_EVENTS] = issued++;
     return 0;
 }
-R cuEventQuery(void *e) { if (query_error) return query_error; return tickets[((intptr_t)e - 0x2000) % FAKE_EVENTS] < limit ? 0 : 600; }
+/* a CUDA graph capture in global mode in some thread (fake_capture(1)): an event query from a thread not in
+   relaxed capture mode fails with 900 and invalidates that capture, as the driver does */
+static __thread int capture_mode = 0;
+static int capture_underway = 0, invalidated = 0;
+void fake_capture(int on) { capture_underway = on; }
+int fake_invalidated(void) { return invalidated; }
+R cuThreadExchangeStreamCaptureMode(int *m) { int old = capture_mode; capture_mode = *m; *m = old; return 0; }
+R cuEventQuery(void *e) {
+    if (capture_underway && capture_mode != 2) { invalidated = 1; return 900; }
+    if (query_error) return query_error;
+    return tickets[((intptr_t)e - 0x2000) % FAKE_EVENTS] < limit ? 0 : 600; }
 R cuEventDestroy_v2(void *e) { return 0; }
 R cuGetErrorName(int c, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
 """
@@ -812,6 +822,35 @@ def test_the_native_poller_recovers_a_lost_context_and_stops_on_other_query_erro
             assert trace.read(log).gpu_mechanism == "events"
     finally:
         fake_driver.lib.fake_query_error(0)
+        rec.uninstall()
+        monkeypatch.setattr(torch.cuda, "_initialized", False)
+        rec.close()
+
+
+@pytest.mark.parametrize("native_path", [True, False])
+def test_polling_never_breaks_a_cuda_graph_capture_in_another_thread(tmp_path, fake_driver, monkeypatch, native_path):
+    """torch.cuda.graph captures in global mode by default: an event query from any thread not in relaxed
+    mode invalidates the capture, and the program's capture_end fails (seen on the H100: the poller's
+    cuEventQuery returned 900). The polling thread is relaxed, so the capture survives and tracking goes on."""
+    import torch
+
+    if native_path and native.load() is None:
+        pytest.skip("the native hot path is not built here")
+    monkeypatch.setenv("FAKE_NO_MEMOPS", "1")
+    _stand_in_cuda(monkeypatch, fake_driver)
+    log = tmp_path / "cap.log"
+    rec = trace.Recorder(log, "auto", observer=False, native=native_path).install()
+    try:
+        monkeypatch.setattr(torch.cuda, "_initialized", True)
+        torch.zeros(2)
+        first = ring._Q.unpack_from(rec._mm, ring._OFF_GPU_SINCE)[0]
+        fake_driver.lib.fake_capture(1)   # a capture begins in another thread; this thread's ops go on
+        for _ in range(3):
+            torch.zeros(2)
+        assert _wait_for(lambda: trace.read(log).streams[0].done == first + 3)
+        assert trace.read(log).gpu_mechanism == "events" and not fake_driver.lib.fake_invalidated()
+    finally:
+        fake_driver.lib.fake_capture(0)
         rec.uninstall()
         monkeypatch.setattr(torch.cuda, "_initialized", False)
         rec.close()

@@ -41,6 +41,7 @@ STREAM_EVENT_POOL = 4096               # per stream, C hot path: a full ring ski
 NATIVE_MEMOP, NATIVE_EVENTS = 0, 1     # the C hot path's mechanism kinds (hotpath.c G_MEMOP, G_EVENTS)
 
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY, CUDA_ERROR_INVALID_CONTEXT = 0, 600, 201
+CU_STREAM_CAPTURE_MODE_RELAXED = 2
 ATTR_CAN_MAP_HOST_MEMORY = 19
 ATTR_UNIFIED_ADDRESSING = 41
 ATTR_CAN_USE_STREAM_MEM_OPS = 92
@@ -82,6 +83,7 @@ _SIGNATURES = {  # name (first found wins) -> argtypes
     ("cuStreamCreate",): [ctypes.POINTER(_P), _U32],
     ("cuStreamQuery",): [_P],
     ("cuStreamIsCapturing",): [_P, ctypes.POINTER(_I)],
+    ("cuThreadExchangeStreamCaptureMode",): [ctypes.POINTER(_I)],
     ("cuStreamDestroy_v2", "cuStreamDestroy"): [_P],
     ("cuEventCreate",): [ctypes.POINTER(_P), _U32],
     ("cuEventRecord",): [_P, _P],
@@ -211,9 +213,13 @@ class Tracker:
         the C hot path's gpu_start."""
         raise NotImplementedError
 
+    def address(self, name: str) -> int:
+        """A driver entry point's address for the C hot path (0: this driver has none)."""
+        fn = self.drv.fn.get(name)
+        return ctypes.cast(fn, ctypes.c_void_p).value or 0 if fn is not None else 0
+
     def _addresses(self, emit: str, query: str | None) -> tuple[int, int, int, int, int]:
-        fn = self.drv.fn
-        return tuple(ctypes.cast(fn[n], ctypes.c_void_p).value or 0 if n else 0
+        return tuple(self.address(n) if n else 0
                      for n in (emit, query, "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
 
     def attach(self, hot) -> None:
@@ -312,6 +318,15 @@ class MemopTracker(Tracker):
             pass
 
 
+def relax_capture_mode(drv: Driver) -> None:
+    """Put the calling thread in relaxed stream-capture mode: an event query from a thread in the default
+    global mode invalidates a CUDA graph capture running in any other thread (as PyTorch's NCCL watchdog
+    knows); the trackers never query an event recorded in a capture."""
+    fn = drv.fn.get("cuThreadExchangeStreamCaptureMode")
+    if fn is not None:
+        fn(ctypes.byref(_I(CU_STREAM_CAPTURE_MODE_RELAXED)))
+
+
 class EventTracker(Tracker):
     """A pooled CUDA event per op (driver API: no torch.cuda.Event objects on the hot path)."""
     mechanism = "events"
@@ -329,6 +344,7 @@ class EventTracker(Tracker):
         self.record = drv.fn["cuEventRecord"]
         self.query = drv.fn["cuEventQuery"]
         self.stream_pools: list[tuple[int, list[int]]] = []   # (device, events) made for the C hot path
+        self._thread = threading.local()   # the polling thread's capture mode is relaxed once
 
     def native_spec(self):
         return NATIVE_EVENTS, self._addresses("cuEventRecord", "cuEventQuery")
@@ -397,6 +413,9 @@ class EventTracker(Tracker):
     def poll(self) -> None:
         """Newest completed event per stream, in order (a stream completes its work in order)."""
         buf, query = self.buf, self.query
+        if not getattr(self._thread, "relaxed", False):
+            relax_capture_mode(self.drv)
+            self._thread.relaxed = True
         for index, q in list(self.queues.items()):
             done = None
             with self.lock:

@@ -79,7 +79,8 @@ def gpu_marks(rec: Any, torch: Any, hot: Any, intern: Callable[[bytes], int], tr
 
         try:
             hot.gpu_start(kind, fns, raw_stream, current_device, capturing, on_stream, stop_gpu, GPU_PAGE_OFF,
-                          STREAM_SIZE, gstate["contexts"].get(dev) or 0, mechanism_off=_OFF_MECHANISM)
+                          STREAM_SIZE, gstate["contexts"].get(dev) or 0, mechanism_off=_OFF_MECHANISM,
+                          capture_mode=tracker.address("cuThreadExchangeStreamCaptureMode"))
         except (TypeError, ValueError, OSError, RuntimeError) as exc:
             rec.gpu_notes += (f"native markers: {exc}",)
             _Q.pack_into(mm, ring._OFF_GPU_NOTES, intern("; ".join(rec.gpu_notes).encode()))

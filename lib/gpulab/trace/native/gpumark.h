@@ -32,6 +32,8 @@ typedef int (*cu_query_t)(void *ev);
 typedef int (*cu_write64_t)(void *stream, uint64_t addr, uint64_t value, unsigned flags);
 typedef int (*cu_setctx_t)(void *ctx);
 typedef int (*cu_popctx_t)(void **ctx);
+typedef int (*cu_capmode_t)(int *mode);
+#define CU_CAPTURE_MODE_RELAXED 2
 
 typedef struct {
     uintptr_t handle;
@@ -56,6 +58,7 @@ typedef struct Gpu {
     long poll_us, errors, max_errors;
     cu_record_t record; cu_query_t query; cu_write64_t write64;
     cu_setctx_t set_ctx, push_ctx; cu_popctx_t pop_ctx;
+    cu_capmode_t capture_mode;  /* cuThreadExchangeStreamCaptureMode (0: the driver has none) */
     void *first_ctx;
     PyObject *raw_stream, *get_device, *capturing, *on_stream, *on_stop;
     Py_ssize_t page_off, stream_size;
@@ -135,6 +138,13 @@ static void poll_once(Gpu *g) {
 
 static void *poller_main(void *arg) {
     Gpu *g = (Gpu *)arg;
+    /* A CUDA graph capture in the default global mode is invalidated by an event query from any other thread
+       (cuEventQuery returns 900, the program's capture_end fails), unless that thread is in relaxed mode, as
+       PyTorch's NCCL watchdog is for the same reason. The poller never queries an event recorded in a capture. */
+    if (g->capture_mode) {
+        int mode = CU_CAPTURE_MODE_RELAXED;
+        g->capture_mode(&mode);
+    }
     if (g->first_ctx)
         g->set_ctx(g->first_ctx);
     while (!__atomic_load_n(&g->stop, __ATOMIC_ACQUIRE)) {
@@ -386,17 +396,18 @@ static void gpu_mark(Gpu *g, long long seq, long dev, char *slot, int marks) {
 static Gpu *gpu_create(PyObject *args, PyObject *kw, char *base, Py_ssize_t len) {
     static const char *kwlist[] = {"kind", "functions", "raw_stream", "get_device", "capturing", "on_stream",
                                    "on_stop", "page_off", "stream_size", "first_ctx", "poll_us", "max_errors",
-                                   "mechanism_off", NULL};
+                                   "mechanism_off", "capture_mode", NULL};
     int kind;
     unsigned long long f_emit, f_query, f_set, f_push, f_pop, first_ctx;
     PyObject *raw_stream, *get_device, *capturing, *on_stream, *on_stop;
     Py_ssize_t page_off, stream_size;
     long poll_us = 2000, max_errors = 100;
     Py_ssize_t mech_off = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i(KKKKK)OOOOOnnK|lln", (char **)kwlist, &kind, &f_emit, &f_query,
+    unsigned long long f_capmode = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i(KKKKK)OOOOOnnK|llnK", (char **)kwlist, &kind, &f_emit, &f_query,
                                      &f_set, &f_push, &f_pop, &raw_stream, &get_device, &capturing, &on_stream,
                                      &on_stop, &page_off, &stream_size, &first_ctx, &poll_us, &max_errors,
-                                     &mech_off))
+                                     &mech_off, &f_capmode))
         return NULL;
     if ((kind != G_MEMOP && kind != G_EVENTS) || !f_emit || !f_set || !f_push || !f_pop ||
         (kind == G_EVENTS && !f_query) || poll_us < 1 ||
@@ -419,6 +430,7 @@ static Gpu *gpu_create(PyObject *args, PyObject *kw, char *base, Py_ssize_t len)
     g->set_ctx = (cu_setctx_t)(uintptr_t)f_set;
     g->push_ctx = (cu_setctx_t)(uintptr_t)f_push;
     g->pop_ctx = (cu_popctx_t)(uintptr_t)f_pop;
+    g->capture_mode = (cu_capmode_t)(uintptr_t)f_capmode;
     g->first_ctx = (void *)(uintptr_t)first_ctx;
     g->page_off = page_off;
     g->stream_size = stream_size;

@@ -562,8 +562,8 @@ static PyMethodDef Hot_methods[] = {
     {"set_skip", (PyCFunction)Hot_set_skip, METH_O, "set_skip(n): the caller is sys._getframe(n) from now on"},
     {"gpu_start", (PyCFunction)(void (*)(void))Hot_gpu_start, METH_VARARGS | METH_KEYWORDS,
      "gpu_start(kind, (emit, query, set_ctx, push_ctx, pop_ctx), raw_stream, get_device, capturing, on_stream, "
-     "on_stop, page_off, stream_size, first_ctx, poll_us=2000, max_errors=100, mechanism_off=-1): end() marks "
-     "GPU completion"},
+     "on_stop, page_off, stream_size, first_ctx, poll_us=2000, max_errors=100, mechanism_off=-1, capture_mode=0): "
+     "end() marks GPU completion"},
     {"gpu_stop", (PyCFunction)Hot_gpu_stop, METH_NOARGS, "stop the event poller (after a last poll)"},
     {"gpu_pending", (PyCFunction)Hot_gpu_pending, METH_NOARGS, "events not yet seen complete"},
     {"gpu_state", (PyCFunction)Hot_gpu_state, METH_NOARGS, "GPU tracking's state as a dict (None: not started)"},
