@@ -34,8 +34,7 @@ def test_a_compiled_step_compiles_and_computes_the_same_under_the_recorder(tmp_p
                        capture_output=True, text=True, timeout=300, env=_child_env())
     assert p.returncode == 0, p.stderr
     got = _last_json(p.stdout)
-    assert (got["graphs"], got["calls"], got["aot"], got["loss"]) == (plain["graphs"], plain["calls"], plain["aot"],
-                                                                       plain["loss"])
+    assert got == plain   # dynamo's counters (frames too: the recorder's own code is never a frame to convert), loss
     assert got["graphs"] >= 1
     names = [r.name for r in trace.read(log).records]
     regions = [n for n in names if n.startswith("Torch-Compiled Region")]
@@ -63,8 +62,7 @@ def test_compiled_step_on_the_gpu_compiles_the_same_under_the_recorder(tmp_path)
                            timeout=600, env=_child_env())
         assert p.returncode == 0, p.stderr
         runs[how] = _last_json(p.stdout)
-    assert {k: v for k, v in runs["plain"].items() if k != "frames_ok"} == \
-           {k: v for k, v in runs["recorded"].items() if k != "frames_ok"}
+    assert runs["plain"] == runs["recorded"]
     snap = trace.read(tmp_path / "ops.log")
     assert snap.device == "cuda"   # the model is built on the CPU first, then moved: the log names where it computes
     kernels = [r for r in snap.records if r.name.startswith("triton_")]   # Inductor's, named and tracked

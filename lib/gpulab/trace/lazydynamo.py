@@ -15,8 +15,9 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import types
 import weakref
-from typing import Callable
+from typing import Callable, Iterator
 
 NAME = "torch._dynamo"
 
@@ -71,6 +72,63 @@ def defer() -> bool:
     sys.meta_path.insert(0, _AfterImport(NAME, imported))
     _installed.append(True)
     return True
+
+
+def after_import(f: Callable[[], None]) -> None:
+    """Call f now if torch._dynamo is imported, else right after something imports it."""
+    if NAME in sys.modules:
+        f()
+    else:
+        sys.meta_path.insert(0, _AfterImport(NAME, f))
+
+
+def _codes(package: str) -> Iterator[types.CodeType]:
+    """Every code object of the package's loaded modules: functions, methods and the closures inside them."""
+    prefix = package + "."
+    stack: list[types.CodeType] = []
+    for name, mod in list(sys.modules.items()):
+        if mod is None or (name != package and not name.startswith(prefix)):
+            continue
+        for obj in list(vars(mod).values()):
+            members = list(vars(obj).values()) if isinstance(obj, type) and obj.__module__ == name else [obj]
+            for m in members:
+                m = getattr(m, "__func__", None) or getattr(m, "fget", None) or m
+                code = getattr(m, "__code__", None)
+                if isinstance(code, types.CodeType) and getattr(m, "__module__", None) == name:
+                    stack.append(code)
+    seen: set[int] = set()
+    while stack:
+        code = stack.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        yield code
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+_kept_out: list[str] = []
+
+
+def keep_out(package: str) -> None:
+    """Dynamo never converts a frame of the package's code. The recorder's Python is called from C++ inside an
+    op (a name interned, a stream registered) while a compiled frame runs, when dynamo's frame callback is
+    set: each such function's first call went through dynamo's frame conversion (skipped there, but counted:
+    dynamo's counters said 3 frames for the program's 1, and the conversion costs its time). Marking the code
+    objects skipped makes the frames run as plain Python, and dynamo's counters equal the program's own."""
+    if package in _kept_out:
+        return
+    _kept_out.append(package)
+
+    def skip() -> None:
+        from torch._dynamo import eval_frame
+
+        skip_code = getattr(eval_frame, "skip_code", None)
+        if skip_code is None:   # an older torch: counted as before, nothing else changes
+            return
+        for code in _codes(package):
+            skip_code(code)
+
+    after_import(skip)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

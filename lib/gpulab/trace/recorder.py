@@ -30,7 +30,7 @@ import weakref
 from pathlib import Path
 
 from gpulab.trace import gpu as gpu_mod  # ctypes only: CUDA is touched once the program uses it
-from gpulab.trace import collectives, gpumarks, observe, ring
+from gpulab.trace import collectives, gpumarks, lazydynamo, observe, ring
 from gpulab.trace.dispatch import make_mode
 from gpulab.trace.prefault import Prefault
 from gpulab.trace.ring import (_MEM, _OFF_MEMCOUNT, _OFF_STARTED, DEFAULT_CAPACITY, DEFAULT_MEM_CAPACITY,
@@ -104,6 +104,7 @@ class Recorder:
         self._orig_sdpa = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = self._mode_obj.sdpa_wrapper(self._orig_sdpa)
         self._restore_dist = collectives.install(self._mode_obj.call_wrapper, on_init=_note_dist)
+        lazydynamo.keep_out(__package__)   # its callbacks run inside ops, in compiled frames too
         self._installed = True
         _INSTALLED.add(self)
         self._stop.clear()
