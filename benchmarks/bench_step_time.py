@@ -5,7 +5,7 @@ same program with no recorder, each variant its own process as a user runs it (`
 per-op cost hides behind GPU work unless a mode syncs); on the CPU the size is small (host-bound: the
 figure is then the per-op cost).
 
-  python benchmarks/bench_step_time.py --out DIR [--device auto|cpu|cuda] [--repeats N] [--quick]
+  python benchmarks/bench_step_time.py --out DIR [--device auto|cpu|cuda] [--size auto|host] [--repeats N] [--quick]
 
 Goals at a GPU-bound size: `ops` <= 3 %, the GPU-localizing `auto` <= 10 %. "cpu %" compares the
 program's thread CPU time (less disturbed by other load on the machine; on a GPU it is host time only).
@@ -27,8 +27,10 @@ from gpulab.workloads import WorkloadConfig, cli_args  # noqa: E402
 GOALS = {"ops": 3.0, "auto": 10.0}
 
 
-def sizes(device: str) -> dict:
-    if device == "cuda":  # 6 layers of dim 1024 over 2304 tokens, batch 32: GPU-bound (~0.1 ms of GPU work per op)
+def sizes(device: str, size: str = "auto") -> dict:
+    """auto: GPU-bound on CUDA, host-bound on the CPU; host: the small host-bound size on any device (the
+    per-op cost is then most of the step, the worst case for a recorder)."""
+    if device == "cuda" and size != "host":  # 6 layers of dim 1024 over 2304 tokens, batch 32: GPU-bound (~0.1 ms of GPU work per op)
         return dict(batch=32, heads=16, head_dim=64, text_tokens=256, image_tokens=2048, layers=6, lora_rank=16)
     return dict(batch=1, heads=2, head_dim=16, text_tokens=8, image_tokens=24, layers=2, lora_rank=4)
 
@@ -75,12 +77,15 @@ def table(meta: dict, rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ns = userbench.benchmark_parser(__doc__.splitlines()[0], "rounds (default 5; --quick 2)").parse_args(argv)
+    ap = userbench.benchmark_parser(__doc__.splitlines()[0], "rounds (default 5; --quick 2)")
+    ap.add_argument("--size", default="auto", choices=["auto", "host"],
+                    help="auto: GPU-bound on CUDA; host: the small host-bound size on any device")
+    ns = ap.parse_args(argv)
     dev, out, env = userbench.setup(ns)
     keep = {"none", "ops", "auto", "gpu_events", "sync", "stats"} if not ns.quick else {"none", "ops", "auto"}
     variants = userbench.pick_variants([v for v in userbench.standard_variants(dev) if v.name in keep], ns.variants)
     repeats = ns.repeats or (2 if ns.quick else 5)
-    size = sizes(dev)
+    size = sizes(dev, ns.size)
     cfg = WorkloadConfig(rung="step", device=dev, **size)
     steps = (3 if ns.quick else 5) if dev == "cuda" else (1 if ns.quick else 2)
     args = ["--device", dev, "--steps", str(steps), "--step-blocks", "3" if ns.quick else "5",

@@ -23,7 +23,8 @@ step() {  # step NAME LIMIT_S COMMAND...
 for s in "$@"; do case $s in
   env)      step env 150 python3 benchmarks/gpu_env.py --out $RES/env ;;
   trace)    step trace 280 python3 benchmarks/bench_trace_overhead.py --out $RES/trace --repeats 3 --variants ${TRACE_VARIANTS:-none,passthrough,ops,ops_python,auto,auto_python} ;;
-  steptime) step steptime 260 python3 benchmarks/bench_step_time.py --out $RES/steptime --repeats 3 --variants none,ops,auto ;;
+  steptime) step steptime ${STEPTIME_LIMIT:-260} python3 benchmarks/bench_step_time.py --out $RES/steptime --repeats ${STEPTIME_REPEATS:-3} \
+              --variants ${STEPTIME_VARIANTS:-none,ops,auto} --size ${STEPTIME_SIZE:-auto} ;;
   recorder) step recorder 170 python3 benchmarks/gpu_recorder_check.py --out $RES/recorder --skip benchmarks ;;
   fixes)    step fixes ${FIXES_LIMIT:-360} python3 benchmarks/bench_fixes.py --out $RES/fixes ${FIXES_ARGS:-} ;;
   watchcli) step watchcli 70 python3 -m gpulab watch --stall 5 --out $RES/watchcli/out --json $RES/watchcli/verdict.json \
