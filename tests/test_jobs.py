@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.hang import merge, watch
+from gpulab.hang import classify, merge, watch
 
 FIX = Path(__file__).parent / "fixtures"
 DIST, NCCL, TRAIN = str(FIX / "dist_job.py"), str(FIX / "nccl_job.py"), str(FIX / "train_job.py")
@@ -157,7 +157,6 @@ def train_command(tmp_path: Path, launch: str, scenario: str, wrap: str, *extra:
 def assert_training_verdict(v, cls: str, where: str, program: str, stall: float = STALL) -> None:
     """The rank that left or skipped and its line, the collective and its number, the class, what to change,
     the ranks' last progress within the stall window + 5 s of the verdict; the launcher named nowhere."""
-    from gpulab.hang import classify
 
     assert (v.status, v.cls, v.culprit) == ("hang", cls, "rank 1/2"), v.evidence
     p = roles(v)
@@ -253,6 +252,10 @@ def test_a_compiled_ddp_job_with_dataloader_workers_names_the_rank_not_a_worker(
     v = watched(tmp_path, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 str(script), str(tmp_path), stall=8.0)
     assert v.status == "hang" and v.culprit == "rank 1/2", v.evidence
+    # rank 1 ran 6 steps, rank 0 is in its 7th: the DataLoader's header line issued as many ops on both (its
+    # iterator starts once) and was once read as "as many steps" (skipped_collective, the wrong remedy)
+    assert v.cls == "uneven_inputs", v.evidence
+    assert "model.join()" in classify.program_cause(v.cls, v.culprit, v.processes)
     d = v.divergence
     assert (d["op"], d["waiting"]) == ("all_reduce", ["rank 0/2"]) and d["seq"] > 1, d
     assert not any("worker" in w for w in (*d["waiting"], *d["missing"], *d.get("instead", {}))), d

@@ -366,17 +366,30 @@ def _in_loop(line: str | None, loop: tuple[str, int, int]) -> bool:
 
 
 def _iterations(stay: ProcessView, off: ProcessView, loop: tuple[str, int, int], upto: int) -> str | None:
-    """'same' when a line of the loop before `upto` (the line the rank that stays is at) issued as many ops on
-    the rank that is off as on the one that stays (it ran that step too), 'fewer' when every such line issued
-    fewer; None when the op logs cannot tell (records lost, or no such line recorded). Only the lines before
-    it: the rank that stays has not run the rest of its current step."""
+    """'same' when the rank that is off ran as many steps of the loop as the one that stays (it skipped a
+    collective in a step it ran), 'fewer' when it ran fewer (it ran out of data); None when the op logs cannot
+    tell (records lost, or no line to compare). The one that stays is in step S at `upto` (and, its host gone
+    on, maybe at a later line of the loop): a line before that ran S times on it. A line before that issued as
+    many ops on the rank that is off ran as many times there: that rank reached it in step S ('same'; a skip
+    makes only the lines after the skip's decision issue fewer). When every such line issued fewer, it ran
+    fewer steps. A line after ran S - 1 times on the one that stays: it says 'same' only when it issued more
+    on the other. The loop's own header never counts: a DataLoader's iterator issues its ops once, at the
+    start, as many on every rank."""
     if stay.line_ops is None or off.line_ops is None:
         return None
-    before = (loop[0], loop[1], upto - 1)
-    pairs = [(n, off.line_ops.get(line, 0)) for line, n in stay.line_ops.items() if _in_loop(line, before) and n > 0]
-    if not pairs:
-        return None
-    return "same" if any(b >= a for a, b in pairs) else "fewer" if all(b < a for a, b in pairs) else None
+    here = [at[1] for x in stay.stack if (at := _split(x)) is not None and _in_loop(x, loop)]
+    lo, hi = min([upto, *here]), max([upto, *here])
+    seen = set()
+    for line in set(stay.line_ops) | set(off.line_ops):
+        at = _split(line)
+        if at is None or not _in_loop(line, loop) or at[1] == loop[1] or lo <= at[1] <= hi:
+            continue
+        a, b = stay.line_ops.get(line, 0), off.line_ops.get(line, 0)
+        if at[1] < lo and a > 0:
+            seen.add("same" if b >= a else "fewer")
+        elif at[1] > hi and b > a:
+            seen.add("same")
+    return "same" if "same" in seen else "fewer" if seen else None
 
 
 def _lines(v: ProcessView, c: Collective | None) -> list[str]:
@@ -456,12 +469,12 @@ def _loop_shape(d: Divergence, members: list[ProcessView]) -> tuple[str, str, tu
                  f"completed, and it went on" if m.role in d.paired else f", after {_last_call(m, d.group)}")
         lines.append(f"{m.role} left that loop: it is {now}, past its end{after}")
     if cls == "skipped_collective":
-        lines.append(f"{culprit} ran as many steps of the loop as {stay[0].role} (a line of the loop before the "
-                     "collective issued as many ops on both) but one collective fewer: it skipped the collective in "
-                     "a step it ran (a NaN guard, an `if` on its own data)")
+        lines.append(f"{culprit} ran as many steps of the loop as {stay[0].role} (the loop's lines issued as many ops "
+                     "on both) but one collective fewer: it skipped the collective in a step it ran (a NaN guard, an "
+                     "`if` on its own data)")
     elif kinds == {"fewer"}:
-        lines.append(f"{culprit} ran fewer steps of the loop than {stay[0].role} (every line of the loop before the "
-                     "collective issued fewer ops): it ran out of data first (uneven inputs)")
+        lines.append(f"{culprit} ran fewer steps of the loop than {stay[0].role} (the loop's lines before the "
+                     "collective issued fewer ops on it): it ran out of data first (uneven inputs)")
     else:
         lines.append(f"the op logs do not tell whether {culprit} ran out of data (uneven inputs) or skipped a step "
                      "(a rank-local skip): either way it left the loop before the others")
