@@ -111,6 +111,9 @@ def test_a_stall_that_never_recovers_under_keep_is_the_evidence_read(tmp_path):
     assert (tmp_path / "o" / "caught" / "ops.log").is_file()
     head, metrics = caught.finding([cap], v, None, "script:x.py")
     assert metrics["status"] == "hang" and metrics["stalls"] == 1 and metrics["stalls_recovered"] == 0
+    # the capture's owner decides whose bug it is, as in a ladder run: the index sends it to the program
+    assert metrics["owner"] == v.owner and v.owner["kind"] == "program", v.owner
+    assert metrics["in_program"] and "checkpoint_pause.py" in metrics["in_program"], metrics["in_program"]
     assert "1 stall(s) while watched, 0 recovered (checkpoint)" in head
 
 

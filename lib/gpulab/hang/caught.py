@@ -178,7 +178,7 @@ def finding(dirs: Sequence[str | os.PathLike], v: Verdict, rep: Any, workload: s
     op = v.in_flight_op or {}
     metrics = {
         "status": status, "class": v.cls if failed else None,
-        "in_program": classify.program_cause(v.cls, v.culprit, v.processes) if failed else None,
+        "in_program": classify.program_cause(v.cls, v.culprit, v.processes, v.owner) if failed else None,
         "in_flight_op": op.get("name"), "call_site": op.get("call_site"),
         "host_blocked_in": (v.host_blocked_in or {}).get("name"), "first_failing_rung": None,
         "drill": v.drill, "planted": v.planted, "self_test": None, "rungs": {}, "runs": 0, "stall_s": v.stall_s,
@@ -186,6 +186,7 @@ def finding(dirs: Sequence[str | os.PathLike], v: Verdict, rep: Any, workload: s
         "rung": None, "suggested": [s.get("fix") for s in v.suggested], "jobs": 0,
         "from_capture": [str(s.top) for s in srcs], "captured_from": [s.why for s in srcs],
         "stalls": len(found), "stalls_recovered": back, "culprit": v.culprit,
+        "owner": v.owner if failed else None,
     }
     return head, metrics
 
