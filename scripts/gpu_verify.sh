@@ -59,6 +59,8 @@ for s in "$@"; do case $s in
               --json $RES/compiledhang/verdict.json -- python3 tests/fixtures/gpu_compiled_spin.py ;;
   eagerhang) step eagerhang 120 python3 -m gpulab watch --stall 8 --out $RES/eagerhang/out \
               --json $RES/eagerhang/verdict.json -- python3 tests/fixtures/gpu_threshold_spin.py --n 80 ;;
+  fromgpu)  step fromgpu ${FROM_LIMIT:-300} python3 -m gpulab run --from $RES/eagerhang/out --out $RES/fromgpu/outputs \
+              --notebook-timeout 240 ;;   # after eagerhang: the chain on what that watch caught
   bisect)   step bisect 420 python3 benchmarks/bench_bisect.py --out $RES/bisect --parts gpu ;;
   *) echo "unknown step $s" ;;
 esac; done
