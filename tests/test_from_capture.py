@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -58,12 +57,9 @@ def test_a_caught_hang_gets_the_index_verdict_and_next_step_without_rerunning_th
     cap = tmp_path / "cap"
     job = ["python", str(FIX / "custom_op_deadlock.py"), "--gil", "released"]
     assert _watch(cap, "--", *job).returncode == 3
-    t0 = time.monotonic()
     r = _gpulab(["run", "--from", str(cap), "--out", str(tmp_path / "o"), "-p", f"repro={' '.join(job)}",
                  "-p", "repeats=1", "-p", "cost_rounds=0", "-p", "fix_budget_s=10"], timeout=400)
-    took = time.monotonic() - t0
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert took < 240, f"{took:.0f} s"
+    assert r.returncode == 0, r.stderr[-3000:]   # its time: benchmarks/bench_run_from.py
     run = json.loads((_run_dir(tmp_path / "o") / "run.json").read_text())
     sc = run["scenarios"][0]
     assert sc["verdict"] == "hang" and "locked_scale" in sc["evidence"], sc
