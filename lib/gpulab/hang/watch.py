@@ -63,7 +63,7 @@ GRACE_S = 30.0           # the CLI's wait for a job that was passed a signal
 APART_LIMIT_S = 300.0    # a capture's forked copy gets this long (captures take seconds; 29 s seen under load)
 MAX_CAPTURES = 20        # capture folders kept under keep: the first and the latest half each
 KEEP_ENDED = 8           # ended processes whose files stay in the job folder: the latest ones
-PRUNE_EVERY_S = 10.0
+PRUNE_EVERY_S = 2.0      # ended processes pruned this often: DataLoader workers of short epochs pile up between prunes
 
 
 # ------------------------------------------------------------------------------------ the command
