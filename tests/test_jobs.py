@@ -177,7 +177,8 @@ def assert_training_verdict(v, cls: str, where: str, program: str, stall: float 
     ("torchrun", "uneven", "ddp", "uneven_inputs", "time.sleep(0.2)", "model.join()"),
     ("spawn", "nan", "none", "skipped_collective", "# everyone's checkpoint barrier", "dist.all_reduce(flag"),
     ("spawn", "barrier", "ddp", "skipped_collective", "# a checkpoint barrier only this rank", "dist.all_reduce(flag"),
-], ids=["ddp_uneven_torchrun", "funcol_nan_guard_spawn", "ddp_barrier_in_a_branch_spawn"])
+    ("spawn", "uneven", "ddp", "uneven_inputs", "time.sleep(0.2)", "model.join()"),
+], ids=["ddp_uneven_torchrun", "funcol_nan_guard_spawn", "ddp_barrier_in_a_branch_spawn", "ddp_uneven_spawn"])
 def test_training_hangs_named_by_rank_collective_and_line(tmp_path, launch, scenario, wrap, cls, where, program):
     """Real training loops: DDP's gradient all_reduce (issued in backward, numbered by the flight recorder), the
     functional collectives' all_reduce + wait_tensor, a checkpoint barrier only one rank reaches."""
