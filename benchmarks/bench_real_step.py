@@ -2,7 +2,9 @@
 (benchmarks/gpt_step.py: 12 layers, width 768, batch 8 x 1024 tokens, bf16 autocast, fused AdamW) timed by the
 program itself, run as a user runs it, without gpulab and under `gpulab watch` (its default mode, auto),
 interleaved round by round. Ratio = median step watched / median step unwatched, with a BCa bootstrap 95% CI
-over the steps of every round. Also says whether compile compiled the same graphs under gpulab.
+over the steps of every round. Also says whether compile compiled the same graphs under gpulab, each run's
+median step (a run slow throughout shows there) and the host's share of a step (the time to enqueue it,
+before its one sync: when it nears the step time, the host's noise becomes the step's).
 
   python benchmarks/bench_real_step.py --out DIR [--rounds N] [--steps N] [--variants LIST] [--modes eager,compiled]
 
@@ -51,7 +53,10 @@ def rows(results: dict) -> list[dict]:
         base = [s for r in results.get((mode, "none"), []) for s in r["step_s"]]
         if not steps:
             continue
+        host = [s for r in runs for s in r.get("host_s") or ()]
         row = {"mode": mode, "variant": variant, "runs": len(runs), "step_ms": statistics.median(steps) * 1e3,
+               "host_ms": statistics.median(host) * 1e3 if host else None,
+               "per_run_ms": [round(statistics.median(r["step_s"]) * 1e3, 2) for r in runs],
                "ratio": None, "ratio_ci": None, "dynamo": runs[-1].get("dynamo")}
         if base and variant != "none":
             row["ratio"] = statistics.median(steps) / statistics.median(base)
@@ -63,11 +68,14 @@ def rows(results: dict) -> list[dict]:
 
 def table(meta: dict, rs: list[dict]) -> str:
     lines = [f"{meta['device']} torch {meta['torch']}; {meta['rounds']} rounds x {meta['steps']} steps; "
-             f"{meta['seconds']:.0f} s", f"{'mode':9} {'variant':16} {'step ms':>9} {'ratio':>7} {'95% CI':>17}  dynamo"]
+             f"{meta['seconds']:.0f} s",
+             f"{'mode':9} {'variant':16} {'step ms':>9} {'host ms':>8} {'ratio':>7} {'95% CI':>17}  per run; dynamo"]
     for r in rs:
         ci = f"[{r['ratio_ci'][0]:.3f}, {r['ratio_ci'][1]:.3f}]" if r["ratio_ci"] else ""
         ratio = f"{r['ratio']:.3f}" if r["ratio"] else ""
-        lines.append(f"{r['mode']:9} {r['variant']:16} {r['step_ms']:9.2f} {ratio:>7} {ci:>17}  {r['dynamo'] or ''}")
+        host = f"{r['host_ms']:.2f}" if r.get("host_ms") is not None else "-"
+        lines.append(f"{r['mode']:9} {r['variant']:16} {r['step_ms']:9.2f} {host:>8} {ratio:>7} {ci:>17}  "
+                     f"{r['per_run_ms']}; {r['dynamo'] or ''}")
     return "\n".join(lines)
 
 
