@@ -914,3 +914,19 @@ def test_a_forked_child_records_into_a_log_of_its_own(tmp_path, path):
     assert [r.name for r in trace.read(child_log).records] == ["aten.empty.memory_format", "aten.slice.Tensor",
                                                                "aten.add_.Tensor"]
     assert [r.name for r in trace.read(parent_log).records] == ["aten.empty.memory_format", "aten.add.Tensor"]
+
+
+@pytest.mark.parametrize("used,want_kb", [(0, 64), (100 << 10, 200), (3 << 20, 4096)])
+def test_prefault_reach_grows_with_what_the_log_holds(tmp_path, used, want_kb):
+    """A process that recorded little (a DataLoader worker of a short epoch, a launcher) keeps a small file; one
+    that records fast prefaults a full megabyte ahead (no page fault on its hot path)."""
+    from gpulab.trace.prefault import Prefault
+
+    log = ring.create(tmp_path / "p.log", "ops")
+    with open(log, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), 0)
+        pf = Prefault(mm, ring._header(mm, log)[0])
+        pf.step({"slots": used})
+        assert pf.end["slots"] == want_kb << 10
+        assert os.stat(log).st_blocks * 512 < (want_kb + 512) << 10 or not pf.ok   # the file takes what was mapped
+        mm.close()

@@ -7,9 +7,13 @@ import mmap
 from gpulab.trace.ring import HEADER_SIZE, MEM_SIZE, PAGE, Layout
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
-# how far ahead of each region's write frontier pages are kept mapped writable (see Prefault)
-# (slots: ~0.2 s of a busy eager step's records, the background thread's slowest poll being 0.1 s)
+# how far ahead of each region's write frontier pages are kept mapped writable at most (see Prefault)
+# (slots: ~0.2 s of a busy eager step's records, the background thread's slowest poll being 0.1 s) ...
 _AHEAD = {"slots": 1 << 20, "strings": 64 << 10, "memory": 16 << 10}
+# ... and at least: ahead grows with what the region holds (a process that recorded little, a DataLoader worker
+# of a short epoch, a launcher, keeps a small file; one that records fast reaches the full reach within its
+# first megabyte)
+_AHEAD_MIN = 64 << 10
 
 
 class Prefault:
@@ -44,7 +48,7 @@ class Prefault:
         """frontiers: bytes written so far into each region (>= its size once a ring wrapped)."""
         for name, used in frontiers.items():
             off, size = self.regions[name]
-            want = min(size, used + _AHEAD[name])
+            want = min(size, used + min(_AHEAD[name], max(_AHEAD_MIN, used)))
             if want > self.end[name]:
                 self._populate(off + self.end[name], off + want)
                 self.end[name] = want
