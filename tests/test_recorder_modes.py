@@ -526,6 +526,7 @@ static __thread int capture_mode = 0;
 static int capture_underway = 0, invalidated = 0;
 void fake_capture(int on) { capture_underway = on; }
 int fake_invalidated(void) { return invalidated; }
+int fake_thread_mode(void) { return capture_mode; }
 R cuThreadExchangeStreamCaptureMode(int *m) { int old = capture_mode; capture_mode = *m; *m = old; return 0; }
 R cuEventQuery(void *e) {
     if (capture_underway && capture_mode != 2) { invalidated = 1; return 900; }
@@ -851,9 +852,10 @@ def test_polling_never_breaks_a_cuda_graph_capture_in_another_thread(tmp_path, f
         assert trace.read(log).gpu_mechanism == "events" and not fake_driver.lib.fake_invalidated()
     finally:
         fake_driver.lib.fake_capture(0)
-        rec.uninstall()
+        rec.uninstall()   # its last poll runs on this, the program's, thread
         monkeypatch.setattr(torch.cuda, "_initialized", False)
         rec.close()
+    assert fake_driver.lib.fake_thread_mode() == 0   # whose capture mode is its own again
 
 
 def test_a_hot_path_whose_arguments_do_not_parse_owns_nothing():

@@ -25,11 +25,12 @@ in use, and without a driver `load()` returns None and the recorder stays in pla
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from gpulab.trace.ring import _OFF_NSTREAMS, GPU_PAGE_OFF, MAX_STREAMS, PAGE, STREAM_SIZE, _Q, _q
 
@@ -318,13 +319,20 @@ class MemopTracker(Tracker):
             pass
 
 
-def relax_capture_mode(drv: Driver) -> None:
-    """Put the calling thread in relaxed stream-capture mode: an event query from a thread in the default
-    global mode invalidates a CUDA graph capture running in any other thread (as PyTorch's NCCL watchdog
-    knows); the trackers never query an event recorded in a capture."""
+@contextlib.contextmanager
+def relaxed_capture_mode(drv: Driver) -> Iterator[None]:
+    """The calling thread in relaxed stream-capture mode meanwhile, then as it was: an event query from a thread
+    in the default global mode invalidates a CUDA graph capture running in any other thread (as PyTorch's NCCL
+    watchdog knows), and a poll may run on the program's own thread (drain), whose mode stays its own. The
+    trackers never query an event recorded in a capture."""
     fn = drv.fn.get("cuThreadExchangeStreamCaptureMode")
-    if fn is not None:
-        fn(ctypes.byref(_I(CU_STREAM_CAPTURE_MODE_RELAXED)))
+    mode = _I(CU_STREAM_CAPTURE_MODE_RELAXED)
+    swapped = fn is not None and fn(ctypes.byref(mode)) == CUDA_SUCCESS
+    try:
+        yield
+    finally:
+        if swapped:
+            fn(ctypes.byref(mode))   # mode now holds the thread's own
 
 
 class EventTracker(Tracker):
@@ -344,7 +352,6 @@ class EventTracker(Tracker):
         self.record = drv.fn["cuEventRecord"]
         self.query = drv.fn["cuEventQuery"]
         self.stream_pools: list[tuple[int, list[int]]] = []   # (device, events) made for the C hot path
-        self._thread = threading.local()   # the polling thread's capture mode is relaxed once
 
     def native_spec(self):
         return NATIVE_EVENTS, self._addresses("cuEventRecord", "cuEventQuery")
@@ -412,10 +419,11 @@ class EventTracker(Tracker):
 
     def poll(self) -> None:
         """Newest completed event per stream, in order (a stream completes its work in order)."""
+        with relaxed_capture_mode(self.drv):
+            self._poll()
+
+    def _poll(self) -> None:
         buf, query = self.buf, self.query
-        if not getattr(self._thread, "relaxed", False):
-            relax_capture_mode(self.drv)
-            self._thread.relaxed = True
         for index, q in list(self.queues.items()):
             done = None
             with self.lock:
