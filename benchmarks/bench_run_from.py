@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,14 +47,15 @@ def run_case(name: str, out: Path, stall: float, limit_s: float) -> dict:
         params += ["-p", "repro=" + " ".join([sys.executable, *program])]
     rc_c, t_chain = gpulab(["run", "--from", str(cap), "--out", str(chain), *params], limit_s,
                            out / name / "chain.txt")
-    run = json.loads(((chain / "latest").resolve() / "run.json").read_text()) if (chain / "latest").exists() else {}
+    latest = (chain / "latest").resolve() if (chain / "latest").exists() else None
+    run = json.loads((latest / "run.json").read_text()) if latest else {}
     sc = (run.get("scenarios") or [{}])[0]
     row = {"case": name, "watch_exit": rc_w, "watch_s": round(t_watch, 1), "chain_exit": rc_c,
            "chain_s": round(t_chain, 1), "verdict": sc.get("verdict"), "evidence": sc.get("evidence"),
            "next_step": sc.get("next_step")}
-    if name == "ranks":
+    if name == "ranks" and latest:
         _, found = merge.merge([cap])
-        m = json.loads(((chain / "latest").resolve() / "baseline" / "metrics.json").read_text())
+        m = json.loads((latest / "baseline" / "metrics.json").read_text())
         m03 = (m.get("03_bisect_hang") or {}).get("metrics") or {}
         row["same_as_merge"] = (m03.get("class"), m03.get("culprit")) == (found.cls, found.culprit)
         row["merge"] = f"{found.cls}, {found.culprit}"

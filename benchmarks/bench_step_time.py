@@ -30,7 +30,8 @@ GOALS = {"ops": 3.0, "auto": 10.0}
 def sizes(device: str, size: str = "auto") -> dict:
     """auto: GPU-bound on CUDA, host-bound on the CPU; host: the small host-bound size on any device (the
     per-op cost is then most of the step, the worst case for a recorder)."""
-    if device == "cuda" and size != "host":  # 6 layers of dim 1024 over 2304 tokens, batch 32: GPU-bound (~0.1 ms of GPU work per op)
+    if device == "cuda" and size != "host":   # 6 layers of dim 1024 over 2304 tokens, batch 32: GPU-bound
+        # (~0.1 ms of GPU work per op)
         return dict(batch=32, heads=16, head_dim=64, text_tokens=256, image_tokens=2048, layers=6, lora_rank=16)
     return dict(batch=1, heads=2, head_dim=16, text_tokens=8, image_tokens=24, layers=2, lora_rank=4)
 

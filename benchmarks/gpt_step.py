@@ -87,7 +87,8 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
             host.append(t_host - t0)
     out = {"device": dev, "compile": a.compile, "size": "tiny" if tiny else "gpt2-small", "batch": batch,
-           "step_s": times, "host_s": host, "loss": value, "finite": math.isfinite(value), "total_s": time.perf_counter() - t_first}
+           "step_s": times, "host_s": host, "loss": value, "finite": math.isfinite(value),
+           "total_s": time.perf_counter() - t_first}
     if a.compile:
         from torch._dynamo.utils import counters
         out["dynamo"] = {"frames_ok": counters["frames"]["ok"], "graphs": counters["stats"]["unique_graphs"],

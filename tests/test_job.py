@@ -334,9 +334,10 @@ LOOP_CASES = [
       "every step from train.py:30 (issued inside that call by PyTorch, as DDP's gradient all_reduce is in backward)",
       "rank 1/2 left that loop: it is at train.py:40 in train: `time.sleep(0.2)`, past its end, after seq 3",
       "ran fewer steps of the loop than rank 0/2"]),
+    # seen: torchrun, 2 DataLoader workers a rank; the loop's header issued its iterator's ops once, as many on both
     ("dataloader_header_issues_its_ops_once", lambda: [
         dataclasses.replace(v, line_ops={**v.line_ops, "train.py:25": 10}) for v in (waiting_rank(), left_rank(3))],
-     "uneven_inputs", "rank 1/2", ["ran fewer steps of the loop than rank 0/2"]),   # seen: torchrun, 2 workers
+     "uneven_inputs", "rank 1/2", ["ran fewer steps of the loop than rank 0/2"]),
     ("nan_guard_skipped_a_step", lambda: [waiting_rank(), left_rank(4)], "skipped_collective", "rank 1/2",
      ["rank 1/2 left that loop", "ran as many steps of the loop as rank 0/2", "skipped the collective in a step it ran"]),
     ("records_lost_cannot_tell", lambda: [waiting_rank(), left_rank(3, line_ops=False)], "uneven_inputs", "rank 1/2",

@@ -9,11 +9,15 @@ watchdog runs in a process of its own, whose resident memory is read after each 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+
+from gpulab.hang import watch
 
 JOB = '''
 import json, os, sys, time
@@ -87,11 +91,6 @@ def test_the_watchdog_does_not_grow_with_the_stalls_it_captures(tmp_path):
 def test_a_capture_copy_that_never_reports_is_killed_and_the_capture_runs_in_the_watchdog(monkeypatch):
     """A copy forked while another thread held a lock it then needs would wait forever: past the limit it goes
     and the watchdog captures itself."""
-    import os
-    import time
-
-    from gpulab.hang import watch
-
     monkeypatch.setattr(watch, "APART_LIMIT_S", 0.5)
     parent = os.getpid()
 

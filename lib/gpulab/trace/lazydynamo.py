@@ -69,7 +69,7 @@ def defer() -> bool:
                 pass
 
     TorchDispatchMode._should_skip_dynamo = classmethod(_should_skip_dynamo)
-    sys.meta_path.insert(0, _AfterImport(NAME, imported))
+    after_import(imported)
     _installed.append(True)
     return True
 
