@@ -5,6 +5,7 @@ bookkeeping decided from recorded inputs (counters and records written by hand, 
 from __future__ import annotations
 
 import mmap
+import shutil
 import os
 import sys
 import textwrap
@@ -932,3 +933,79 @@ def test_prefault_reach_grows_with_what_the_log_holds(tmp_path, used, want_kb):
         assert pf.end["slots"] == want_kb << 10
         assert os.stat(log).st_blocks * 512 < (want_kb + 512) << 10 or not pf.ok   # the file takes what was mapped
         mm.close()
+
+
+def test_a_long_lived_log_is_reserved_once_its_ring_wraps(tmp_path):
+    """A process whose slot ring wrapped lives and records: its whole log is taken on disk at once, so a watch
+    folder stops growing while the string table and the memory ring fill over hours."""
+    import torch
+
+    log = tmp_path / "r.log"
+    with trace.Recorder(log, "ops", capacity=512) as rec:
+        x = torch.zeros(4)
+        for _ in range(20):   # a few records each (the scalar's conversion is recorded too)
+            x = x + 1
+        rec._step_prefault()
+        assert not rec.prefault.reserved
+        before = os.stat(log).st_blocks * 512
+        for _ in range(600):
+            x = x + 1
+        rec._step_prefault()
+        assert rec.prefault.reserved and not rec.prefault.full
+        assert before < rec.layout.size // 2 <= rec.layout.size <= os.stat(log).st_blocks * 512
+    rec.close()
+    assert "aten.add.Tensor" in {r.name for r in trace.read(log).records[-10:]}   # the log reads as before
+
+
+@pytest.mark.parametrize("err", [28, 14])   # ENOSPC (the reservation), EFAULT (a page the disk refused)
+def test_prefault_says_full_when_the_disk_refuses(tmp_path, monkeypatch, err):
+    from gpulab.trace import prefault
+
+    log = ring.create(tmp_path / "p.log", "ops", capacity=64)
+    with open(log, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), 0)
+        pf = prefault.Prefault(mm, ring._header(mm, log)[0], fh.fileno())
+        if err == 28:
+            monkeypatch.setattr(prefault, "reserve", lambda fd, size: err)
+            pf.step({"slots": 64 * 64})
+        else:
+            class Refusing:
+                def __len__(self):
+                    return len(mm)
+
+                def madvise(self, *a):
+                    raise OSError(err, os.strerror(err))
+            pf.mm = Refusing()
+            pf.step({"slots": 4096})
+        assert pf.full
+        mm.close()
+
+
+FILLER = textwrap.dedent("""
+    import sys, time, torch
+    x = torch.zeros(4)
+    for i in range(60000):
+        x = x + 1
+        if i % 5000 == 0:
+            time.sleep(0.15)   # the recorder's background thread gets its turns
+    print("survived", int(x[0]))
+""")
+
+
+def test_a_full_disk_stops_recording_and_never_kills_the_program(tmp_path):
+    """The op log on a 2 MB tmpfs (a user namespace mounts it, no root needed): once the disk refuses a page,
+    the recorder stops writing and says so; before, the program's next record was a SIGBUS that killed it."""
+    small, script = tmp_path / "small", tmp_path / "filler.py"
+    small.mkdir()
+    script.write_text(FILLER)
+    unshare = shutil.which("unshare")
+    probe = proc.run([unshare, "-rm", "sh", "-c", f"mount -t tmpfs -o size=2m tmpfs {small}"], timeout_s=30,
+                     capture=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("no unprivileged user namespace to mount a small tmpfs in")
+    inner = f"mount -t tmpfs -o size=2m tmpfs {small} && exec {sys.executable} -m gpulab.trace --log {small}/a.log " \
+            f"-- {script}"
+    r = proc.run([unshare, "-rm", "sh", "-c", inner], timeout_s=120, capture=True, env=_child_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "survived 60000" in r.stdout
+    assert "no space left for the op log" in r.stderr and "recording stopped" in r.stderr

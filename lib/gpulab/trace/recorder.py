@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 import time
 import weakref
@@ -73,8 +74,9 @@ class Recorder:
         self.capacity, self.mem_capacity = self.layout.capacity, self.layout.mem_capacity
         self.strings = StringWriter(self._mm, self.layout.strings_off, self.layout.string_capacity,
                                     _Q.unpack_from(self._mm, ring._OFF_STRPOS)[0] or 8)
-        self.prefault = Prefault(self._mm, self.layout)
+        self.prefault = Prefault(self._mm, self.layout, self._fh.fileno())
         self._step_prefault()
+        self.disk_full = False    # the disk refused the log a page: recording stopped (see _stop_on_full_disk)
         self._mem_interval = mem_interval_s
         self._mode_obj = None
         self._installed = False
@@ -186,6 +188,8 @@ class Recorder:
                     self._step_prefault()
                 except (ValueError, OSError):
                     pass
+                if self.prefault.full and not self.disk_full:
+                    self._stop_on_full_disk()
                 next_mem = now + interval
             tracker = self.tracker
             if tracker is not None:
@@ -195,6 +199,19 @@ class Recorder:
                     pass
             self._stop.wait(_GPU_POLL_S if tracker is not None and tracker.needs_poll else interval)
         self._sample_memory(time.time())
+
+    def _stop_on_full_disk(self) -> None:
+        """The disk (or a tmpfs's memory) is full: the next store into a page it never backed would kill the
+        program with SIGBUS, so the observer stops writing; the program runs on unrecorded, and says why."""
+        self.disk_full = True
+        if isinstance(self._mode_obj, observe.ObserverMode):
+            self._mode_obj.leave_fork()
+            what = "recording stopped here so that the program is not killed (SIGBUS)"
+        else:
+            what = "the program may be killed (SIGBUS) at its next record: free space in that folder"
+        started = _Q.unpack_from(self._mm, _OFF_STARTED)[0]
+        print(f"gpulab: no space left for the op log {self.log} after {started} ops: {what}", file=sys.stderr,
+              flush=True)
 
     def _sample_memory(self, now: float) -> None:
         try:
