@@ -59,10 +59,30 @@ def test_checkpoint_pauses_recover_under_keep_and_the_job_code_passes_through(tm
         assert any("left the job running" in e for e in cv["evidence"])
         assert not (cap / "ops.log").exists() and cv["log"]["op_log"] is None   # recovered: its log copy dropped
         assert cv["stall"]["recovered"] and any("dropped" in n for n in cv["notes"])
+        assert not (cap / "procs").exists()
     assert v["stalls"][1]["t"] > v["stalls"][0]["t"] + v["stalls"][0]["for_s"]
     st = json.loads((out / "status.json").read_text())
     assert st["phase"] == "ended" and st["stalls"] == 2 and st["recovered"] == 2
     assert st["processes"][0]["ops_completed"] > 100
+
+
+def test_a_recovered_capture_keeps_its_evidence_in_few_files(tmp_path):
+    """Op-log copies dropped; the per-process files (a disk block each, dozens for a job with DataLoader
+    workers) folded into one procs.json, so a job that pauses every few minutes for days holds a flat folder."""
+    cap = tmp_path / "01"
+    (cap / "procs").mkdir(parents=True)
+    (cap / "ops.log").write_bytes(b"x" * 4096)
+    (cap / "procs" / "7.log").write_bytes(b"x" * 4096)
+    metas = {f"{pid}.json": json.dumps({"pid": pid}) for pid in range(100, 130)}
+    for name, text in {**metas, "100.stacks_python.txt": "Thread 100\n  save (t.py:3)"}.items():
+        (cap / "procs" / name).write_text(text)
+    (cap / "verdict.json").write_text(json.dumps({"status": "hang", "notes": [], "log": {"op_log": "ops.log"}}))
+    watch._lighten(cap, {"recovered": True, "for_s": 12.5})
+    assert sorted(p.name for p in cap.iterdir()) == ["procs.json", "verdict.json"]
+    kept = json.loads((cap / "procs.json").read_text())
+    assert kept == {**metas, "100.stacks_python.txt": "Thread 100\n  save (t.py:3)"}
+    v = json.loads((cap / "verdict.json").read_text())
+    assert v["log"]["op_log"] is None and v["stall"]["for_s"] == 12.5 and "procs.json" in v["notes"][-1]
 
 
 def test_a_stall_under_stop_is_still_a_hang(tmp_path):

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-KEEP_BYTES = 4 << 20        # the tail kept on disk per stream
+KEEP_BYTES = 256 << 10      # the tail kept on disk per stream (a few thousand lines: the terminal got it all)
 QUEUE_BYTES = 1 << 20       # bytes waiting for a slow terminal before new ones are dropped from it
 CHUNK = 1 << 16
 

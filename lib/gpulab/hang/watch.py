@@ -61,7 +61,7 @@ FIXES_VAR = "GPULAB_FIXES"   # gpulab.fixes.compose.FIXES_VAR: names the fixes a
 ON_STALL = ("stop", "keep")
 GRACE_S = 30.0           # the CLI's wait for a job that was passed a signal
 APART_LIMIT_S = 300.0    # a capture's forked copy gets this long (captures take seconds; 29 s seen under load)
-MAX_CAPTURES = 20        # capture folders kept under keep: the first and the latest half each
+MAX_CAPTURES = 4         # capture folders kept under keep: the first and the latest half each (the verdict lists every stall)
 KEEP_ENDED = 8           # ended processes whose files stay in the job folder: the latest ones
 PRUNE_EVERY_S = 2.0      # ended processes pruned this often: DataLoader workers of short epochs pile up between prunes
 
@@ -770,16 +770,23 @@ def _release() -> None:
 
 def _lighten(cap: Path, rec: dict) -> None:
     """A stall that recovered keeps its verdict, stacks and op-log tails, not its copies of the op logs (MBs
-    each): the folder then grows by little per usual pause, however many a job of days takes."""
+    each): the folder then grows by little per usual pause, however many a job of days takes. Its per-process
+    files (a few hundred bytes each, one disk block each, dozens for a job with DataLoader workers) are
+    folded into one procs.json, name -> text."""
     dropped = [p for p in (cap / "ops.log", *(cap / "procs").glob("*.log")) if p.is_file()]
     for p in dropped:
         p.unlink()
+    if (cap / "procs").is_dir():
+        small = {p.name: p.read_text(errors="replace") for p in sorted((cap / "procs").iterdir()) if p.is_file()}
+        write_json(cap / "procs.json", small)
+        shutil.rmtree(cap / "procs", ignore_errors=True)
     data = report.read_json(cap / "verdict.json", default=None)
     if data is not None:
         data["stall"] = rec
         data["log"] = {**data.get("log", {}), "op_log": None}
         data["notes"] = [*data.get("notes", []), f"the job recovered after {rec['for_s']:.1f} s (the capture "
-                         f"itself included): the op logs copied at the stall were dropped, their tails kept"]
+                         f"itself included): the op logs copied at the stall were dropped, their tails kept, the "
+                         f"per-process files folded into procs.json"]
         write_json(cap / "verdict.json", data)
 
 
@@ -954,7 +961,7 @@ def _parser():
                    help="a status line on stderr every S seconds (0: none); OUT/status.json is rewritten every "
                         f"{status_mod.EVERY_S:g} s regardless")
     p.add_argument("--keep-output", type=positive("--keep-output"), default=tee.KEEP_BYTES / 2**20, metavar="MB",
-                   help="OUT/stdout.txt and stderr.txt keep the job's last MB megabytes each")
+                   help="OUT/stdout.txt and stderr.txt keep the job's last MB megabytes each (default %(default)g)")
     p.add_argument("--quiet", action="store_true", help="do not show the job's output here (OUT keeps its tail)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the verdict here")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="products folder (default: a new temp dir)")
