@@ -45,6 +45,12 @@ for s in "$@"; do case $s in
   ttr)      step ttr ${TTR_LIMIT:-560} python3 benchmarks/bench_time_to_recommendation.py --out $RES/ttr --programs gpu \
               --stall ${TTR_STALL:-8} --limit 270 ${TTR_ARGS:-} ;;
   pytest)   step pytest ${PYTEST_LIMIT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider ${PYTEST_ARGS:-} ;;
+  wildstore) for i in $(seq ${WILD_N:-3}); do   # the flaky memcheck case, its verdict and stderr kept each time
+              step wildstore$i 150 python3 -m pytest -q -m gpu -p no:cacheprovider --basetemp=$RES/wildstore$i/t \
+                tests/test_memcheck.py -k wild; cp $RES/wildstore$i/t/*/w/verdict.json $RES/wildstore$i/ 2>/dev/null
+              cp $RES/wildstore$i/t/*/w/stderr.txt $RES/wildstore$i/stderr.log 2>/dev/null; done ;;
+  recorderdisk) step recorderdisk 120 python3 -m pytest -q -p no:cacheprovider tests/test_recorder_modes.py \
+              -k "reserved or full_disk or says_full or prefault" ;;
   native)   step native 120 python3 -c 'from gpulab.trace import native; print(native.ensure_all() or "observer and hot path built")' ;;
   realstep) step realstep ${REALSTEP_LIMIT:-480} python3 benchmarks/bench_real_step.py --out $RES/realstep \
               --rounds ${REALSTEP_ROUNDS:-2} --steps ${REALSTEP_STEPS:-20} --modes ${REALSTEP_MODES:-eager,compiled} \

@@ -124,7 +124,12 @@ DSA_FOOTER = "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions
 
 @pytest.mark.parametrize("status,stderr,cls", [
     ("error", "RuntimeError: CUDA error: an illegal memory access was encountered\n" + DSA_FOOTER, "illegal_address"),
+    # a Triton kernel's store 1 GiB past its tensor, one run of four on an H100 (the others: illegal memory access)
+    ("error", "torch.AcceleratorError: CUDA error: operation not supported on global/shared address space\n"
+              "Search for `cudaErrorInvalidAddressSpace' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+              "group__CUDART__TYPES.html for more information.\n" + DSA_FOOTER, "illegal_address"),
     ("error", "RuntimeError: CUDA error: misaligned address\n" + DSA_FOOTER, "misaligned_address"),
+    ("error", "RuntimeError: CUDA error: an invalid program counter was encountered\n", "launch_failure"),
     ("error", "torch.AcceleratorError: CUDA error: device-side assert triggered\n" + DSA_FOOTER, "device_assert"),
     ("crash", "Memory access fault by GPU node-2 (Agent handle: 0x1) on address 0x7f. Reason: Page not present or "
               "supervisor privilege.\n", "gpu_page_fault"),

@@ -120,7 +120,8 @@ def test_the_programs_own_kernel_is_pinned_with_its_address(tmp_path, program, n
     v = _watch(tmp_path, [sys.executable, str(FIX / program)], stall_s)
     print(json.dumps({k: v.to_dict()[k] for k in ("status", "class", "in_flight_op", "owner", "memcheck")},
                      indent=1, default=str))
-    assert v.status == "error" and v.cls == "illegal_address", v.evidence
+    assert v.status == "error" and v.cls == "illegal_address", \
+        "\n".join(v.evidence) + "\n--- the program's stderr, last 2000 chars ---\n" + v.stderr_tail
     assert v.owner["kind"] == "program", v.owner
     assert not v.suggested or all(s["fix"] != "cpu_fallback" for s in v.suggested)
     if memcheck.tool() is None:

@@ -24,15 +24,20 @@ MEMORY_FAULTS = (
                                  r"cudaErrorAssert|CUDA_ERROR_ASSERT", re.I)),
     ("misaligned_address", re.compile(r"misaligned address|cudaErrorMisalignedAddress|CUDA_ERROR_MISALIGNED_ADDRESS",
                                       re.I)),
+    # a wild pointer that lands in the shared or local window rather than unmapped global memory (a store far
+    # past its tensor on an H100 said this in 1 run of 4, "illegal memory access" in the others)
     ("illegal_address", re.compile(r"illegal memory access|illegal address|cudaErrorIllegalAddress|"
-                                   r"CUDA_ERROR_ILLEGAL_ADDRESS|hipErrorIllegalAddress", re.I)),
+                                   r"CUDA_ERROR_ILLEGAL_ADDRESS|hipErrorIllegalAddress|"
+                                   r"operation not supported on global/shared address space|"
+                                   r"cudaErrorInvalidAddressSpace|CUDA_ERROR_INVALID_ADDRESS_SPACE", re.I)),
     ("gpu_page_fault", re.compile(r"Memory access fault by GPU node|Page not present or supervisor privilege", re.I)),
     ("out_of_bounds", re.compile(r"IndexError: [^\n]*out of (range|bounds)|index -?\d+ is out of bounds for dimension|"
                                  r"index out of range in self|out of bounds for dimension", re.I)),
     ("launch_failure", re.compile(r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED|"
                                   r"too many resources requested for launch|invalid configuration argument|"
                                   r"no kernel image is available for execution|illegal instruction was encountered|"
-                                  r"hipErrorLaunchFailure", re.I)),
+                                  r"invalid program counter|cudaErrorInvalidPc|hardware stack error|"
+                                  r"cudaErrorHardwareStackError|hipErrorLaunchFailure", re.I)),
 )
 FAULT_CLASSES = tuple(c for c, _ in MEMORY_FAULTS)
 CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown") + FAULT_CLASSES
