@@ -71,7 +71,8 @@ def test_max_time_cap_is_respected(max_time_s):
 
     m = bench.measure(slow, device="cpu", max_time_s=max_time_s, min_time_s=10.0, min_samples=1000)
     assert m.stopped == "max_time"
-    assert m.timed_s <= max_time_s + 0.03, m.timed_s  # at most one call past the deadline
+    # at most one call past the deadline (a call, not a fixed 30 ms: a loaded host oversleeps 0.02 s by more)
+    assert m.timed_s <= max_time_s + max(m.samples_ms) / 1e3 + 0.005, (m.timed_s, max(m.samples_ms))
     assert m.n >= 2
     assert 19.0 < m.median_ms < 40.0
 
