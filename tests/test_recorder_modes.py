@@ -4,6 +4,7 @@ while a child writes (and after it is SIGKILLed), logs sized to what was recorde
 bookkeeping decided from recorded inputs (counters and records written by hand, as a GPU would leave them)."""
 from __future__ import annotations
 
+import json
 import mmap
 import shutil
 import os
@@ -993,8 +994,10 @@ FILLER = textwrap.dedent("""
 
 
 def test_a_full_disk_stops_recording_and_never_kills_the_program(tmp_path):
-    """The op log on a 2 MB tmpfs (a user namespace mounts it, no root needed): once the disk refuses a page,
-    the recorder stops writing and says so; before, the program's next record was a SIGBUS that killed it."""
+    """`gpulab watch` with its folder on a 2 MB tmpfs (a user namespace mounts it, no root needed): once the
+    disk refuses the op log a page, the recorder stops writing and says so; the program runs to its end, the
+    watch ends with its code and a verdict that says the log ends early. Before, the program's next record was
+    a SIGBUS that killed it, and the watch then died writing the shrunk log."""
     small, script = tmp_path / "small", tmp_path / "filler.py"
     small.mkdir()
     script.write_text(FILLER)
@@ -1003,9 +1006,13 @@ def test_a_full_disk_stops_recording_and_never_kills_the_program(tmp_path):
                      capture=True) if unshare else None
     if probe is None or probe.returncode != 0:
         pytest.skip("no unprivileged user namespace to mount a small tmpfs in")
-    inner = f"mount -t tmpfs -o size=2m tmpfs {small} && exec {sys.executable} -m gpulab.trace --log {small}/a.log " \
-            f"-- {script}"
-    r = proc.run([unshare, "-rm", "sh", "-c", inner], timeout_s=120, capture=True, env=_child_env())
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "survived 60000" in r.stdout
-    assert "no space left for the op log" in r.stderr and "recording stopped" in r.stderr
+    inner = (f"mount -t tmpfs -o size=2m tmpfs {small} && {sys.executable} -m gpulab watch --stall 60 --quiet "
+             f"--out {small}/w -- python {script}; echo watch-exit=$?; cat {small}/w/stdout.txt; echo; "
+             f"cat {small}/w/verdict.json")
+    r = proc.run([unshare, "-rm", "sh", "-c", inner], timeout_s=180, capture=True, env=_child_env())
+    out = r.stdout
+    assert "watch-exit=0" in out, out[-2000:] + r.stderr[-2000:]
+    assert "survived 60000" in out   # the program ran to its end
+    v = json.loads(out[out.index("{", out.index("survived 60000")):])
+    assert v["status"] == "ok" and v["exit_code"] == 0
+    assert any(e.startswith("recording stopped after") and "no space left" in e for e in v["evidence"]), v

@@ -105,6 +105,7 @@ class Observation:
     ops_started: int = 0
     ops_completed: int = 0
     dropped: int = 0
+    log_stopped_at: int | None = None   # the recorder stopped writing after this many ops (the disk was full)
     python_text: str = ""             # faulthandler dump (or py-spy text)
     native_text: str = ""             # py-spy --native or gdb text
     gpu_text: str | None = None
@@ -314,6 +315,10 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
         facts.append(f"PLANTED fault {obs.planted} (a self-test: the failure was put there on purpose)")
     if obs.dropped:
         notes.append(f"op log ring dropped {obs.dropped} old record(s)")
+    if obs.log_stopped_at is not None:   # evidence, so that it is shown with the verdict, not only kept
+        facts.append(f"recording stopped after {obs.log_stopped_at} op(s): the disk had no space left for the op "
+                     f"log; the program ran on, and its later ops are not in the log (an op named from it may "
+                     f"not be the last one)")
     oplog_tail = tuple(op_dict(r) for r in records[-obs.tail:])
     who = None if status == "ok" else owner.decide(
         {"status": status, "class": cls, "signal": sig, "in_flight_op": op_dict(inflight), "localized": localized,

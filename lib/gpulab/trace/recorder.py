@@ -210,6 +210,7 @@ class Recorder:
         else:
             what = "the program may be killed (SIGBUS) at its next record: free space in that folder"
         started = _Q.unpack_from(self._mm, _OFF_STARTED)[0]
+        ring.mark_stopped(self._mm, started)   # the header pages were backed at creation
         print(f"gpulab: no space left for the op log {self.log} after {started} ops: {what}", file=sys.stderr,
               flush=True)
 

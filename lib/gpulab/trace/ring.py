@@ -58,6 +58,9 @@ COUNTERS_OFF = 256
 _COUNTERS = struct.Struct("<QQqqQQQQ")
 (_OFF_STARTED, _OFF_COMPLETED, _OFF_GPU_SINCE, _OFF_NONFINITE, _OFF_MEMCOUNT, _OFF_NSTREAMS,
  _OFF_STRPOS, _OFF_GPU_NOTES) = (COUNTERS_OFF + 8 * i for i in range(8))
+# after the counters: 1 + the count of ops recorded when the recorder stopped writing for good (0: it never did;
+# the disk refused the log a page, see gpulab.trace.prefault), so a reader can say the log ends early and why
+_OFF_STOPPED = COUNTERS_OFF + _COUNTERS.size
 _Q = struct.Struct("<Q")
 _q = struct.Struct("<q")
 _MEM = struct.Struct("<dqqq")                       # t seq allocated reserved
@@ -153,6 +156,7 @@ class Snapshot:
     streams: tuple[StreamProgress, ...] = ()
     gpu_mechanism: str = ""   # how GPU progress was tracked ("" when it never was)
     gpu_notes: str = ""       # why better mechanisms were passed over
+    stopped_at: int | None = None   # recording stopped for good after this many ops (the disk was full)
 
     def in_flight(self) -> tuple[OpRecord, ...]:
         """Ops whose host call started and never returned (innermost last)."""
@@ -457,7 +461,20 @@ def read(path: str | os.PathLike) -> Snapshot:
                     gpu_completed=gpu_completed(completed, streams), mode=_cstr(mode), pid=pid,
                     device=_cstr(device), capacity=lay.capacity, dropped=first, t0=t0,
                     first_nonfinite=None if nonfinite < 0 else nonfinite, memory=tuple(mem), torn=torn,
-                    streams=streams, gpu_mechanism=_cstr(mechanism), gpu_notes=text(notes) if notes > 0 else "")
+                    streams=streams, gpu_mechanism=_cstr(mechanism), gpu_notes=text(notes) if notes > 0 else "",
+                    stopped_at=stopped_at(data))
+
+
+def stopped_at(buf) -> int | None:
+    """How many ops were recorded when the recorder stopped writing for good, or None (it never did)."""
+    if len(buf) < _OFF_STOPPED + 8:
+        return None
+    v = _Q.unpack_from(buf, _OFF_STOPPED)[0]
+    return v - 1 if v else None
+
+
+def mark_stopped(buf, started: int) -> None:
+    _Q.pack_into(buf, _OFF_STOPPED, started + 1)
 
 
 def read_device(path: str | os.PathLike) -> str:

@@ -8,6 +8,8 @@ run (recording cost, the stats-mode rerun) take the first Recording and are skip
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -20,7 +22,7 @@ from typing import Any, Sequence
 
 from gpulab import proc, report
 from gpulab.trace import follow, liveness, native
-from gpulab.trace.ring import _check_mode, read, shrink
+from gpulab.trace.ring import _check_mode, read, shrink, trim
 from gpulab.trace.ring import progress as log_progress
 from gpulab.workloads import WorkloadConfig, cli_args, command
 
@@ -124,11 +126,17 @@ def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str 
 def keep_recorded(log: str | os.PathLike) -> None:
     """Cut a finished child's op log to what it recorded (gpulab.trace.ring.shrink): a copy or an upload of
     the outputs expands the empty, sparse rest. Nothing to do when there is no log; a file that is not a
-    readable log is left as it is (its reader will say why)."""
+    readable log is left as it is (its reader will say why). On a full disk the shrunk copy cannot be written:
+    the log is only cut in place (`trim`, which frees space), so that the verdict can still be written."""
     try:
         shrink(log)
     except (FileNotFoundError, ValueError):
         pass
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        with contextlib.suppress(OSError, ValueError):
+            trim(log)
 
 
 def keep_followed(procs: str | os.PathLike) -> list[dict]:
