@@ -984,7 +984,7 @@ def test_prefault_says_full_when_the_disk_refuses(tmp_path, monkeypatch, err):
 
 FILLER = textwrap.dedent("""
     import sys, time, torch
-    x = torch.zeros(4)
+    x = torch.zeros(4, device=sys.argv[1])
     for i in range(60000):
         x = x + 1
         if i % 5000 == 0:
@@ -993,7 +993,8 @@ FILLER = textwrap.dedent("""
 """)
 
 
-def test_a_full_disk_stops_recording_and_never_kills_the_program(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_full_disk_stops_recording_and_never_kills_the_program(tmp_path, device):
     """`gpulab watch` with its folder on a 2 MB tmpfs (a user namespace mounts it, no root needed): once the
     disk refuses the op log a page, the recorder stops writing and says so; the program runs to its end, the
     watch ends with its code and a verdict that says the log ends early. Before, the program's next record was
@@ -1007,7 +1008,7 @@ def test_a_full_disk_stops_recording_and_never_kills_the_program(tmp_path):
     if probe is None or probe.returncode != 0:
         pytest.skip("no unprivileged user namespace to mount a small tmpfs in")
     inner = (f"mount -t tmpfs -o size=2m tmpfs {small} && {sys.executable} -m gpulab watch --stall 60 --quiet "
-             f"--out {small}/w -- python {script}; echo watch-exit=$?; cat {small}/w/stdout.txt; echo; "
+             f"--out {small}/w -- python {script} {device}; echo watch-exit=$?; cat {small}/w/stdout.txt; echo; "
              f"cat {small}/w/verdict.json")
     r = proc.run([unshare, "-rm", "sh", "-c", inner], timeout_s=180, capture=True, env=_child_env())
     out = r.stdout
