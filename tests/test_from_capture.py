@@ -120,3 +120,21 @@ def test_a_stall_that_never_recovers_under_keep_is_the_evidence_read(tmp_path):
 ])
 def test_the_captured_command_as_the_workload(command, want):
     assert caught.workload_of(command) == want
+
+
+@pytest.mark.parametrize("verdict,repro,want", [
+    ({"status": "ok", "exit_code": 0, "stalls": [{"recovered": True}, {"recovered": True}]}, "",
+     "nothing to fix: the watched job ended ok (exit code 0), after 2 stall(s) that recovered (2 of 2)"),
+    ({"status": "ok", "exit_code": 0}, "", "nothing to fix: the watched job ended ok (exit code 0)"),
+    ({"status": "hang"}, "", "no reproduction to try fixes on"),
+    ({"status": "ok", "exit_code": 0}, "python small.py", "the command given as repro: python small.py"),
+])
+def test_04_says_there_is_nothing_to_fix_when_the_watched_job_ended_well(tmp_path, verdict, repro, want):
+    """A job that ended well (its pauses recovered) has nothing to reproduce: 04 says so, not that 03's replay
+    'did not fail the same way' (seen on the user path: run --from on a keep watch of a checkpointing job)."""
+    (tmp_path / caught.COPY).mkdir()
+    (tmp_path / caught.COPY / "verdict.json").write_text(json.dumps(verdict))
+    cmd, why = caught.repro_command(repro, tmp_path)
+    assert why.startswith(want) and (cmd is None) == (not repro), why
+    if cmd is None:   # a shorter command is asked for only when there is something to reproduce
+        assert ("small_case.py" in caught.no_fixes_md(why)) == (verdict["status"] != "ok")

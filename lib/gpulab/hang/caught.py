@@ -292,11 +292,25 @@ def repro_command(repro: str, out_dir: str | os.PathLike) -> tuple[tuple[str, ..
     if repro.strip():
         cmd = tuple(shlex.split(repro))
         return cmd, f"the command given as repro: {repro}"
+    ended_ok = _ended_ok(out_dir)
+    if ended_ok:
+        return None, ended_ok
     kept = Path(out_dir) / "repro" / "repro.py"
     if kept.is_file():
         return (sys.executable, str(kept)), "03's verified repro.py (the recorded ops replayed)"
     return None, ("no reproduction to try fixes on: 03's replay of the recorded ops did not fail the same way, and "
                   "no shorter command was given (-p repro='python small_case.py')")
+
+
+def _ended_ok(out_dir: str | os.PathLike) -> str | None:
+    """Why there is nothing to fix when the watched job ended well (03's copy of the verdict), else None."""
+    v = report.read_json(Path(out_dir) / COPY / "verdict.json", default=None) or {}
+    if v.get("status") != "ok":
+        return None
+    stalls = v.get("stalls") or []
+    back = sum(1 for s in stalls if s.get("recovered"))
+    also = f", after {len(stalls)} stall(s) that recovered ({back} of {len(stalls)})" if stalls else ""
+    return f"nothing to fix: the watched job ended ok (exit code {v.get('exit_code')}){also}"
 
 
 def workload_of(command: Sequence[str]) -> str:
@@ -314,7 +328,7 @@ def workload_of(command: Sequence[str]) -> str:
 
 def no_fixes(why: str) -> tuple[str, dict]:
     """04's headline and metrics when there is nothing to try fixes on: nothing was tried, and why."""
-    return (f"nothing tried: {why}",
+    return (why if why.startswith("nothing to fix") else f"nothing tried: {why}",
             {"recommendation": None, "tried": [], "not_tried": [], "next_step": why, "kind": "capture",
              "drill": False, "repro": None})
 
@@ -341,5 +355,7 @@ def repro_md(cmd: Sequence[str] | None, why: str) -> str:
 
 
 def no_fixes_md(why: str) -> str:
+    if why.startswith("nothing to fix"):
+        return f"**Nothing tried:** {report.esc(why)}."
     return (f"**Nothing tried:** {report.esc(why)}. Give a shorter command that fails the same way "
             f"(`gpulab run --from DIR -p repro='python small_case.py'`).")
