@@ -123,6 +123,10 @@ class ObserverMode:
         self._obs.release()
 
     def leave_fork(self) -> None:
+        self.stop_writing()
+
+    def stop_writing(self) -> None:
+        """Never write into the log again (a forked child's copy of it, a log the disk cannot back)."""
         self._obs.leave()
 
 

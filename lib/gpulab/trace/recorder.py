@@ -205,7 +205,7 @@ class Recorder:
         program with SIGBUS, so the observer stops writing; the program runs on unrecorded, and says why."""
         self.disk_full = True
         if isinstance(self._mode_obj, observe.ObserverMode):
-            self._mode_obj.leave_fork()
+            self._mode_obj.stop_writing()
             what = "recording stopped here so that the program is not killed (SIGBUS)"
         else:
             what = "the program may be killed (SIGBUS) at its next record: free space in that folder"
