@@ -113,6 +113,29 @@ def test_a_stall_that_never_recovers_under_keep_is_the_evidence_read(tmp_path):
     assert "1 stall(s) while watched, 0 recovered (checkpoint)" in head
 
 
+def test_a_capture_of_a_stall_that_recovered_is_no_hang(tmp_path):
+    """--from on one of captures/NN of a keep watch, a checkpoint pause the job came back from: read as the hang it
+    looked like then, the index said HANG and sent the user to fix save_checkpoint (seen on the user path). It is
+    the stall's outcome: ok, what the capture saw kept as evidence, nothing to fix."""
+    cap = tmp_path / "cap"
+    r = _gpulab(["watch", "--stall", "1.5", "--on-stall", "keep", "--quiet", "--out", str(cap), "--", "python",
+                 str(FIX / "checkpoint_pause.py"), "--steps", "30", "--at", "8", "--pause", "3.5"], timeout=180)
+    assert r.returncode == 0, r.stderr
+    one = cap / "captures" / "01"
+    assert json.loads((one / "verdict.json").read_text())["status"] == "hang"   # as the capture saw it
+    src = caught.source(one)
+    assert "a stall that recovered after" in src.why and "checkpoint" in src.why, src.why
+    v = caught.first_failure([one], tmp_path / "o")
+    assert v.status == "ok" and v.cls is None and v.owner is None and not v.suggested
+    assert v.evidence[0].startswith("a stall that recovered after") and "save_checkpoint" in v.stacks["python"]
+    head, metrics = caught.finding([one], v, None, "script:x.py")
+    assert metrics["status"] == "ok" and metrics["owner"] is None and metrics["in_program"] is None
+    assert "not a hang" in head, head
+    cmd, why = caught.repro_command("", tmp_path / "o")
+    assert cmd is None and why.startswith("nothing to fix: a stall that recovered"), why
+    assert caught.recording([one], tmp_path / "o").status == "ok"
+
+
 @pytest.mark.parametrize("command,want", [
     (["python", "train.py", "--lr", "1e-4"], "script:train.py --lr 1e-4"),
     (["torchrun", "--nproc-per-node", "2", "train.py"], "script:-m torch.distributed.run --nproc-per-node 2 train.py"),

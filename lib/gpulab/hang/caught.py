@@ -71,6 +71,18 @@ class Source:
     why: str          # how the chosen one was picked, in words
 
 
+def recovered(v: dict) -> str | None:
+    """What a capture of a stall that recovered was (`gpulab watch --on-stall keep` wrote it, the job went on), in
+    words; None for any other verdict. Read as the hang it looked like at the time, it would be a false finding."""
+    st = v.get("stall") if isinstance(v.get("stall"), dict) else None
+    if not st or not st.get("recovered"):
+        return None
+    pause = st.get("pause") or {}
+    kind = f" ({pause['kind']}: {pause.get('why')})" if pause.get("kind") else ""
+    return (f"a stall that recovered after {float(st.get('for_s') or 0):.1f} s{kind}: the job went on, so it was "
+            f"not a hang")
+
+
 def source(d: str | os.PathLike) -> Source:
     top = Path(d)
     v = report.read_json(top / "verdict.json", default={}) or {}
@@ -79,6 +91,8 @@ def source(d: str | os.PathLike) -> Source:
         cap = top / stuck[-1]["capture"]
         return Source(top, cap, report.read_json(cap / "verdict.json", default={}),
                       f"the stall at {stuck[-1]['t']:.0f} s that never recovered ({stuck[-1]['capture']})")
+    if recovered(v):
+        return Source(top, top, v, f"the capture of {recovered(v)}")
     if v.get("status") in FAILED:
         return Source(top, top, v, f"the job's end ({v.get('status')})")
     n = len(v.get("stalls") or ())
@@ -146,6 +160,10 @@ def first_failure(dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike)
         if culprit is not None and culprit.open_op:
             changes["in_flight_op"] = {**culprit.open_op, "process": culprit.role}
         v = dataclasses.replace(v, **changes)
+    back = recovered(srcs[base].verdict)
+    if back:   # what the capture saw stays as evidence; the verdict is the stall's outcome
+        v = dataclasses.replace(v, status="ok", cls=None, owner=None, suggested=(), culprit=None,
+                                evidence=(back + "; what the capture saw then:",) + tuple(v.evidence))
     row = next((r for r in v.processes if r.get("role") == v.culprit), None) if v.culprit else None
     if row and row.get("log") and (copies[base] / "procs" / Path(row["log"]).name).is_file():
         # the replay reads the stuck process's ops, not a launcher's empty log
@@ -153,9 +171,12 @@ def first_failure(dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike)
     said = "; ".join(f"{s.top}: {s.why}" for s in srcs)
     v = dataclasses.replace(v, log={**v.log, "dir": str(copies[base]), "verdict": "verdict.json"},
                             notes=tuple(v.notes) + (f"read from what gpulab watch caught ({said}), not run again",))
-    report.write_json(copies[base] / "verdict.json", v.to_dict())
+    d = v.to_dict()
+    if back:
+        d["stall"] = srcs[base].verdict["stall"]   # 04 reads the copy: nothing to fix in a stall that recovered
+    report.write_json(copies[base] / "verdict.json", d)
     if len(srcs) > 1:
-        report.write_json(out / "verdict.json", v.to_dict())
+        report.write_json(out / "verdict.json", d)
     return v
 
 
@@ -172,7 +193,8 @@ def finding(dirs: Sequence[str | os.PathLike], v: Verdict, rep: Any, workload: s
                   + (f" ({', '.join(sorted({s['pause']['kind'] for s in found if (s.get('pause') or {}).get('kind')}))})"
                      if any((s.get("pause") or {}).get("kind") for s in found) else "")) if found else ""
     failed = v.status != "ok" and v.status in FAILED
-    text = (headline(v) if failed else f"the watched job ended {v.status} after {top.get('elapsed_s', 0):.0f} s")
+    text = (headline(v) if failed else recovered(top)
+            or f"the watched job ended {v.status} after {top.get('elapsed_s', 0):.0f} s")
     head = f"caught by gpulab watch: {text}{stalls_txt}" + ("; a verified repro.py" if rep and rep.verified else "")
     status = v.status if v.status in STATUSES else ("crash" if failed else "ok")
     op = v.in_flight_op or {}
@@ -253,7 +275,8 @@ def recording(dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -> 
                 n_ops += ring.progress(procs / src.name).started
             except (OSError, ValueError):
                 pass
-    status = v.get("status") if v.get("status") in STATUSES else "crash"
+    # a stall that recovered is no failure: the job went on (its op logs were dropped then, their tails kept)
+    status = "ok" if recovered(v) else v.get("status") if v.get("status") in STATUSES else "crash"
     rc = v.get("exit_code")
     return trace_run.Recording(
         snapshot=snap, returncode=rc, signal=-rc if isinstance(rc, int) and rc < 0 else None,
@@ -305,6 +328,8 @@ def repro_command(repro: str, out_dir: str | os.PathLike) -> tuple[tuple[str, ..
 def _ended_ok(out_dir: str | os.PathLike) -> str | None:
     """Why there is nothing to fix when the watched job ended well (03's copy of the verdict), else None."""
     v = report.read_json(Path(out_dir) / COPY / "verdict.json", default=None) or {}
+    if recovered(v):
+        return f"nothing to fix: {recovered(v)}"
     if v.get("status") != "ok":
         return None
     stalls = v.get("stalls") or []

@@ -205,7 +205,8 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str, mode
         nan = f"first op to produce NaN/Inf: {bad.name}" if bad else "no op produced NaN/Inf"
     open_op, last = _where(rec)
     if rec.ok:
-        headline = f"{started} ops recorded ({rung} rung on {device}); {cost}; {nan}"
+        counted = f"{started} ops recorded" if snap is not None else "no op log kept"
+        headline = f"{counted} ({rung} rung on {device}); {cost}; {nan}"
     else:
         where = (f", in op {open_op.name} ({_unfinished(open_op)})" if open_op else
                  f", last op {last.name}" + (" (raised)" if last.raised else "") if last else
