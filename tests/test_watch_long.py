@@ -66,6 +66,25 @@ def test_checkpoint_pauses_recover_under_keep_and_the_job_code_passes_through(tm
     assert st["processes"][0]["ops_completed"] > 100
 
 
+def test_rank_0s_checkpoint_under_torchrun_is_a_checkpoint_pause(tmp_path):
+    """DDP's usual save: rank 0 writes while the other rank waits for it in the barrier after it. Each pause is
+    captured, recovered, and called a checkpoint at rank 0's save_checkpoint (it was called a stuck collective
+    at the barrier, the place where rank 0 was not)."""
+    out = tmp_path / "w"
+    r = _gpulab(["watch", "--stall", "3", "--on-stall", "keep", "--quiet", "--out", str(out), "--", sys.executable,
+                 "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                 str(FIX / "ddp_checkpoint_pause.py"), str(tmp_path)],
+                timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["status"] == "ok" and len(v["stalls"]) == 2, v["evidence"]
+    for s in v["stalls"]:
+        assert s["recovered"] is True, s
+        assert (s["pause"]["kind"], s["pause"]["usual"]) == ("checkpoint", True), s["pause"]
+        assert s["where"].startswith("rank 0/2: frame ") and "save_checkpoint" in s["where"], s["where"]
+        assert "waited for it in barrier" in s["where"], s["where"]
+
+
 def test_a_recovered_capture_keeps_its_evidence_in_few_files(tmp_path):
     """Op-log copies dropped; the per-process files (a disk block each, dozens for a job with DataLoader
     workers) folded into one procs.json, so a job that pauses every few minutes for days holds a flat folder."""
@@ -233,7 +252,15 @@ PKG = "/usr/lib/python3.12/site-packages"
     (None, ["wait_here (/home/u/train.py:12)", LOOP], None, ("train.py:12", "train.py:12"), "same_place", True),
     (None, ["spin (/home/u/train.py:12)", LOOP], None, ("train.py:12", "train.py:30"), None, None),
     ({"name": "aten.mm.default", "call_site": "train.py:5"}, [SAVE], None, (), None, None),
-    (None, [SAVE], {"op": "all_reduce", "group": 0, "seq": 3, "missing": ["rank 1/2"]}, (), None, False),
+    # rank 0 writes the checkpoint while the others wait for it in the barrier after it (seen under torchrun DDP:
+    # it was called a stuck collective); a rank that is elsewhere, or ranks that call different collectives, never
+    (None, [SAVE], {"op": "barrier", "group": 0, "seq": 3, "missing": ["rank 0/2"]}, (), "checkpoint", True),
+    (None, ["spin (/home/u/train.py:12)"], {"op": "barrier", "group": 0, "seq": 3, "missing": ["rank 0/2"]}, (),
+     None, False),
+    (None, [SAVE], {"op": "all_reduce", "group": 0, "seq": 3, "missing": ["rank 1/2"],
+                    "mismatch": {"rank 1/2": "broadcast"}}, (), None, False),
+    ({"name": "aten.mm.default", "call_site": "train.py:5"}, [SAVE],
+     {"op": "barrier", "group": 0, "seq": 3, "missing": ["rank 0/2"]}, (), None, False),
     (None, [], None, (), None, None),
 ])
 def test_pause_judgement(open_op, frames, div, ranks, kind, usual):
@@ -266,6 +293,8 @@ def test_gaps_and_the_step_from_a_training_loop():
 @pytest.mark.parametrize("op,div,frame,want", [
     ({"name": "aten.mm.default", "call_site": "x.py:3"}, None, "f (x.py:1)", "op aten.mm.default at x.py:3"),
     (None, {"op": "all_reduce", "group": 0, "seq": 7}, "f", "collective all_reduce (group 0, seq 7)"),
+    (None, {"op": "barrier", "group": 0, "seq": 7, "missing": ["rank 0/2"]}, "x.py:9 in save",
+     "frame x.py:9 in save; the other ranks waited for it in barrier (group 0, seq 7)"),
     (None, None, "x.py:9 in save", "frame x.py:9 in save"),
     (None, None, None, "unknown (no open op and no Python stacks)"),
 ])

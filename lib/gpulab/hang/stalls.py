@@ -4,8 +4,9 @@ with the job's own gaps between ops and steps. Pure: plain data in, plain data o
 
 Why judge pauses at all: under `gpulab watch --on-stall keep` a job that pauses longer than the window is
 captured and goes on; a report that calls every checkpoint a hang is ignored. A pause is named only where the
-stacks show it (no op open and the main thread in that kind of code, or every rank at the same place);
-otherwise it is `unknown`, and an open op or a collective that ranks disagree on is never called a pause.
+stacks show it (no op open and the main thread in that kind of code, or every rank at the same place, or one
+rank in such code while the others wait for it in their next collective, as ranks wait for rank 0's checkpoint);
+otherwise it is `unknown`, and an open op or collectives the ranks call differently are never called a pause.
 """
 from __future__ import annotations
 
@@ -162,8 +163,15 @@ def judge_pause(open_op: Mapping[str, Any] | None, frames: Sequence[str], diverg
     main thread's Python frames, innermost first), divergence (the job finding's), ranks_at (each rank's place,
     for a job of ranks)."""
     if divergence and (divergence.get("missing") or divergence.get("mismatch")):
-        return Pause(None, False, f"the ranks disagree at {divergence.get('op')} (group {divergence.get('group')}, "
-                                  f"seq {divergence.get('seq')}): a stuck collective, not a pause")
+        at = f"{divergence.get('op')} (group {divergence.get('group')}, seq {divergence.get('seq')})"
+        found = _frame_kind(frames) if divergence.get("missing") and not divergence.get("mismatch") \
+            and not open_op else None
+        if found:   # rank 0 writes the checkpoint while the others wait for it in the next collective: DDP's usual
+            kind, frame = found
+            late = ", ".join(divergence.get("missing") or ())
+            return Pause(kind, True, f"{late} had not reached {at}: no op was open and its main thread was in "
+                                     f"{_WORDS[kind]} ({frame}), while the other ranks waited for it there")
+        return Pause(None, False, f"the ranks disagree at {at}: a stuck collective, not a pause")
     if open_op:
         name = open_op.get("name")
         return Pause(None, None, f"an op was open ({name} at {open_op.get('call_site') or '?'}): a slow op and a "
@@ -186,8 +194,13 @@ _WORDS = {"checkpoint": "a checkpoint write", "compile": "compilation", "data": 
 
 def where(open_op: Mapping[str, Any] | None, divergence: Mapping[str, Any] | None, frame: str | None,
           process: str | None = None) -> str:
-    """Where the job was during a stall: the op, else the collective, else the main thread's frame."""
+    """Where the job was during a stall: the op, else the collective, else the main thread's frame (a rank that
+    had not reached the collective the others wait in: its own frame, then that collective)."""
     who = f"{process}: " if process else ""
+    if divergence and divergence.get("op") and divergence.get("missing") and not divergence.get("mismatch") \
+            and not open_op and frame:
+        return (f"{who}frame {frame}; the other ranks waited for it in {divergence['op']} (group "
+                f"{divergence.get('group')}, seq {divergence.get('seq')})")
     if divergence and divergence.get("op"):
         return f"{who}collective {divergence['op']} (group {divergence.get('group')}, seq {divergence.get('seq')})"
     if open_op and open_op.get("name"):
