@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import papermill
+import pytest
 import yaml
 
 from conftest import ROOT
@@ -132,3 +133,21 @@ def test_followups_answer_each_run_from_the_first_recording(tmp_path):
     assert gpu is None and "runs on the CPU" in gpu_note
     assert stats is None and stats_note.startswith("**NaN/Inf not checked:**") and "hang again" in stats_note
     assert not list(tmp_path.iterdir())   # nothing ran
+
+
+@pytest.mark.parametrize("snap_ops,rung,want", [
+    (2, "forward", "2 ops recorded (forward rung on cpu)"),
+    (2, None, "2 ops recorded (on cpu)"),                  # what a watch caught: no rung of the built-in workload
+    (None, None, "no op log kept (on cpu)"),               # a capture of a stall that recovered: its logs dropped
+])
+def test_02_headline_of_a_finished_recording(snap_ops, rung, want):
+    from gpulab.trace import analysis
+    from gpulab.trace.ring import OpRecord, Snapshot
+    from gpulab.trace.run import Recording
+
+    recs = (OpRecord(0, "aten.mm.default", [], "t.py:3", "main", 1.0, 1.1, False, None),
+            OpRecord(1, "aten.add.Tensor", [], "t.py:4", "main", 1.2, 1.3, False, None))
+    snap = Snapshot(recs, 2, 2, None, "ops", 1, "cpu", 64, 0) if snap_ops else None
+    rec = Recording(snap, 0, None, False, 4.0, "/o/ops.log", ("python", "t.py"), "", "ok", 30.0)
+    head, _ = analysis.finding(rec, None, None, rung, "cpu", "ops.log")
+    assert head.startswith(want + ";"), head

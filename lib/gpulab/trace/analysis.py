@@ -188,7 +188,7 @@ def _ended(rec: Any) -> str:
     return rec.status
 
 
-def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str, mode: str = "ops"
+def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: str, mode: str = "ops"
             ) -> tuple[str, dict[str, Any]]:
     """Notebook 02's headline and metrics, from the first Recording (made in `mode`), the overhead table (None:
     not measured) and the stats-mode Recording (None: not run). The recording cost is stated only when this run could
@@ -206,7 +206,8 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str, device: str, log: str, mode
     open_op, last = _where(rec)
     if rec.ok:
         counted = f"{started} ops recorded" if snap is not None else "no op log kept"
-        headline = f"{counted} ({rung} rung on {device}); {cost}; {nan}"
+        what = f"{rung} rung on {device}" if rung else f"on {device}"   # no rung: what a watch caught
+        headline = f"{counted} ({what}); {cost}; {nan}"
     else:
         where = (f", in op {open_op.name} ({_unfinished(open_op)})" if open_op else
                  f", last op {last.name}" + (" (raised)" if last.raised else "") if last else
