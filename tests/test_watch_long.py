@@ -66,14 +66,19 @@ def test_checkpoint_pauses_recover_under_keep_and_the_job_code_passes_through(tm
     assert st["processes"][0]["ops_completed"] > 100
 
 
-def test_rank_0s_checkpoint_under_torchrun_is_a_checkpoint_pause(tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=pytest.mark.gpu)])
+def test_rank_0s_checkpoint_under_torchrun_is_a_checkpoint_pause(tmp_path, backend):
     """DDP's usual save: rank 0 writes while the other rank waits for it in the barrier after it. Each pause is
     captured, recovered, and called a checkpoint at rank 0's save_checkpoint (it was called a stuck collective
     at the barrier, the place where rank 0 was not)."""
+    if backend == "nccl":
+        import torch
+        if torch.cuda.device_count() < 2:
+            pytest.skip("needs two GPUs")
     out = tmp_path / "w"
     r = _gpulab(["watch", "--stall", "3", "--on-stall", "keep", "--quiet", "--out", str(out), "--", sys.executable,
                  "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                 str(FIX / "ddp_checkpoint_pause.py"), str(tmp_path)],
+                 str(FIX / "ddp_checkpoint_pause.py"), str(tmp_path), "--backend", backend],
                 timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     v = json.loads((out / "verdict.json").read_text())
