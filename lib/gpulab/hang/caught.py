@@ -29,6 +29,7 @@ from gpulab.trace.liveness import STATUSES
 
 COPY = "caught"              # the run folder's copy of what was used
 FAILED = ("hang", "timeout", "crash", "error", "interrupted")
+NOTHING_TO_FIX = "nothing to fix"   # how 04's reason starts when the capture shows no failure
 
 
 # ------------------------------------------------------------------------------------ which folder
@@ -91,8 +92,9 @@ def source(d: str | os.PathLike) -> Source:
         cap = top / stuck[-1]["capture"]
         return Source(top, cap, report.read_json(cap / "verdict.json", default={}),
                       f"the stall at {stuck[-1]['t']:.0f} s that never recovered ({stuck[-1]['capture']})")
-    if recovered(v):
-        return Source(top, top, v, f"the capture of {recovered(v)}")
+    back = recovered(v)
+    if back:
+        return Source(top, top, v, f"the capture of {back}")
     if v.get("status") in FAILED:
         return Source(top, top, v, f"the job's end ({v.get('status')})")
     n = len(v.get("stalls") or ())
@@ -328,14 +330,15 @@ def repro_command(repro: str, out_dir: str | os.PathLike) -> tuple[tuple[str, ..
 def _ended_ok(out_dir: str | os.PathLike) -> str | None:
     """Why there is nothing to fix when the watched job ended well (03's copy of the verdict), else None."""
     v = report.read_json(Path(out_dir) / COPY / "verdict.json", default=None) or {}
-    if recovered(v):
-        return f"nothing to fix: {recovered(v)}"
+    back = recovered(v)
+    if back:
+        return f"{NOTHING_TO_FIX}: {back}"
     if v.get("status") != "ok":
         return None
     stalls = v.get("stalls") or []
-    back = sum(1 for s in stalls if s.get("recovered"))
-    also = f", after {len(stalls)} stall(s) that recovered ({back} of {len(stalls)})" if stalls else ""
-    return f"nothing to fix: the watched job ended ok (exit code {v.get('exit_code')}){also}"
+    n = sum(1 for s in stalls if s.get("recovered"))
+    also = f", after {len(stalls)} stall(s) that recovered ({n} of {len(stalls)})" if stalls else ""
+    return f"{NOTHING_TO_FIX}: the watched job ended ok (exit code {v.get('exit_code')}){also}"
 
 
 def workload_of(command: Sequence[str]) -> str:
@@ -353,7 +356,7 @@ def workload_of(command: Sequence[str]) -> str:
 
 def no_fixes(why: str) -> tuple[str, dict]:
     """04's headline and metrics when there is nothing to try fixes on: nothing was tried, and why."""
-    return (why if why.startswith("nothing to fix") else f"nothing tried: {why}",
+    return (why if why.startswith(NOTHING_TO_FIX) else f"nothing tried: {why}",
             {"recommendation": None, "tried": [], "not_tried": [], "next_step": why, "kind": "capture",
              "drill": False, "repro": None})
 
@@ -380,7 +383,7 @@ def repro_md(cmd: Sequence[str] | None, why: str) -> str:
 
 
 def no_fixes_md(why: str) -> str:
-    if why.startswith("nothing to fix"):
+    if why.startswith(NOTHING_TO_FIX):   # no failure: no shorter failing command to ask for
         return f"**Nothing tried:** {report.esc(why)}."
     return (f"**Nothing tried:** {report.esc(why)}. Give a shorter command that fails the same way "
             f"(`gpulab run --from DIR -p repro='python small_case.py'`).")

@@ -163,15 +163,13 @@ def judge_pause(open_op: Mapping[str, Any] | None, frames: Sequence[str], diverg
     main thread's Python frames, innermost first), divergence (the job finding's), ranks_at (each rank's place,
     for a job of ranks)."""
     if divergence and (divergence.get("missing") or divergence.get("mismatch")):
-        at = f"{divergence.get('op')} (group {divergence.get('group')}, seq {divergence.get('seq')})"
-        found = _frame_kind(frames) if divergence.get("missing") and not divergence.get("mismatch") \
-            and not open_op else None
+        found = _frame_kind(frames) if _behind(divergence, open_op) else None
         if found:   # rank 0 writes the checkpoint while the others wait for it in the next collective: DDP's usual
             kind, frame = found
             late = ", ".join(divergence.get("missing") or ())
-            return Pause(kind, True, f"{late} had not reached {at}: no op was open and its main thread was in "
-                                     f"{_WORDS[kind]} ({frame}), while the other ranks waited for it there")
-        return Pause(None, False, f"the ranks disagree at {at}: a stuck collective, not a pause")
+            return Pause(kind, True, f"{late} had not reached {_at(divergence)}: no op was open and its main thread "
+                                     f"was in {_WORDS[kind]} ({frame}), while the other ranks waited for it there")
+        return Pause(None, False, f"the ranks disagree at {_at(divergence)}: a stuck collective, not a pause")
     if open_op:
         name = open_op.get("name")
         return Pause(None, None, f"an op was open ({name} at {open_op.get('call_site') or '?'}): a slow op and a "
@@ -188,6 +186,16 @@ def judge_pause(open_op: Mapping[str, Any] | None, frames: Sequence[str], diverg
                              f"pauses (checkpoint, compile, data, evaluation, file I/O)")
 
 
+def _behind(divergence: Mapping[str, Any], open_op: Mapping[str, Any] | None) -> bool:
+    """A rank had not reached the collective the others wait in, and ran no op: it is somewhere of its own
+    (where its frame says), not calling another collective."""
+    return bool(divergence.get("missing")) and not divergence.get("mismatch") and not open_op
+
+
+def _at(divergence: Mapping[str, Any]) -> str:
+    return f"{divergence.get('op')} (group {divergence.get('group')}, seq {divergence.get('seq')})"
+
+
 _WORDS = {"checkpoint": "a checkpoint write", "compile": "compilation", "data": "a data read",
           "evaluation": "an evaluation pass", "file_io": "file I/O", "same_place": "the same place on every rank"}
 
@@ -197,12 +205,10 @@ def where(open_op: Mapping[str, Any] | None, divergence: Mapping[str, Any] | Non
     """Where the job was during a stall: the op, else the collective, else the main thread's frame (a rank that
     had not reached the collective the others wait in: its own frame, then that collective)."""
     who = f"{process}: " if process else ""
-    if divergence and divergence.get("op") and divergence.get("missing") and not divergence.get("mismatch") \
-            and not open_op and frame:
-        return (f"{who}frame {frame}; the other ranks waited for it in {divergence['op']} (group "
-                f"{divergence.get('group')}, seq {divergence.get('seq')})")
+    if divergence and divergence.get("op") and _behind(divergence, open_op) and frame:
+        return f"{who}frame {frame}; the other ranks waited for it in {_at(divergence)}"
     if divergence and divergence.get("op"):
-        return f"{who}collective {divergence['op']} (group {divergence.get('group')}, seq {divergence.get('seq')})"
+        return f"{who}collective {_at(divergence)}"
     if open_op and open_op.get("name"):
         return f"{who}op {open_op['name']} at {open_op.get('call_site') or '?'}"
     if frame:
