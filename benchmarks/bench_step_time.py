@@ -7,7 +7,10 @@ figure is then the per-op cost).
 
   python benchmarks/bench_step_time.py --out DIR [--device auto|cpu|cuda] [--size auto|host] [--repeats N] [--quick]
 
-Goals at a GPU-bound size: `ops` <= 3 %, the GPU-localizing `auto` <= 10 %. "cpu %" compares the
+Goals at a GPU-bound size: `ops` <= 3 %, the GPU-localizing `auto` <= 10 %. `rf_floor` and
+`rf_floor_noargs` (with the C++ observer built) are PyTorch's own part: its RecordFunction callback registered
+as gpulab registers it, returning at once, with and without each op's argument list; no recorder that sees every
+op through RecordFunction (the profiler's hook) can cost less. "cpu %" compares the
 program's thread CPU time (less disturbed by other load on the machine; on a GPU it is host time only).
 Writes DIR/bench_step_time.json and .csv, prints the table last.
 """
@@ -84,7 +87,9 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     dev, out, env = userbench.setup(ns)
     keep = {"none", "ops", "auto", "gpu_events", "sync", "stats"} if not ns.quick else {"none", "ops", "auto"}
-    variants = userbench.pick_variants([v for v in userbench.standard_variants(dev) if v.name in keep], ns.variants)
+    floors = list(userbench.FLOOR_VARIANTS) if userbench.floor_variants_valid(env) else []
+    variants = userbench.pick_variants([v for v in userbench.standard_variants(dev) if v.name in keep] + floors,
+                                       ns.variants)
     repeats = ns.repeats or (2 if ns.quick else 5)
     size = sizes(dev, ns.size)
     cfg = WorkloadConfig(rung="step", device=dev, **size)

@@ -109,6 +109,21 @@ class Variant:
     note: str = ""
 
 
+# PyTorch's own cost of any recorder that sees each op through RecordFunction, as the profiler does: the observer's
+# callback registered as gpulab registers it, returning at once (GPULAB_TRACE_ABLATE, read by the C++ observer;
+# meaningful only when the observer is built: floor_variants_valid says)
+FLOOR_VARIANTS = (
+    Variant("rf_floor", mode="ops", env=(("GPULAB_TRACE_ABLATE", "32"),),
+            note="PyTorch's RecordFunction with each op's argument list, the callback returning at once (a floor)"),
+    Variant("rf_floor_noargs", mode="ops", env=(("GPULAB_TRACE_ABLATE", "96"),),
+            note="the same without the argument list (no shapes could be recorded): the lowest floor"))
+
+
+def floor_variants_valid(env: dict) -> bool:
+    """The floor variants measure RecordFunction only where the observer is built (else the dispatch mode runs)."""
+    return not str(env.get("observer", "")).startswith("not built")
+
+
 def standard_variants(device: str) -> list[Variant]:
     """The variants of the overhead figure on this device (GPU-progress modes only differ on CUDA)."""
     cuda = str(device).startswith("cuda")

@@ -170,7 +170,8 @@ struct State {
     std::atomic<int> track{kTrackPlain};
     std::atomic<bool> device_set{false};
     int ablate = 0;   /* diagnostics (GPULAB_TRACE_ABLATE): 1 no call sites, 2 no argument summaries, 4 no GPU markers,
-                         8 no capture check, 16 markers' stream found but none enqueued */
+                         8 no capture check, 16 markers' stream found but none enqueued, 32 return at once
+                         (PyTorch's own floor), 64 no inputs asked of RecordFunction */
     std::atomic<int64_t> markers{0}, python_marks{0};   /* markers enqueued; of them through Python */
     pid_t owner = 0;
     bool frames = false;
@@ -1169,7 +1170,8 @@ std::unique_ptr<at::ObserverContext> enter(State *s, const at::RecordFunction &f
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction &fn) {
     State *s = g_state.load(std::memory_order_acquire);
-    if (s == nullptr || !s->active.load(std::memory_order_relaxed) || s->base == nullptr || t_inside)
+    if (s == nullptr || !s->active.load(std::memory_order_relaxed) || s->base == nullptr || t_inside ||
+        (s->ablate & 32))
         return nullptr;
     s->inflight.fetch_add(1, std::memory_order_relaxed);
     struct Inside {
@@ -1306,7 +1308,7 @@ static PyObject *Observer_install(Observer *self, PyObject *unused) {
         try {
             g_handle.store(at::addGlobalCallback(
                 at::RecordFunctionCallback(on_enter, on_exit)
-                    .needsInputs(true)
+                    .needsInputs(!(s->ablate & 64))
                     .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE})));
             g_handle_pid = getpid();
         } catch (const std::exception &e) {
