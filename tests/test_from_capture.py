@@ -145,6 +145,18 @@ def test_the_captured_command_as_the_workload(command, want):
     assert caught.workload_of(command) == want
 
 
+def test_04_gives_03s_reason_when_there_is_no_repro(tmp_path):
+    """A job's hang (one rank alone in a collective) is never replayed in one process: 04 passes on 03's reason,
+    not 'the replay did not fail the same way' of a replay that never ran (seen on the user path)."""
+    (tmp_path / caught.COPY).mkdir()
+    (tmp_path / caught.COPY / "verdict.json").write_text(json.dumps({"status": "hang"}))
+    (tmp_path / "repro").mkdir()
+    (tmp_path / "repro" / "repro.json").write_text(json.dumps({"verified": None, "explanation": "the job is the repro"}))
+    cmd, why = caught.repro_command("", tmp_path)
+    assert cmd is None and why.startswith("no reproduction to try fixes on: the job is the repro;"), why
+    assert "small_case.py" in caught.no_fixes_md(why)
+
+
 @pytest.mark.parametrize("verdict,repro,want", [
     ({"status": "ok", "exit_code": 0, "stalls": [{"recovered": True}, {"recovered": True}]}, "",
      "nothing to fix: the watched job ended ok (exit code 0), after 2 stall(s) that recovered (2 of 2)"),

@@ -97,6 +97,21 @@ def two_groups() -> list[ProcessView]:
             rank(3, 4, *base, g23, frame="train.py:71 in f")]
 
 
+def rooted_then_op() -> list[ProcessView]:
+    """a checkpoint's scatter (the root holds every rank's part: shapes differ by design), then rank 1 alone
+    all_reduces a metric while rank 0 goes on to the next forward's all_gather."""
+    return [rank(0, 2, *done_upto(1), call("scatter", 2, shapes="u8[2, 10532]", site="train.py:84"),
+                 call("all_gather", 3, done=False, shapes="f32[69760]", site="train.py:74")),
+            rank(1, 2, *done_upto(1), call("scatter", 2, shapes="", site="train.py:84"),
+                 call("all_reduce", 3, done=False, shapes="f32[1]", site="train.py:80"))]
+
+
+def rooted_in_flight() -> list[ProcessView]:
+    """both ranks in the same gather, its root with every rank's buffer: the calls match."""
+    return [rank(0, 2, *done_upto(1), call("gather", 2, done=False, shapes="f32[2, 4]")),
+            rank(1, 2, *done_upto(1), call("gather", 2, done=False, shapes="f32[4]"))]
+
+
 def two_diverge() -> list[ProcessView]:
     """both groups diverge; the one whose waiting call started first is reported."""
     return [rank(0, 2, call("broadcast", 1, done=False, group="late", t=9.0), call("all_reduce", 1, done=False, t=3.0)),
@@ -142,6 +157,11 @@ CASES = [
      {"rank 2/4": "in all_reduce of f32[8] (group default, seq 2) at train.py:10"},
      ["group default, seq 2: the members call different shapes: rank 0/4, rank 1/4, rank 3/4 call all_reduce "
       "(f32[4]) at train.py:10, not completed; rank 2/4 calls all_reduce (f32[8]) at train.py:10, not completed"]),
+    ("rooted_shapes_by_design", rooted_then_op, "collective_mismatch", None,
+     ("default", 3, "all_gather", ("rank 0/2",), (), "op"),
+     {"rank 1/2": "in all_reduce of f32[1] (group default, seq 3) at train.py:80"},
+     ["group default, seq 3: the members call different ops: rank 0/2 calls all_gather (f32[69760]) at "
+      "train.py:74, not completed; rank 1/2 calls all_reduce (f32[1]) at train.py:80, not completed"]),
     ("compute_op", compute_stuck, "rank_stuck", "rank 1/2",
      ("default", 1, "all_reduce", ("rank 0/2",), ("rank 1/2",), None),
      {"rank 1/2": "in aten.mm.default at train.py:30 (started, never completed)"},
@@ -223,6 +243,12 @@ def test_all_members_in_the_same_open_call_is_not_a_divergence():
     assert (f.cls, f.divergence) == (None, None)
     assert f.evidence == ("group default, seq 2: all 2 members are in all_reduce (f32[4]) at train.py:10, 2 not "
                           "completed: the calls match, so no member is missing from it",)
+
+
+def test_a_rooted_call_in_flight_with_its_root_holding_more_is_not_a_divergence():
+    f = analyse(rooted_in_flight())
+    assert (f.cls, f.divergence) == (None, None)
+    assert "all 2 members are in gather" in f.evidence[0]
 
 
 def test_p2p_records_alone_never_diverge():

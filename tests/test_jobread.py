@@ -28,6 +28,17 @@ PY = "/usr/bin/python3"
     ({"pid": 16, "ppid": 1, "root": True, "argv": [PY, "-m", "gpulab.trace", "--", "train.py"]}, {},
      "main (pid 16)", "main"),
     ({"pid": 17, "ppid": 16, "argv": [PY, "tools/prep.py", "--fast"]}, {}, "pid 17: python3 prep.py --fast", "process"),
+    # a rank's child inherits its RANK (Inductor's compile check, its compile workers): not a second rank 0
+    ({"pid": 18, "ppid": 11, "argv": [PY, "-c", "from ctypes import cdll"], "env": {"rank": "0", "world_size": "2"}},
+     {11: {"pid": 11, "rank": 0, "world": 2, "env": {"rank": "0", "world_size": "2"}}},
+     "pid 18: python3 -c from ctypes import cdll (child of rank 0)", "process"),
+    # a wrapper under torchrun that runs the training script: the script, which called init_process_group, is
+    # the rank
+    ({"pid": 19, "ppid": 14, "argv": [PY, "wrap.py"], "env": {"rank": "1", "world_size": "2"}},
+     {20: {"pid": 20, "ppid": 19, "rank": 1, "world": 2}}, "pid 19: python3 wrap.py (launches rank 1)", "process"),
+    # the rank itself, its child beside it in the folder
+    ({"pid": 11, "ppid": 10, "argv": [PY, "train.py"], "rank": 0, "world": 2, "env": {"rank": "0"}},
+     {18: {"pid": 18, "ppid": 11, "env": {"rank": "0"}}}, "rank 0/2", "rank"),
 ])
 def test_roles(meta, metas, role, kind):
     assert jobread.role_of(meta, metas) == (role, kind)

@@ -202,6 +202,17 @@ def test_replay_of_the_in_flight_custom_op_reproduces(torch_hang, tmp_path):
     assert again.status == "hang" and again.in_flight_op["name"] == "gpulab_test.gate.default"
 
 
+def test_a_jobs_in_flight_op_is_not_replayed_alone(torch_hang, tmp_path):
+    """A job's finding names one rank's open collective, with no record number: no single-process replay (it
+    raised a TypeError comparing record numbers with None, and 03 failed)."""
+    folder, v, records, _ = torch_hang
+    job_op = {"name": "nccl:all_reduce", "args": "f32[1]", "call_site": "train.py:106 in main", "process": "rank 1/2"}
+    res = repro.make(verdict.Verdict(**{**v.__dict__, "in_flight_op": job_op}), records, tmp_path / "r",
+                     progress=lambda m: None)
+    assert res.verified is None and res.candidates == () and "rank 1/2" in res.explanation
+    assert "the job is the repro" in res.explanation
+
+
 def test_replay_says_when_nothing_reproduces(torch_hang, tmp_path):
     folder, v, records, _ = torch_hang
     before = [r for r in records if "gate" not in r.name]

@@ -91,6 +91,11 @@ CASES = [
     ("ranks calling different collectives", v(status="hang", cls="collective_mismatch",
                                               divergence={"op": "all_reduce", "group": "default", "seq": 3}), {},
      "program", ("all_reduce",)),
+    ("a rank that alone calls a collective, no stack captured: the op it has open",
+     v(status="hang", cls="skipped_collective", culprit="rank 1/2",
+       divergence={"op": "all_gather_into_tensor", "group": "default", "seq": 122},
+       processes=[{"role": "rank 1/2", "frame": None, "open_op": "nccl:all_reduce at train.py:106 in main"}]), {},
+     "program", ("train.py:106",)),
     ("nothing at all", v(status="crash"), {}, "unknown", ()),
 ]
 

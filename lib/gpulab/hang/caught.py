@@ -323,8 +323,11 @@ def repro_command(repro: str, out_dir: str | os.PathLike) -> tuple[tuple[str, ..
     kept = Path(out_dir) / "repro" / "repro.py"
     if kept.is_file():
         return (sys.executable, str(kept)), "03's verified repro.py (the recorded ops replayed)"
-    return None, ("no reproduction to try fixes on: 03's replay of the recorded ops did not fail the same way, and "
-                  "no shorter command was given (-p repro='python small_case.py')")
+    said = (report.read_json(Path(out_dir) / "repro" / "repro.json", default=None) or {}).get("explanation")
+    # 03's own reason when it wrote one (a job's collective is never replayed alone: seen on the user path, where
+    # this said the replay 'did not fail the same way' of a replay that never ran)
+    return None, (f"no reproduction to try fixes on: {said or 'no replay of the recorded ops failed the same way'}"
+                  "; and no shorter command was given (-p repro='python small_case.py')")
 
 
 def _ended_ok(out_dir: str | os.PathLike) -> str | None:

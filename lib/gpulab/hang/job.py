@@ -226,13 +226,22 @@ def _walk(group: str, members: list[ProcessView]) -> _Walk:
                 return _missing(group, s, members, at, matched)
             continue   # everyone who called it completed it: a record lost, not a divergence
         kind = "op" if len({c.op for c in at.values()}) > 1 else (
-            "shape" if not _same_shapes(list(at.values())) else None)
+            "shape" if not _same_shapes(list(at.values())) and
+            next(iter(at.values())).op not in _SHAPES_DIFFER else None)
         if kind:
             if 0 < sum(c.done for c in at.values()) < len(at):
                 return _paired(group, s, members, at, kind, matched)
             return _mismatch(group, s, members, at, kind)
         matched += 1
     return _Walk(None, None, (_agreed(group, members, calls, seqs),))
+
+
+# collectives whose tensors differ between ranks by design: the root of a scatter or gather holds every rank's
+# part, the others only their own (DCP's save scatters its plan so: seen on the user path, where the ranks' shapes
+# at its scatter were named the job's mismatch, not the all_reduce one rank called alone later); all_to_all's
+# splits may be uneven
+_SHAPES_DIFFER = frozenset({"scatter", "gather", "scatter_object_list", "gather_object", "all_to_all",
+                            "all_to_all_single"})
 
 
 def _same_shapes(cs: list[Collective]) -> bool:

@@ -104,7 +104,8 @@ def role_of(meta: Mapping[str, Any], metas: Mapping[int, Mapping[str, Any]]) -> 
         of = f"rank {prank}" if prank is not None else "main" if parent.get("root") else f"pid {meta.get('ppid')}"
         return f"DataLoader worker {meta['worker']} of {of}", "worker"
     rank, world = rank_of(meta)
-    if rank is not None:
+    held = _rank_held_elsewhere(meta, metas, rank)
+    if rank is not None and held is None:
         return f"rank {rank}/{world if world is not None else '?'}", "rank"
     for mark, name in HELPERS.items():
         if mark in argv:
@@ -113,7 +114,23 @@ def role_of(meta: Mapping[str, Any], metas: Mapping[int, Mapping[str, Any]]) -> 
         return f"launcher (pid {meta.get('pid')}: {command_text(meta)})", "launcher"
     if meta.get("root"):
         return f"main (pid {meta.get('pid')})", "main"
-    return f"pid {meta.get('pid')}: {command_text(meta)}", "process"
+    return f"pid {meta.get('pid')}: {command_text(meta)}" + (f" ({held})" if held else ""), "process"
+
+
+def _rank_held_elsewhere(meta: Mapping[str, Any], metas: Mapping[int, Mapping[str, Any]],
+                         rank: int | None) -> str | None:
+    """Why a process whose environment names a rank is not that rank, or None. A rank's child inherits its
+    RANK (torch.compile's compile workers and the `python -c` checks Inductor runs, a wrapper's training
+    script): seen on the user path, where such helpers, exited, were counted as ranks and hid the real ranks'
+    collectives. The rank is the process that called init_process_group with that number, else the topmost."""
+    if rank is None or meta.get("rank") is not None:
+        return None
+    parent = metas.get(meta.get("ppid")) or {}
+    if parent and rank_of(parent)[0] == rank:
+        return f"child of rank {rank}"
+    if any(m.get("rank") == rank and m.get("pid") != meta.get("pid") for m in metas.values()):
+        return f"launches rank {rank}"
+    return None
 
 
 def state_of(pid: int, meta: Mapping[str, Any]) -> str:

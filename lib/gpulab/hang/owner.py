@@ -273,7 +273,10 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     if cls in ("collective_mismatch", "worker_stuck", "uneven_inputs", "skipped_collective"):
         row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), {})
         d = v.get("divergence") or {}
-        where = row.get("frame") or (f"{d.get('op')} (group {d.get('group')}, seq {d.get('seq')})" if d else "")
+        # its Python frame, else the op it has open (no stack captured: no py-spy, a rank holding its GIL), else
+        # the collective the ranks part at
+        where = row.get("frame") or row.get("open_op") or (
+            f"{d.get('op')} (group {d.get('group')}, seq {d.get('seq')})" if d else "")
         return Owner("program", where or str(v.get("culprit") or "the job"),
                      {"collective_mismatch": "the ranks call different collectives at the same point",
                       "uneven_inputs": "a rank left the training loop the others are still in (uneven inputs)",

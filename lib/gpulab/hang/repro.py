@@ -239,6 +239,13 @@ def make(v: Verdict, records: Sequence[Any], out_dir: str | Path, *, stall_s: fl
                f"loading, Python code), so the program itself is the repro (bisection's repro.sh, when it ran, "
                f"is its smallest failing form)")
         return _save(out, ReproResult(None, (), target, why))
+    if v.in_flight_op.get("seq") is None:
+        # a job's finding: the op one process had open, named across the job's processes (seen on the user path:
+        # a rank alone in an all_reduce); one process's replay cannot call a collective with the others
+        who = v.in_flight_op.get("process") or "one process"
+        return _save(out, ReproResult(None, (), target, f"the op in flight is {who}'s in a job of several "
+                                                         f"processes: replaying one process's ops cannot reproduce "
+                                                         f"what the others take part in, so the job is the repro"))
     ordered, seq = replay_ops(records, v.in_flight_op.get("seq"))
     seq = v.in_flight_op.get("seq") if seq is None else seq
     upto = [r for r in ordered if _get(r, "seq") <= seq][-MAX_SUFFIX:]
