@@ -5,6 +5,7 @@ gpu marker on two GPUs)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,6 @@ def _torchrun(*args: str) -> list[str]:
 
 def _env(backend: str) -> dict | None:
     if backend == "gloo":
-        import os
         return {**os.environ, "CUDA_VISIBLE_DEVICES": ""}   # the script takes NCCL wherever it sees a GPU
     import torch
     if torch.cuda.device_count() < 2:

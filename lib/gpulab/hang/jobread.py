@@ -122,7 +122,8 @@ def _rank_held_elsewhere(meta: Mapping[str, Any], metas: Mapping[int, Mapping[st
     """Why a process whose environment names a rank is not that rank, or None. A rank's child inherits its
     RANK (torch.compile's compile workers and the `python -c` checks Inductor runs, a wrapper's training
     script): seen on the user path, where such helpers, exited, were counted as ranks and hid the real ranks'
-    collectives. The rank is the process that called init_process_group with that number, else the topmost."""
+    collectives. Not the rank: a child of a process with the same rank, or a process whose rank another one
+    took by calling init_process_group."""
     if rank is None or meta.get("rank") is not None:
         return None
     parent = metas.get(meta.get("ppid")) or {}
