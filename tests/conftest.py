@@ -13,6 +13,11 @@ sys.path.insert(0, str(ROOT / "lib"))
 # Every process the tests start inherits this marker; at the end of the session none may be alive.
 SESSION_MARK = ("GPULAB_TEST_SESSION", uuid.uuid4().hex)
 os.environ[SESSION_MARK[0]] = SESSION_MARK[1]
+# OpenMP threads that sleep when they wait, not spin: the suite runs three workers of real torch processes on
+# CI's two cores, where spinning threads wait on preempted ones at every parallel op (the full oracle set took
+# 184 s beside two busy processes, 23 s with this). Thread counts stay torch's; a test that needs its own
+# setting sets it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # ... and orphans re-parent to pytest (a fork without exec shows the environment pytest was started with).
 from gpulab import proc as _proc  # noqa: E402
 

@@ -77,6 +77,22 @@ def test_a_slow_import_inside_an_op_is_progress_not_a_hang(tmp_path):
     assert "gpulab_test.imports.default" in [r.name for r in rec.snapshot.records]
 
 
+def test_an_op_waiting_on_a_compiler_it_started_is_progress_not_a_hang(tmp_path):
+    """A compiled step compiles its backward inside the autograd node that runs it and waits there for g++ (tens
+    of seconds with a cold cache under load: an FSDP job was once stopped there as a hang). The CPU of the
+    child processes the op started is its progress; the busy shell here stands in for the compiler."""
+    script = tmp_path / "prog.py"
+    script.write_text("import subprocess, torch\n"
+                      "@torch.library.custom_op('gpulab_test::compiles', mutates_args=())\n"
+                      "def compiles(x: torch.Tensor) -> torch.Tensor:\n"
+                      "    subprocess.run(['timeout', '4', 'sh', '-c', 'while :; do :; done'])\n"
+                      "    return x + 1\n"
+                      "print(compiles(torch.ones(2)))\n")
+    rec = trace.record([sys.executable, str(script)], out_dir=tmp_path, timeout_s=120, stall_s=1.5)
+    assert rec.status == "ok", rec.stderr_tail
+    assert "gpulab_test.compiles.default" in [r.name for r in rec.snapshot.records]
+
+
 def test_a_program_stuck_in_its_own_op_is_still_a_hang(tmp_path):
     """The import rule is no blanket: an op whose main thread spins in Python (bytecode and CPU: a beat every
     window) outside any import stalls."""

@@ -112,6 +112,24 @@ def test_beat_record_and_environment(tmp_path, monkeypatch):
     assert beat.read(tmp_path / "short") is None  # a record being created is no record yet
 
 
+@pytest.mark.parametrize("path, func, loading", [
+    ("/site-packages/torch/_dynamo/convert_frame.py", "_compile", True),          # dynamo tracing a frame
+    ("C:\\py\\Lib\\torch\\_inductor\\compile_fx.py", "compile_fx_inner", True),    # Inductor compiling a graph
+    ("/site-packages/torch/_inductor/compile_fx.py", "run", False),   # cudagraphify's run: compiled code running
+    ("/site-packages/torch/_dynamo/eval_frame.py", "_fn", False),     # every compiled call passes here
+    ("/home/me/convert_frame.py", "_compile", False),                 # the program's own file of that name
+])
+def test_a_thread_is_loading_code_in_torch_compiles_entry_points_only(path, func, loading):
+    """Beats inside a compilation count as progress inside an op, so where compiled code merely runs must not."""
+    import threading
+    seen = []
+    code = compile(f"def {func}(check):\n    return check()\n", path, "exec")
+    ns: dict = {}
+    exec(code, ns)
+    ns[func](lambda: seen.append(beat._loading(threading.get_ident())))
+    assert seen == [loading] and beat._loading(threading.get_ident()) is False
+
+
 def test_start_from_env_takes_the_variable_out(tmp_path):
     """The program's own Python children must not write the watched process's beat file."""
     code = ("import os, sys; from gpulab import beat; t = beat.start_from_env(); "

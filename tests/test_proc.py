@@ -40,6 +40,17 @@ def test_escaped_daemon_is_ended_at_the_deadline(escape):
     assert left_after(name, mark) == []
 
 
+def test_an_orphan_that_ended_by_itself_is_reaped_not_left_a_zombie():
+    """This process is the subreaper (as gpulab is): a grandchild that ended before its parent was killed
+    re-parents here as a zombie, and a long-lived caller (a notebook kernel running watch after watch, a test
+    worker) would pile them up. The child's own exit code stays its Popen's."""
+    code = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+            "print(pid, flush=True)\ntime.sleep(60)\n")   # the forked one stays a zombie of this one
+    r = proc.run([sys.executable, "-c", code], timeout_s=3, capture=True)
+    assert r.status == "timeout" and r.stdout.strip().isdigit(), r
+    assert not Path(f"/proc/{r.stdout.strip()}").exists()   # reaped (a pid is not reused this soon)
+
+
 def test_a_clean_child_leaves_nothing_to_report():
     r = proc.run([sys.executable, "-c", "print('hi')"], timeout_s=30, capture=True)
     assert (r.status, r.stdout.strip(), r.left_running) == ("ok", "hi", ())

@@ -9,9 +9,11 @@ Why both tests, in each ~0.1 s window:
 - the main thread's CPU time grew by at least 5% of the window. Bytecode alone is not enough: a polling
   loop (DataLoader's main loop waking on a queue while a worker is stuck) runs bytecode with ~no CPU.
 
-A beat in a window where the main thread is inside an import (an importlib frame on its stack) is also
-counted apart: torch imports modules inside ops (a custom op's first call imports torch._dynamo: 1.6 s on a
-2-core CPU, more under load), and a watcher that judges an open op by its completion alone would call that a
+A beat in a window where the main thread is loading code, inside an import (an importlib frame on its stack)
+or a compilation (torch.compile's entry points: dynamo tracing a frame, Inductor compiling a graph), is also
+counted apart: torch does both inside ops (a custom op's first call imports torch._dynamo: 1.6 s on a 2-core
+CPU, more under load; a compiled step compiles its backward lazily, inside the autograd node that runs it, tens
+of seconds with a cold cache), and a watcher that judges an open op by its completion alone would call that a
 hang (gpulab.trace.liveness counts such beats as progress inside an op).
 
 The child side is `start(path)` (or `start_from_env()`, when $GPULAB_BEAT names the file): a daemon thread
@@ -33,8 +35,13 @@ ENV = "GPULAB_BEAT"
 THREAD_NAME = "gpulab-beat"
 INTERVAL_S = 0.1
 CPU_SHARE = 0.05          # of the window's wall time, in main-thread CPU time
-RECORD = struct.Struct("<qqdq")   # pid, beats, time.monotonic() of the last beat, beats while importing
+RECORD = struct.Struct("<qqdq")   # pid, beats, time.monotonic() of the last beat, beats while loading code
 _IMPORTLIB = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+# where torch.compile compiles (dynamo tracing a frame, Inductor compiling a graph: forward, or a backward
+# compiled lazily), by file and function: the same files hold wrappers that run compiled code (cudagraphify's
+# run), and a stuck compiled region is no compilation
+_COMPILING = {"torch/_dynamo/convert_frame.py": ("_compile",),
+              "torch/_inductor/compile_fx.py": ("compile_fx_inner", "_compile_fx_inner")}
 
 _PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _thread: threading.Thread | None = None
@@ -85,18 +92,27 @@ def _main_cpu_clock(main: threading.Thread) -> Callable[[], float]:
         return from_proc
 
 
-def _importing(ident: int | None) -> bool:
-    """Is the thread inside an import (an importlib frame anywhere on its stack)?"""
+def _loading(ident: int | None) -> bool:
+    """Is the thread importing or compiling (such a frame anywhere on its stack)?"""
     f = sys._current_frames().get(ident) if ident is not None else None
     while f is not None:
-        if f.f_code.co_filename in _IMPORTLIB:
+        code = f.f_code
+        name = code.co_filename
+        if name in _IMPORTLIB or code.co_name in _COMPILING.get(_torch_part(name), ()):
             return True
         f = f.f_back
     return False
 
 
+def _torch_part(filename: str) -> str:
+    """'torch/_dynamo/x.py' from any install's path to it, else ''."""
+    path = filename.replace("\\", "/")
+    i = path.rfind("torch/_")
+    return path[i:] if i >= 0 else ""
+
+
 def _loop(fd: int, pid: int, probe: _BytecodeProbe, cpu: Callable[[], float], main: int | None = None) -> None:
-    beats = imports = 0
+    beats = loads = 0
     probe.check()
     t_prev, c_prev = time.monotonic(), cpu()
     while True:
@@ -104,9 +120,9 @@ def _loop(fd: int, pid: int, probe: _BytecodeProbe, cpu: Callable[[], float], ma
         now, c = time.monotonic(), cpu()
         if probe.check() and c - c_prev >= CPU_SHARE * (now - t_prev):
             beats += 1
-            imports += _importing(main)
+            loads += _loading(main)
             try:
-                os.pwrite(fd, RECORD.pack(pid, beats, now, imports), 0)
+                os.pwrite(fd, RECORD.pack(pid, beats, now, loads), 0)
             except OSError:
                 return   # the file is gone or the disk is full: no more beats (the watcher sees a stall)
         t_prev, c_prev = now, c
@@ -159,6 +175,6 @@ def beats(record: bytes | None) -> int | None:
     return None if record is None else RECORD.unpack(record)[1]
 
 
-def imports(record: bytes | None) -> int | None:
-    """How many of its beats came while the main thread was importing."""
+def loads(record: bytes | None) -> int | None:
+    """How many of its beats came while the main thread was importing or compiling."""
     return None if record is None else RECORD.unpack(record)[3]

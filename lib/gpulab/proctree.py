@@ -124,14 +124,26 @@ def alive(pid: int) -> bool:
     return st is not None and st[0] not in ("Z", "X")
 
 
-def _reap(pids: Sequence[int]) -> None:
-    """Collect the exit status of orphans that re-parented to us (we are their subreaper)."""
+def _reap(pids: Sequence[int], pgid: int | None = None) -> None:
+    """Collect the exit status of orphans that re-parented to us (we are their subreaper): those in `pids`,
+    and every one of process group `pgid` but its leader (whose status is its Popen's). A zombie keeps its
+    group, so this finds the orphans no scan saw alive: ranks that ended by themselves before their launcher
+    was killed, left as zombies in a long-lived process (a notebook kernel, a test worker) otherwise."""
     me = os.getpid()
-    for pid in pids:
+    for pid in {*pids, *(_group_zombies(pgid, me) if pgid is not None else ())}:
         st = _stat(pid)
-        if st is not None and st[1] == me and st[0] in ("Z", "X"):
+        if st is not None and st[1] == me and st[0] in ("Z", "X") and pid != pgid:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)
+
+
+def _group_zombies(pgid: int, parent: int) -> list[int]:
+    out = []
+    for pid in _pids():
+        st = _stat(pid)
+        if st is not None and st[0] == "Z" and st[1] == parent and st[2] == pgid:
+            out.append(pid)
+    return out
 
 
 def end_marked(token: str, *, pgid: int | None = None, grace_s: float = 0.0, exclude: Sequence[int] = (),
@@ -161,7 +173,7 @@ def end_marked(token: str, *, pgid: int | None = None, grace_s: float = 0.0, exc
         _signal_all(pids, pgid, signal.SIGKILL)
         time.sleep(0.01)
         _reap(list(seen))
-    _reap(list(seen))
+    _reap(list(seen), pgid)
     return tuple(info(p) for p in sorted(marked(token, pgid=pgid, exclude=exclude)))
 
 

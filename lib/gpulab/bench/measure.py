@@ -287,9 +287,11 @@ class _Sampler:
                             or median_precise(s.samples, cfg.ci_rel, cfg.confidence) for s in series)):
                 stopped = "stable"
                 break
-            # a batch fills ~1/10 of the minimum time, never runs past the deadline or max_samples
+            # a batch fills ~1/10 of the minimum time, never runs past the deadline or max_samples: near the
+            # deadline it takes half of what is left, so calls that slow down (a loaded host) cannot carry a
+            # batch sized on the faster ones past it; batches shrink to one call, the one that may end past it
             want = max(cfg.min_time_s / 10, 0.01)
-            batch = int(min(want, max(deadline - now, 0.0)) / per_round)
+            batch = int(min(want, max(deadline - now, 0.0) / 2) / per_round)
             # With the GPU held, a batch must fit the launch queue (~1024 entries) or the host blocks
             # and the device starves again once the spin ends.
             batch = max(1, min(batch, cfg.max_samples - n, 64 if (self.cuda and cfg.hold_gpu) else 1000))

@@ -4,7 +4,10 @@ recordings (gpulab.trace.run) share, so that both call the same run a hang.
 Progress, poll by poll:
 - once the op log has a started op: newly completed records (host or GPU). An open op, or GPU work the
   host has run ahead of, advances only by completing, or while the heartbeat says the main thread works
-  inside an import (torch imports modules inside ops: a custom op's first call imports torch._dynamo);
+  inside an import or a compilation (torch does both inside ops: a custom op's first call imports
+  torch._dynamo, a compiled step compiles its backward inside the autograd node that runs it), or while the
+  child's own child processes outside the job's followed ones burn CPU (the compiler that backward waits
+  for);
 - between ops (every started op completed, the GPU caught up), and before the first op or without an op
   log: the heartbeat (gpulab.beat: the main thread ran Python bytecode AND burnt CPU) when the child keeps
   one, plus the main-thread CPU of its child processes (a compiler or a worker the program waits for);
@@ -92,13 +95,16 @@ class Progress:
 
     def _python_progress(self) -> tuple[int, bool]:
         """Outside any op: the heartbeat (or, without one, main-thread CPU); the child's own main-thread CPU
-        without bytecode is WEAK. And whether a beat came while the main thread was importing."""
+        without bytecode is WEAK. And whether an open op advances otherwise than by completing: a beat while
+        the main thread loaded code (an import, a compilation), or CPU in the child's own child processes (a
+        compiler the op waits for: a compiled step's lazy backward runs g++ from inside its autograd node)."""
         record = beat.read(self.beat) if self.beat is not None else None
         if record is None:
             return (STRONG if self._cpu_grew("tree") else NONE), False
         last, self.last_beat = self.last_beat, record
-        importing = last is not None and beat.imports(record) != beat.imports(last)
-        return (STRONG if self._cpu_grew("children") or record != last else WEAK if self._busy() else NONE), importing
+        loading = last is not None and beat.loads(record) != beat.loads(last)
+        children = self._cpu_grew("children")
+        return (STRONG if children or record != last else WEAK if self._busy() else NONE), loading or children
 
     def _busy(self) -> bool:
         """The child's own main thread burnt CPU for at least SPIN_SHARE of the time since the last poll: a
@@ -109,14 +115,14 @@ class Progress:
 
     def advanced(self) -> int:
         """STRONG, WEAK or NONE progress since the last poll."""
-        idle, importing = self._python_progress()
+        idle, working = self._python_progress()
         counters = self._counters()
         if counters is not None and counters[0] > 0:
             started, completed, gpu_done = counters
             advanced = (completed, gpu_done) != self.last_ops   # newly completed records (host or GPU)
             self.last_ops = (completed, gpu_done)
             between_ops = started == completed and (gpu_done < 0 or gpu_done >= completed)
-            return STRONG if advanced or importing else idle if between_ops else NONE
+            return STRONG if advanced or working else idle if between_ops else NONE
         size = sum(p.stat().st_size for p in self.outputs if p.exists())
         grew, self.last_size = size != self.last_size, size
         return STRONG if grew else idle
