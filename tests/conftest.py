@@ -32,13 +32,14 @@ def _has_gpu() -> bool:
         return False
 
 
-# The files that take longest (seconds of test time on a 2-core CPU machine), handed out first: with
+# The files that take longest (test time on a 2-core CPU machine, Inductor cache cold as on CI), handed out first: with
 # `--dist loadfile` a worker takes whole files in collection order, so a long file collected last keeps one
 # worker busy after the other has finished (about 50 s of a 13-minute suite). Order only; nothing is skipped.
-LONGEST_FIRST = ("test_jobs", "test_from_capture", "test_liveness", "test_oracle", "test_fixes", "test_ladder_bisect",
-                 "test_chain", "test_watch_long", "test_compiled",
-                 "test_fix_selection", "test_script_attention", "test_faults_watch", "test_runner",
-                 "test_chain_crash", "test_chain_failing", "test_interrupts", "test_instrument_notebook", "test_trace")
+LONGEST_FIRST = ("test_jobs", "test_liveness", "test_from_capture", "test_fixes", "test_oracle", "test_compiled",
+                 "test_fsdp_job", "test_ladder_bisect", "test_script_attention", "test_chain", "test_runner",
+                 "test_fix_selection", "test_watch_long", "test_faults_watch", "test_interrupts",
+                 "test_instrument_notebook", "test_chain_failing", "test_trace", "test_watch_memory", "test_lazydynamo",
+                 "test_recorder_modes", "test_champion", "test_chain_crash")
 
 
 def pytest_collection_modifyitems(config, items):

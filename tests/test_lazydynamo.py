@@ -60,19 +60,25 @@ def test_a_process_that_imported_dynamo_before_is_left_as_torch_made_it():
     assert p.stdout.split() == ["False", "True"], p.stderr
 
 
+def _record_op(tmp_path, name: str, *body: str):
+    """A program whose one custom op, gpulab_test::<name>, runs `body` (its lines) before it returns, recorded
+    with a 1.5 s stall window."""
+    script = tmp_path / "prog.py"
+    script.write_text("import subprocess, torch\n"
+                      f"@torch.library.custom_op('gpulab_test::{name}', mutates_args=())\n"
+                      f"def {name}(x: torch.Tensor) -> torch.Tensor:\n"
+                      + "".join(f"    {line}\n" for line in body) +
+                      "    return x + 1\n"
+                      f"print({name}(torch.ones(2)))\n")
+    return trace.record([sys.executable, str(script)], out_dir=tmp_path, timeout_s=120, stall_s=1.5)
+
+
 def test_a_slow_import_inside_an_op_is_progress_not_a_hang(tmp_path):
     """torch imports modules inside ops (a custom op's first call imports torch._dynamo: 1.6 s here, over 3 s
     under test load, once seen as a hang in a 1.5 s window); the heartbeat marks beats that come while the
     main thread imports, and an open op advances by them (gpulab.trace.liveness)."""
     (tmp_path / "slowmod.py").write_text("import time\nt = time.time()\nwhile time.time() - t < 4:\n    pass\n")
-    script = tmp_path / "prog.py"
-    script.write_text("import torch\n"
-                      "@torch.library.custom_op('gpulab_test::imports', mutates_args=())\n"
-                      "def imports(x: torch.Tensor) -> torch.Tensor:\n"
-                      "    import slowmod\n"
-                      "    return x + 1\n"
-                      "print(imports(torch.ones(2)))\n")
-    rec = trace.record([sys.executable, str(script)], out_dir=tmp_path, timeout_s=120, stall_s=1.5)
+    rec = _record_op(tmp_path, "imports", "import slowmod")
     assert rec.status == "ok", rec.stderr_tail
     assert "gpulab_test.imports.default" in [r.name for r in rec.snapshot.records]
 
@@ -81,14 +87,7 @@ def test_an_op_waiting_on_a_compiler_it_started_is_progress_not_a_hang(tmp_path)
     """A compiled step compiles its backward inside the autograd node that runs it and waits there for g++ (tens
     of seconds with a cold cache under load: an FSDP job was once stopped there as a hang). The CPU of the
     child processes the op started is its progress; the busy shell here stands in for the compiler."""
-    script = tmp_path / "prog.py"
-    script.write_text("import subprocess, torch\n"
-                      "@torch.library.custom_op('gpulab_test::compiles', mutates_args=())\n"
-                      "def compiles(x: torch.Tensor) -> torch.Tensor:\n"
-                      "    subprocess.run(['timeout', '4', 'sh', '-c', 'while :; do :; done'])\n"
-                      "    return x + 1\n"
-                      "print(compiles(torch.ones(2)))\n")
-    rec = trace.record([sys.executable, str(script)], out_dir=tmp_path, timeout_s=120, stall_s=1.5)
+    rec = _record_op(tmp_path, "compiles", "subprocess.run(['timeout', '4', 'sh', '-c', 'while :; do :; done'])")
     assert rec.status == "ok", rec.stderr_tail
     assert "gpulab_test.compiles.default" in [r.name for r in rec.snapshot.records]
 
@@ -96,12 +95,5 @@ def test_an_op_waiting_on_a_compiler_it_started_is_progress_not_a_hang(tmp_path)
 def test_a_program_stuck_in_its_own_op_is_still_a_hang(tmp_path):
     """The import rule is no blanket: an op whose main thread spins in Python (bytecode and CPU: a beat every
     window) outside any import stalls."""
-    script = tmp_path / "prog.py"
-    script.write_text("import torch\n"
-                      "@torch.library.custom_op('gpulab_test::spins', mutates_args=())\n"
-                      "def spins(x: torch.Tensor) -> torch.Tensor:\n"
-                      "    while True:\n"
-                      "        pass\n"
-                      "print(spins(torch.ones(2)))\n")
-    rec = trace.record([sys.executable, str(script)], out_dir=tmp_path, timeout_s=120, stall_s=1.5)
+    rec = _record_op(tmp_path, "spins", "while True:", "    pass")
     assert rec.status == "hang" and rec.snapshot.records[-1].name == "gpulab_test.spins.default"

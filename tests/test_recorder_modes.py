@@ -109,7 +109,7 @@ def test_the_observers_argument_cache_stays_bounded_when_every_op_has_new_argume
 # ------------------------------------------------------------------------------------------ another process
 
 WRITER = textwrap.dedent("""
-    import sys, time, torch
+    import os, sys, time, torch
     x = torch.empty(8)
     one = x.fill_(1.0)
     for i in range(int(sys.argv[1])):   # ops that run no op inside them: one record each on every hot path
@@ -119,6 +119,10 @@ WRITER = textwrap.dedent("""
             x = torch.sigmoid(x)
             time.sleep(0.005)   # paced (no op): the reader must see the log while it is written, whichever
                                 # hot path writes it (the native one wrote all 12k ops between two reads)
+        if i and i % 1000 == 0:   # and every 1000, until the reader has read once more (a loaded host)
+            until = time.monotonic() + 60
+            while os.path.getsize(sys.argv[3]) < i // 1000 and time.monotonic() < until:
+                time.sleep(0.01)
     open(sys.argv[2], "w").close()
     time.sleep(600)   # stays alive until SIGKILLed
 """)
@@ -126,10 +130,11 @@ WRITER = textwrap.dedent("""
 
 @pytest.mark.parametrize("path", hotpaths.PATHS)
 def test_reader_in_another_process_during_writing_and_after_sigkill(tmp_path, path):
-    script, log, done = tmp_path / "writer.py", tmp_path / "w.log", tmp_path / "done"
+    script, log, done, seen = tmp_path / "writer.py", tmp_path / "w.log", tmp_path / "done", tmp_path / "seen"
     script.write_text(WRITER)
+    seen.write_bytes(b"")   # a byte per read: the writer waits for the reader every 1000 iterations
     cmd = [sys.executable, "-m", "gpulab.trace", "--log", str(log), "--capacity", "2048", "--", str(script),
-           "6000", str(done)]
+           "6000", str(done), str(seen)]
     names = {"aten.empty.memory_format", "aten.fill_.Scalar", "aten.add.Tensor", "aten.mul.Tensor",
              "aten.sigmoid.default"}
     snaps = []
@@ -141,9 +146,11 @@ def test_reader_in_another_process_during_writing_and_after_sigkill(tmp_path, pa
             assert time.time() < deadline, "the writer never finished"
             if log.exists() and trace.progress(log).started > 0:
                 snaps.append(trace.read(log))
+                with open(seen, "ab") as fh:
+                    fh.write(b".")
             time.sleep(0.01)
         child.stop()  # SIGKILL of the whole group
-    assert len(snaps) >= 3
+    assert len(snaps) >= 5
     for s in snaps:
         seqs = [r.seq for r in s.records]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
