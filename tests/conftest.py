@@ -32,8 +32,8 @@ def _has_gpu() -> bool:
         return False
 
 
-# The files that take longest (test time on a 2-core CPU machine, Inductor cache cold as on CI), handed out first: with
-# `--dist loadfile` a worker takes whole files in collection order, so a long file collected last keeps one
+# The files that take longest (test time on a 2-core CPU machine, Inductor cache cold as on CI), handed out
+# first: with `--dist loadfile` a worker takes whole files in collection order, so a long file collected last keeps one
 # worker busy after the other has finished (about 50 s of a 13-minute suite). Order only; nothing is skipped.
 LONGEST_FIRST = ("test_jobs", "test_liveness", "test_from_capture", "test_fixes", "test_oracle", "test_compiled",
                  "test_fsdp_job", "test_ladder_bisect", "test_script_attention", "test_chain", "test_runner",

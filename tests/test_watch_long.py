@@ -137,7 +137,8 @@ def test_sigterm_reaches_the_job_which_checkpoints_and_its_code_passes_through(t
         assert row["role"].startswith("main") and row["ops_completed"] > 0 and row["rss_mb"] > 0, row
         assert row["ops_per_s"] is not None and row["host_open_ops"] >= 0
         # the signal once the job has checkpointed at step 5, however slow the machine (its output is kept in OUT)
-        _wait_until(lambda: b"step 5: checkpoint written" in (out / "stdout.txt").read_bytes(), p, limit_s=60,
+        kept = out / "stdout.txt"
+        _wait_until(lambda: kept.exists() and b"step 5: checkpoint written" in kept.read_bytes(), p, limit_s=60,
                     what="the job's step-5 checkpoint")
         p.send_signal(signal.SIGTERM)
         stdout, stderr = p.communicate(timeout=60)

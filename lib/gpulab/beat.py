@@ -18,8 +18,8 @@ hang (gpulab.trace.liveness counts such beats as progress inside an op).
 
 The child side is `start(path)` (or `start_from_env()`, when $GPULAB_BEAT names the file): a daemon thread
 `gpulab-beat` that, in each window where both hold, writes (pid, beats, monotonic time, beats while
-importing) at offset 0 of the file. The parent side is `read(path)`: the raw record; a watcher compares two of them. Standard library
-only, cheap to import: it starts before the program imports anything heavy.
+loading code) at offset 0 of the file. The parent side is `read(path)`: the raw record; a watcher compares two
+of them. Standard library only, cheap to import: it starts before the program imports anything heavy.
 """
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ CPU_SHARE = 0.05          # of the window's wall time, in main-thread CPU time
 RECORD = struct.Struct("<qqdq")   # pid, beats, time.monotonic() of the last beat, beats while loading code
 _IMPORTLIB = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 # where torch.compile compiles (dynamo tracing a frame, Inductor compiling a graph: forward, or a backward
-# compiled lazily), by file and function: the same files hold wrappers that run compiled code (cudagraphify's
-# run), and a stuck compiled region is no compilation
-_COMPILING = {"torch/_dynamo/convert_frame.py": ("_compile",),
-              "torch/_inductor/compile_fx.py": ("compile_fx_inner", "_compile_fx_inner")}
+# compiled lazily), function to file: the same files hold wrappers that run compiled code (cudagraphify's run),
+# and a stuck compiled region is no compilation. Keyed by name, so that almost every frame costs one lookup
+_COMPILING = {"_compile": "torch/_dynamo/convert_frame.py",
+              "compile_fx_inner": "torch/_inductor/compile_fx.py", "_compile_fx_inner": "torch/_inductor/compile_fx.py"}
 
 _PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _thread: threading.Thread | None = None
@@ -97,8 +97,8 @@ def _loading(ident: int | None) -> bool:
     f = sys._current_frames().get(ident) if ident is not None else None
     while f is not None:
         code = f.f_code
-        name = code.co_filename
-        if name in _IMPORTLIB or code.co_name in _COMPILING.get(_torch_part(name), ()):
+        where = _COMPILING.get(code.co_name)
+        if code.co_filename in _IMPORTLIB or (where is not None and _torch_part(code.co_filename) == where):
             return True
         f = f.f_back
     return False

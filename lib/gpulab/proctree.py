@@ -129,21 +129,13 @@ def _reap(pids: Sequence[int], pgid: int | None = None) -> None:
     and every one of process group `pgid` but its leader (whose status is its Popen's). A zombie keeps its
     group, so this finds the orphans no scan saw alive: ranks that ended by themselves before their launcher
     was killed, left as zombies in a long-lived process (a notebook kernel, a test worker) otherwise."""
-    me = os.getpid()
-    for pid in {*pids, *(_group_zombies(pgid, me) if pgid is not None else ())}:
+    me, given = os.getpid(), set(pids)
+    for pid in given | (set(_pids()) if pgid is not None else set()):
         st = _stat(pid)
-        if st is not None and st[1] == me and st[0] in ("Z", "X") and pid != pgid:
+        if (st is not None and st[1] == me and st[0] in ("Z", "X") and pid != pgid
+                and (pid in given or st[2] == pgid)):
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)
-
-
-def _group_zombies(pgid: int, parent: int) -> list[int]:
-    out = []
-    for pid in _pids():
-        st = _stat(pid)
-        if st is not None and st[0] == "Z" and st[1] == parent and st[2] == pgid:
-            out.append(pid)
-    return out
 
 
 def end_marked(token: str, *, pgid: int | None = None, grace_s: float = 0.0, exclude: Sequence[int] = (),

@@ -225,9 +225,9 @@ def _walk(group: str, members: list[ProcessView]) -> _Walk:
             if any(not c.done for c in at.values()):
                 return _missing(group, s, members, at, matched)
             continue   # everyone who called it completed it: a record lost, not a divergence
-        kind = "op" if len({c.op for c in at.values()}) > 1 else (
-            "shape" if not _same_shapes(list(at.values())) and
-            next(iter(at.values())).op not in _SHAPES_DIFFER else None)
+        ops = {c.op for c in at.values()}
+        kind = "op" if len(ops) > 1 else (
+            "shape" if ops.isdisjoint(_SHAPES_DIFFER) and not _same_shapes(list(at.values())) else None)
         if kind:
             if 0 < sum(c.done for c in at.values()) < len(at):
                 return _paired(group, s, members, at, kind, matched)
