@@ -7,6 +7,7 @@ ARGS ?=
 
 .PHONY: run test smoke lab setup setup-test clean-venv
 
+## setup: only set up .venv (gpulab installed in it, editable, with its dependencies); runs nothing
 setup:
 	scripts/setup.sh
 

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from gpulab import report, trace  # noqa: E402
-from gpulab.hang import bisect, ladder, repro, watch  # noqa: E402
+from gpulab.hang.investigation import bisect, ladder, repro
+from gpulab.hang.watchdog import watch  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures"
 PY = sys.executable

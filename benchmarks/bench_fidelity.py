@@ -30,7 +30,7 @@ import torch
 
 from gpulab import report
 from gpulab.bench import BenchConfig, measure
-from gpulab.bench.stats import median_ci
+from gpulab.stats import median_ci
 from gpulab.oracle import candidates
 
 GOAL_REL = 0.03

@@ -4,7 +4,7 @@ timeout, 10 minutes by default), and the verdicts of real training hangs (goal: 
 skipped and its line, the collective and its sequence number, a class that is not unknown, within the stall
 window + 5 s of the ranks' last progress).
 
-Each trial is a real job under `gpulab.hang.watch`: ranks by mp.spawn or torchrun, DataLoader workers, with
+Each trial is a real job under `gpulab.hang.watchdog.watch`: ranks by mp.spawn or torchrun, DataLoader workers, with
 one process doing the wrong thing (tests/fixtures/dist_job.py, nccl_job.py, train_job.py: DDP, FSDP2 and the
 functional collectives). Reported per case: the stall window, the time from the ranks' last progress to the
 verdict, the capture alone, the verdict's class, culprit, collective, sequence number and the culprit's line.
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from gpulab.hang import watch  # noqa: E402
+from gpulab.hang.watchdog import watch  # noqa: E402
 
 DIST, NCCL = ROOT / "tests" / "fixtures" / "dist_job.py", ROOT / "tests" / "fixtures" / "nccl_job.py"
 TRAIN = str(ROOT / "tests" / "fixtures" / "train_job.py")

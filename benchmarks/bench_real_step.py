@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from gpulab import proc  # noqa: E402
-from gpulab.bench.stats import ratio_ci  # noqa: E402
+from gpulab.stats import ratio_ci  # noqa: E402
 
 PROGRAM = Path(__file__).resolve().with_name("gpt_step.py")
 VARIANTS = {"none": None, "watch": {}, "watch_nokernels": {"GPULAB_TRACE_KERNELS": "0"},

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from gpulab import proc  # noqa: E402
-from gpulab.hang import merge  # noqa: E402
+from gpulab.hang.jobs import merge  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures"
 CASES = {

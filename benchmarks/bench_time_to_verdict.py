@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from gpulab.hang import capture, watch  # noqa: E402
+from gpulab.hang import capture
+from gpulab.hang.watchdog import watch  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "fixtures" / "slow_then_ok.py"
 DRILLS = {"deadlock_gil_held": "deadlock:aten.mm@2,gil=held",

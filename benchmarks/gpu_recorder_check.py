@@ -6,7 +6,7 @@ Parts, each independent (a failure is recorded and the others still run):
                op GPU-done, GPU progress caught up with the host, ops on a side stream and on autograd's
                threads tracked on their own streams
   drill_sleep  a program whose 3rd matmul is followed by `torch.cuda._sleep(1 << 62)` (a kernel that
-               never completes), the host blocking later in `.item()`, under gpulab.hang.watch.run(mode=
+               never completes), the host blocking later in `.item()`, under gpulab.hang.watchdog.watch.run(mode=
                "auto", stall_s=5): in_flight_op must be the first recorded op queued behind the spin (the
                spin is not a dispatched op), host_blocked_in the later op the host waits in
   drill_fault  the planted fault spin:aten.mm@3 (the spin inside the 3rd matmul): in_flight_op = that mm
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from gpulab import proc, trace  # noqa: E402
-from gpulab.hang import watch  # noqa: E402
+from gpulab.hang.watchdog import watch  # noqa: E402
 from gpulab.trace import gpu, native  # noqa: E402
 from gpulab.trace.run import _child_env, bootstrap_command  # noqa: E402
 

@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from gpulab.hang import faults, watch  # noqa: E402
+from gpulab.hang import faults
+from gpulab.hang.watchdog import watch  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures"
 PY = sys.executable

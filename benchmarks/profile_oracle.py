@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from gpulab.oracle.check import gate  # noqa: E402
+from gpulab.oracle.gate import gate  # noqa: E402
 
 NOTEBOOK_05 = ["math", "flash", "efficient", "cudnn", "decomposed", "tiled"]
 

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import gpt_step  # noqa: E402
 from gpulab import trace  # noqa: E402
-from gpulab.bench.stats import ratio_ci  # noqa: E402
+from gpulab.stats import ratio_ci  # noqa: E402
 from gpulab.trace import native  # noqa: E402
 
 CONFIGS = [("none", None, {}), ("ops", "ops", {}), ("auto", "auto", {}), ("auto-nosite", "auto", {"GPULAB_TRACE_ABLATE": "1"}),

@@ -4,6 +4,7 @@
 # /tmp/gpuv/<step>/ and are packed into $OUT/gpuv-<steps>.tgz so that nothing is lost to a failure.
 #   bash scripts/gpu_verify.sh env trace watch oracle      |   bash scripts/gpu_verify.sh fidelity sdpa chain pytest
 #   bash scripts/gpu_verify.sh recorder steptime fixes bisect   |   bash scripts/gpu_verify.sh chain stoprule childcost
+#   SEEDS_K=lazy_loading bash scripts/gpu_verify.sh seeds   (one scenario of tests/test_seeds_gpu.py per call: a chain each)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ] && ! python3 -c 'import papermill' 2>/dev/null; then
@@ -68,6 +69,8 @@ for s in "$@"; do case $s in
   fromgpu)  step fromgpu ${FROM_LIMIT:-300} python3 -m gpulab run --from $RES/eagerhang/out --out $RES/fromgpu/outputs \
               --notebook-timeout 240 ;;   # after eagerhang: the chain on what that watch caught
   bisect)   step bisect 420 python3 benchmarks/bench_bisect.py --out $RES/bisect --parts gpu ;;
+  seeds)    step seeds ${SEEDS_LIMIT:-580} python3 -m pytest -q -p no:cacheprovider -p no:randomly -rs \
+              --basetemp=$RES/seeds/t tests/test_seeds_gpu.py ${SEEDS_K:+-k "$SEEDS_K"} ;;   # the seeds' scenarios, whole chains
   *) echo "unknown step $s" ;;
 esac; done
 sleep 3  # guards of children that just ended finish their last sweep (about 1 s) before the check

@@ -146,6 +146,34 @@ SEGFAULT_IN_OWN_OP = {**v(status="crash", cls="unknown", in_flight=op("holdout.b
                       "owner": {"kind": "program", "where": "prog.py:19 in bad_gather", "why": "a ctypes call"}}
 
 
+# The issue's two shapes: the program's line launched the op, or the program registered the kernel, so the owner
+# is the program; yet what the verdict shows directly (the launch the host is stuck in, the transposed operand)
+# is what the fix changes.
+LAZY_LOADING = {**v(cls="sync", in_flight=op("aten.bitwise_or_.Tensor", shapes=((1,), (1,)), dtype="torch.int32"),
+                    api="cuLaunchKernel"),
+                "owner": {"kind": "program", "where": "lazy.py:23 in main", "why": "a hang (sync) in the program's code"}}
+OWN_GEMM_KERNEL = {**v(cls="host_lock", in_flight=op("aten.mm.default", strides=((16, 1), (1, 16)), device="cpu")),
+                   "owner": {"kind": "program", "where": "own_gemm_kernel.py:17 in deadlock (inside aten.mm.default)",
+                             "why": "a hang (host_lock) in a ctypes call from the program's code"}}
+
+
+@pytest.mark.parametrize("verdict,platform,fix,fact,coarse", [
+    (LAZY_LOADING, CUDA, "module_loading_eager", "driver_call=cuLaunchKernel", "launch_blocking"),
+    (OWN_GEMM_KERNEL, CPU, "contiguous_gemm_inputs", "operands=transposed", "omp_single_thread"),
+], ids=["host stuck in a launch from the program's line", "the program's own kernel over aten.mm"])
+def test_direct_evidence_is_tried_whoever_owns_the_culprit(verdict, platform, fix, fact, coarse):
+    said = suggest.for_verdict(verdict, platform_facts=platform)
+    assert said and said[0]["fix"] == fix and fact in said[0]["facts"], said
+    got = scenarios.plan(scenarios.Pointers(), [verdict], platform, ("sync",), ["baseline"])
+    first = dict(got.stages).get("evidence") or ()
+    assert fix in {s.name for s in first}, got
+    assert fix not in {t["scenario"] for t in got.skipped}
+    # what rests on coarser facts only (a class) is still ruled out by the owner, with why
+    skipped = {t["scenario"]: t["why"] for t in got.skipped}
+    assert "owner=program" in skipped[coarse], skipped
+    assert "apply with:" in suggest.sentence(said)
+
+
 def test_a_segfault_in_the_programs_op_gets_no_sdpa_or_dataloader_scenario():
     got = scenarios.plan(scenarios.Pointers(), [SEGFAULT_IN_OWN_OP], CPU, ("unknown",), ["baseline"])
     assert got.stages == ()
@@ -165,6 +193,10 @@ def test_a_segfault_in_the_programs_op_gets_no_sdpa_or_dataloader_scenario():
     ({**v(cls="worker_stuck"), "owner": {"kind": "program"}}, "dataloader_no_workers", False),
     ({**v(cls="host_lock"), "owner": {"kind": "program"}}, "omp_single_thread", True),
     ({"status": "ok"}, "omp_single_thread", False),                           # nothing failed: nothing ruled out
+    (LAZY_LOADING, "module_loading_eager", False),                            # the driver call, whoever's line
+    (OWN_GEMM_KERNEL, "contiguous_gemm_inputs", False),                       # the operands, whoever's kernel
+    (OWN_GEMM_KERNEL, "omp_single_thread", True),                             # a class alone: the owner decides
+    ({**v(cls="sync"), "owner": {"kind": "program"}}, "alloc_async", True),   # its driver call was not seen
 ])
 def test_what_the_evidence_rules_out(verdict, fix, out):
     assert (answers.ruled_out(registry.get(fix), [verdict], ROCM if "rocm" in fix else CUDA) is not None) is out

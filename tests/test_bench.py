@@ -1,4 +1,4 @@
-"""gpulab.bench (measure, compare), gpulab.bench.stats and gpulab.bench.flops: real timings decide, the
+"""gpulab.bench (measure, compare), gpulab.stats and gpulab.bench.flops: real timings decide, the
 statistics are right, the caps hold."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gpulab import bench
-from gpulab.bench import flops, stats
+from gpulab import stats
+from gpulab.bench import flops
 
 
 @pytest.fixture(autouse=True)

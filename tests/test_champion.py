@@ -17,7 +17,7 @@ import torch
 from gpulab import bench
 from gpulab.bench import child, decision, overhead, view, worker
 from gpulab.bench.decision import Gate
-from gpulab.bench.stats import decide
+from gpulab.stats import decide
 from gpulab.oracle import GATE_FILE
 from gpulab.report import record
 from gpulab.workloads import AttentionCall, WorkloadConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import args as A
-from gpulab.hang import watch
+from gpulab.hang.watchdog import watch
 from gpulab.hang.verdict import Verdict
 
 

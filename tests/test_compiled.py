@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import trace
-from gpulab.hang import watch
+from gpulab.hang.watchdog import watch
 from gpulab.trace.run import _child_env
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compiled_step.py"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpulab import trace
-from gpulab.hang import faults, verdict, watch
+from gpulab.hang import faults, verdict
+from gpulab.hang.watchdog import watch
 
 FIX = Path(__file__).parent / "fixtures"
 STALL = 1.5

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpulab.fixes import matrix
 from gpulab.fixes.target import Target
-from gpulab.hang import ladder
+from gpulab.hang.investigation import ladder
 from procscan import left_after, new_marker, sigterm_once_saved
 
 FIXTURES = Path(__file__).parent / "fixtures"

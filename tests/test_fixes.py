@@ -18,13 +18,15 @@ import pytest
 import torch
 import yaml
 
-from gpulab import proc, workloads
-from gpulab.chain import params, runner
+from gpulab import paramsets, proc, workloads
+from gpulab.chain import runner
 from gpulab.env import rules
 from gpulab.fixes import commands, compose, cost, matrix, numerics, registry, scenarios, verdict
 from gpulab.fixes.fix import Fix, FixError, UnknownFix, not_applicable
 from gpulab.fixes.target import Target
-from gpulab.hang import classify, ladder, watch
+from gpulab.hang import classify
+from gpulab.hang.investigation import ladder
+from gpulab.hang.watchdog import watch
 from nbfactory import notebook, project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +84,7 @@ def test_every_fix_declares_itself_and_has_its_scenario_file(name):
     assert fx.applies(CUDA if fx.needs else CPU) or fx.applies(ROCM), "a fix must apply somewhere"
     scen = yaml.safe_load((ROOT / "params" / "scenarios" / f"{name}.yaml").read_text())
     assert scen["fixes"] == [name] and scen["description"]
-    assert {k: v for k, v in scen.items() if k not in params.SCENARIO_KEYS} == dict(fx.params)
+    assert {k: v for k, v in scen.items() if k not in paramsets.SCENARIO_KEYS} == dict(fx.params)
 
 
 def test_every_fix_named_by_the_risk_rules_is_in_the_registry():
@@ -528,7 +530,7 @@ CHAIN_NB = '''
 import os, sys
 from pathlib import Path
 from gpulab import report
-from gpulab.hang import watch
+from gpulab.hang.watchdog import watch
 os.environ["GPULAB_TEST_MARK"] = str(Path(out_dir) / "mark.txt")   # where the probe fix writes, in the child
 prog = Path(out_dir) / "prog.py"
 prog.write_text("print('ran')\\n")
@@ -560,7 +562,7 @@ def test_the_chain_runs_once_per_scenario_with_its_fixes_in_every_child(extra_pa
 def test_a_scenario_file_with_an_unknown_fix_fails_before_anything_runs(tmp_path):
     proj = project(tmp_path, {"01_x": notebook("X", "", "print(1)")},
                    scenarios={"baseline": "description: b\n", "bad": "fixes: [no_such_fix]\n"})
-    with pytest.raises(params.ParamError, match="unknown fix 'no_such_fix'; known fixes"):
+    with pytest.raises(paramsets.ParamError, match="unknown fix 'no_such_fix'; known fixes"):
         runner.run(runner.RunConfig(root=proj, scenarios=("bad",), out=proj / "outputs"), progress=lambda m: None)
     assert not (proj / "outputs").exists()
 

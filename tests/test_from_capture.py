@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.hang import caught, merge
+from gpulab.hang.investigation import caught
+from gpulab.hang.jobs import merge
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures"

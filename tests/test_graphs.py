@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import trace
-from gpulab.hang import watch
+from gpulab.hang.watchdog import watch
 from gpulab.trace import native
 from gpulab.trace.run import _child_env
 

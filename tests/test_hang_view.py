@@ -9,7 +9,7 @@ from pathlib import Path
 import IPython.display
 import pytest
 
-from gpulab.hang import view
+from gpulab.hang.investigation import view
 from gpulab.hang.verdict import Verdict
 
 mistune = pytest.importorskip("nbconvert.filters.markdown_mistune")

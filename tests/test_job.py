@@ -1,4 +1,4 @@
-"""gpulab.hang.job on hand-built views: which process of a hung job is stuck, and why the others wait."""
+"""gpulab.hang.jobs.job on hand-built views: which process of a hung job is stuck, and why the others wait."""
 from __future__ import annotations
 
 import ast
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.hang import job
-from gpulab.hang.job import Collective, ProcessView, analyse
+from gpulab.hang.jobs import job
+from gpulab.hang.jobs.job import Collective, ProcessView, analyse
 
 SITE = "train.py:10"
 
@@ -278,11 +278,16 @@ def test_process_rows_and_json():
 
 
 def test_job_module_is_pure():
-    """gpulab.hang.job runs in a watched child and in the notebook: standard library only."""
-    tree = ast.parse(Path(job.__file__).read_text())
-    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert mods <= {"__future__", "math", "collections", "dataclasses", "typing"}
+    """gpulab.hang.jobs.job runs in a watched child and in the notebook: standard library only (its parts, split by
+    concern, import only each other)."""
+    parts = {"gpulab.hang.jobs.job", "gpulab.hang.jobs.jobfacts", "gpulab.hang.jobs.jobgroup", "gpulab.hang.jobs.jobloop",
+             "gpulab.hang.jobs.jobwords"}
+    for part in sorted(parts):
+        tree = ast.parse(Path(job.__file__).with_name(part.rsplit(".", 1)[1] + ".py").read_text())
+        mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        mods |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert {m.split(".")[0] for m in mods - parts} <= {"__future__", "math", "collections", "dataclasses",
+                                                           "typing"}, part
 
 
 # ------------------------------------------------------------------------------------------ the view
@@ -291,7 +296,7 @@ def test_timeline_and_table(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from gpulab.hang import jobview
+    from gpulab.hang.jobs import jobview
 
     views = rank_waits_on_worker()
     f = analyse(views)
@@ -311,7 +316,7 @@ def test_timeline_and_table(tmp_path):
 
 
 def test_finding_md_escapes():
-    from gpulab.hang import jobview
+    from gpulab.hang.jobs import jobview
 
     md = jobview.finding_md(analyse(skip_2()))
     assert md.startswith("**Job finding:** rank\\_stuck; **culprit:** rank 1/2. group default, seq 2:")

@@ -1,4 +1,4 @@
-"""gpulab.hang.jobread + gpulab.hang.job on what gpulab watch captured of four training jobs hung on two H100s with
+"""gpulab.hang.jobs.jobread + gpulab.hang.jobs.job on what gpulab watch captured of four training jobs hung on two H100s with
 NCCL (tests/fixtures/jobs/nccl_training_hangs.json; the programs: tests/fixtures/train_job.py). NCCL returns from
 a collective at launch: the host blocks later, elsewhere (a torch.save, a .item(), the next collective), ranks
 issue collectives past the first one that can never complete, and a rank's barrier (an all_reduce of one element)
@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from gpulab.hang import job, jobread
+from gpulab.hang.jobs import job, jobread
 from gpulab.trace.ring import OpRecord
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -127,7 +127,7 @@ def test_calls_that_differ_and_never_complete_on_either_side_stay_a_mismatch():
 def test_a_launcher_that_only_waits_is_never_the_finding(tmp_path):
     """The job's processes agree (nothing cross-process explains the stall) and the process the watchdog started
     is torchrun's agent: where it sleeps is no evidence of the job, and the verdict does not say it is."""
-    from gpulab.hang import watch
+    from gpulab.hang.watchdog import evidence
     from gpulab.hang.verdict import Verdict
 
     done = job.Collective("all_reduce", "default", 1, "f32[4]", "t.py:1", True, None, 1.0, 1.1)
@@ -145,7 +145,7 @@ def test_a_launcher_that_only_waits_is_never_the_finding(tmp_path):
                           "no rule matched the evidence",
                           "the watchdog stopped the whole process tree after the capture; exit code -9"),
                 planted=None, capture_s={}, command=("torchrun", "t.py"), log={})
-    out = watch._with_job(v, tmp_path, 10, views, finding, {})
+    out = evidence.with_job(v, tmp_path, 10, views, finding, {})
     assert (out.cls, out.phase, out.host_blocked_in) == ("unknown", "ops", None)
     assert not any("_invoke_run" in e or e.startswith("status ") for e in out.evidence), out.evidence
     assert "the watchdog stopped the whole process tree after the capture; exit code -9" in out.evidence

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.hang import jobread
+from gpulab.hang.jobs import jobread
 from gpulab.trace import collectives
 
 PY = "/usr/bin/python3"
@@ -119,7 +119,7 @@ def test_gpu_work_of_another_thread_or_after_the_call_is_not_the_calls():
 def test_a_rank_stuck_before_an_nccl_collective_is_named():
     """The H100 case end to end: rank 1's host never left its op (a launch behind a kernel that never ends),
     rank 0 returned from all_reduce seq 2 but its GPU waits for rank 1."""
-    from gpulab.hang.job import ProcessView, analyse
+    from gpulab.hang.jobs.job import ProcessView, analyse
 
     r0 = ProcessView(pid=10, ppid=1, role="rank 0/2", kind="rank", state="running", rank=0, world=2,
                      collectives=jobread.collectives_of(_nccl_rank(False)))

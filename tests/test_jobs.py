@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.hang import classify, merge, watch
+from gpulab.hang import classify
+from gpulab.hang.jobs import merge
+from gpulab.hang.watchdog import watch
 
 FIX = Path(__file__).parent / "fixtures"
 DIST, NCCL, TRAIN = str(FIX / "dist_job.py"), str(FIX / "nccl_job.py"), str(FIX / "train_job.py")

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpulab import trace
-from gpulab.hang import bisect, bundle, ladder, repro, verdict, watch
+from gpulab.hang.investigation import bisect, bundle, ladder, repro
+from gpulab.hang import verdict
+from gpulab.hang.watchdog import watch
 from gpulab.workloads import WorkloadConfig
 
 FIX = Path(__file__).parent / "fixtures"
@@ -261,7 +263,7 @@ def test_replay_grows_a_suffix_when_the_op_alone_does_not_fail(tmp_path):
 ])
 def test_light_trials_share_a_gpu_four_at_a_time(cfg, light):
     from gpulab import device
-    from gpulab.hang import investigate
+    from gpulab.hang.investigation import investigate
 
     assert investigate.light(cfg) is light
     assert device.trial_jobs(0, "cuda", investigate.light(cfg)) == (4 if light else 2)

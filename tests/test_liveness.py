@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import beat, proc, trace
-from gpulab.hang import watch
+from gpulab.hang.watchdog import watch
 from gpulab.trace import analysis, liveness
 
 FIX = Path(__file__).parent / "fixtures"

@@ -103,7 +103,7 @@ FIX = Path(__file__).parent / "fixtures"
 
 def _watch(tmp_path, cmd, stall_s):
     from gpulab.fixes import suggest
-    from gpulab.hang import watch
+    from gpulab.hang.watchdog import watch
     return watch.run(cmd, stall_s=stall_s, timeout_s=600, out_dir=tmp_path / "w", progress=print,
                      finish=suggest.with_suggestions)
 

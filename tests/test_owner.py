@@ -118,6 +118,44 @@ def test_owner_from_the_verdicts_facts(verdict, registered, kind, words):
         assert step is None
 
 
+NATIVE_LAUNCH = ('Thread 11 (active): "MainThread"\n    ioctl (libc.so.6)\n    0x7f00 (libcuda.so.1)\n'
+                 '    cuLaunchKernel (libcuda.so.1)\n    cudaLaunchKernel (libcudart.so.12)\n'
+                 '    at::native::vectorized_elementwise_kernel (libtorch_cuda.so)\n    main (lazy.py:38)\n')
+FH_LAUNCH = ("Current thread 0x00007f00 (most recent call first):\n"
+             '  File "/home/u/lazy.py", line 38 in main\n  File "/home/u/lazy.py", line 44 in <module>\n')
+
+
+@pytest.mark.parametrize("api,stacks", [
+    ("cuLaunchKernel", {"native": NATIVE_LAUNCH, "python": FH_LAUNCH}),            # read from the stacks
+    ("cuModuleLoadData", {"python": FH_LAUNCH}),                                    # the verdict's own driver_call
+], ids=["launch on the native stack", "module load named by the verdict"])
+def test_a_host_stuck_in_a_launch_or_module_load_is_the_platform_meeting_the_programs_code(api, stacks):
+    """The lazy-loading deadlock: the program's own line launches the op, yet the host is stuck in the driver's
+    launch behind a spinning kernel. Both sides are said, and the program's own way out names its line."""
+    verdict = v(status="hang", cls="sync", in_flight=op("aten.add_.Tensor", site="lazy.py:38 in main",
+                                                         device="cuda:0"), **stacks)
+    if "native" not in stacks:
+        verdict["driver_call"] = api
+    got = owner.decide(verdict)
+    assert got.kind == "platform", got
+    assert api in got.where and "lazy.py:38" in got.where and "lazy" in got.where
+    assert "two kernels running at once" in got.why and "CUDA_MODULE_LOADING" in got.why
+    assert "lazy.py:38" in got.program and "run it once first" in got.program
+    assert owner.Owner.from_dict(got.to_dict()) == got
+    step = owner.next_step(got)
+    assert "meets the program's code" in step and "run it once first" in step and "upstream" not in step
+
+
+@pytest.mark.parametrize("verdict", [
+    v(status="hang", cls="collective", in_flight=op("c10d.allreduce_.default"), native=NATIVE_LAUNCH),  # peers
+    v(status="hang", cls="sync", in_flight=op("aten._local_scalar_dense.default"), driver_call="cuStreamSynchronize"),
+    v(status="crash", cls="unknown", in_flight=op("aten.add_.Tensor"), native=NATIVE_LAUNCH),            # no hang
+], ids=["a collective's launch waits for its peers", "a sync is no launch", "a crash is no hang"])
+def test_only_a_hang_in_a_launch_or_module_load_reads_as_loading(verdict):
+    got = owner.decide(verdict)
+    assert not got.program and "lazy module loading" not in got.where
+
+
 def test_memcheck_names_the_programs_kernel_and_a_packages_kernel():
     rep = memcheck.parse(Path(__file__).parent.joinpath("fixtures", "memcheck", "triton_old_style_before.txt").read_text())
     got = owner.decide(v(status="error", cls="illegal_address", memcheck=rep.to_dict()))
@@ -200,7 +238,7 @@ def _watch(tmp_path, cmd, stall_s=10.0, **kw):
     """A crash or an error ends the run by itself: a long stall window costs nothing there, and keeps a loaded
     machine's slow crash handling from reading as a hang; only the deadlock waits its window out."""
     from gpulab.fixes import suggest
-    from gpulab.hang import watch
+    from gpulab.hang.watchdog import watch
     return watch.run(cmd, stall_s=stall_s, timeout_s=120, out_dir=tmp_path / "w", progress=lambda m: None,
                      finish=suggest.with_suggestions, **kw)
 
@@ -250,3 +288,48 @@ def test_a_kernel_launch_in_flight_is_owned_by_who_defined_it(name, registered, 
     assert (got.kind if got else None) == kind
     if got:
         assert "train.py:40" in got.where
+
+
+# ------------------------------------------------------------------------------------ the program's own modules
+
+def _tree(root, files):
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def test_the_programs_sources_follow_its_imports_into_its_own_modules(tmp_path):
+    """A helper beside the script, a package under it (relative imports too), a module of the working directory;
+    never an installed package, nor a module the program does not import from a folder it does not own."""
+    from gpulab.hang import sources
+
+    _tree(tmp_path, {
+        "proj/train.py": "import torch\nfrom kernels import attention\nimport helper, os\nfrom shared.ops import f\n",
+        "proj/helper.py": 'lib = torch.library.Library("helperns", "DEF")\n',
+        "proj/kernels/__init__.py": "from .fused import go\n",
+        "proj/kernels/attention.py": '@torch.library.custom_op("attnns::fwd", mutates_args=())\ndef fwd(x): ...\n',
+        "proj/kernels/fused.py": '@triton.jit\ndef fused_kernel(x_ptr):\n    pass\n',
+        "shared/ops.py": 'torch.library.define("sharedns::f", "(Tensor x) -> Tensor")\n',
+        "shared/unused.py": 'lib = torch.library.Library("unusedns", "DEF")\n',
+        "venv/lib/python3.11/site-packages/shared/ops.py": 'lib = torch.library.Library("installedns", "DEF")\n',
+    })
+    found = owner.registrations(sources.program(tmp_path, script="proj/train.py"))
+    assert {"helperns", "attnns", "sharedns", "kernel:fused_kernel"} <= set(found), found
+    assert "unusedns" not in found and "installedns" not in found
+    assert found["attnns"].endswith("proj/kernels/attention.py:1")
+    # python -m proj.train from the same folder: the module is the script
+    assert set(owner.registrations(sources.program(tmp_path, module="proj.train"))) == set(found)
+    assert sources.program(tmp_path, module="not_there") == {}
+
+
+def test_watch_names_a_custom_op_registered_by_the_programs_own_module(tmp_path):
+    """The op is registered in ops/locked.py, a package beside the script that it imports: whose code is the
+    program, at the registration the sources show, never 'namespace not found'."""
+    import sys
+
+    v = _watch(tmp_path, [sys.executable, str(FIX / "helper_op" / "train.py")], 2.0)
+    assert v.status == "hang" and v.in_flight_op["name"] == "helper_fixture.scale.default", v.evidence
+    assert v.owner["kind"] == "program", v.owner
+    assert "registered at ops/locked.py:9" in v.owner["where"] and "helper_fixture" in v.owner["why"], v.owner
+    assert "upstream" not in owner.next_step(v.owner) and not v.suggested

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpulab import paramsets
 from gpulab.chain import params
 from nbfactory import notebook, project
 
@@ -78,8 +79,8 @@ def test_unknown_scenario_lists_valid_ones(proj):
 def test_bad_files(tmp_path, text, msg):
     f = tmp_path / "p.yaml"
     f.write_text(text)
-    with pytest.raises(params.ParamError, match=msg):
-        params.read_yaml(f)
+    with pytest.raises(paramsets.ParamError, match=msg):
+        paramsets.read_yaml(f)
 
 
 def test_for_notebook_passes_only_declared_keys(schema):
@@ -99,6 +100,64 @@ def test_repo_params_are_valid(root):
     """The shipped base, smoke and scenario files validate against the shipped notebooks."""
     from gpulab.chain import runner
     schema = params.notebook_schema(runner.discover(root))
-    for scen in params.list_scenarios(root):
+    for scen in paramsets.list_scenarios(root):
         params.validate(params.resolve(root, scen, [root / "params" / "smoke.yaml"]), schema)
         params.validate(params.resolve(root, scen), schema)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("workload=script:train.py --batch 4", "script:train.py --batch 4"),
+    ("workload=script:train.py config/train_tiny.py --device=cpu --compile=False",
+     "script:train.py config/train_tiny.py --device=cpu --compile=False"),
+    ("workload='script:train.py --name \"a b\"'", 'script:train.py --name "a b"'),
+    ("steps=3", 3),
+])
+def test_a_scripts_arguments_pass_quoted_as_one_value(text, value):
+    """`-p workload='script:train.py --batch 4'` (the shell removes the quotes): the whole command is one value."""
+    assert paramsets.parse_override(text) == (text.split("=", 1)[0], value)
+
+
+def test_quoted_script_arguments_reach_the_workload_command(proj):
+    from gpulab import workloads
+    nb = notebook("W", 'workload: str = "builtin"  # builtin | module:callable | script:path\n')
+    _write(proj, "03_w", nb)
+    schema = params.notebook_schema(sorted((proj / "notebooks").glob("*.ipynb")))
+    values = params.validate(params.resolve(proj, "baseline", [], ["workload=script:train.py --batch 4 --lr=1e-3"]),
+                             schema)
+    cmd = workloads.command(workloads.WorkloadConfig(workload=values["workload"]))
+    assert cmd[1:] == ["train.py", "--batch", "4", "--lr=1e-3"]
+
+
+def _write(proj, name, nb):
+    import nbformat
+    path = proj / "notebooks" / f"{name}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_parameter_helpers_sit_below_their_readers():
+    """hang/ and fixes/ read parameter files through gpulab.paramsets, never through the chain above them."""
+    import ast
+    from pathlib import Path
+    import gpulab
+    lib = Path(gpulab.__file__).parent
+    for sub in ("hang", "fixes"):
+        for path in (lib / sub).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    assert not node.module.startswith("gpulab.chain"), f"{path.name} imports {node.module}"
+    assert params.ParamError is paramsets.ParamError
+
+
+def test_a_params_file_of_the_project_is_found_from_any_folder(proj, tmp_path, monkeypatch):
+    """`--params params/smoke.yaml` from the user's folder: the caller's file when there is one, else the project's."""
+    (proj / "params" / "smoke.yaml").write_text("steps: 5\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert params.resolve(proj, "baseline", ["params/smoke.yaml"]).plain()["steps"] == 5
+    (elsewhere / "params").mkdir()
+    (elsewhere / "params" / "smoke.yaml").write_text("steps: 6\n")
+    assert params.resolve(proj, "baseline", ["params/smoke.yaml"]).plain()["steps"] == 6
+    with pytest.raises(paramsets.ParamError, match="'params/nope.yaml' does not exist"):
+        params.resolve(proj, "baseline", ["params/nope.yaml"])

@@ -11,7 +11,7 @@ import pytest
 
 from gpulab import proc, report, trace
 from gpulab.chain import index, state
-from gpulab.hang import ladder
+from gpulab.hang.investigation import ladder
 from gpulab.trace import ring
 from nbfactory import RECORD, notebook, project
 

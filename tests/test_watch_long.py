@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpulab import proc, tee
-from gpulab.hang import stalls, status, watch
+from gpulab.hang.watchdog import keepstall, stalls, status, watch
 from gpulab.trace import liveness
 
 FIX = Path(__file__).parent / "fixtures"
@@ -101,7 +101,7 @@ def test_a_recovered_capture_keeps_its_evidence_in_few_files(tmp_path):
     for name, text in {**metas, "100.stacks_python.txt": "Thread 100\n  save (t.py:3)"}.items():
         (cap / "procs" / name).write_text(text)
     (cap / "verdict.json").write_text(json.dumps({"status": "hang", "notes": [], "log": {"op_log": "ops.log"}}))
-    watch._lighten(cap, {"recovered": True, "for_s": 12.5})
+    keepstall.lighten(cap, {"recovered": True, "for_s": 12.5})
     assert sorted(p.name for p in cap.iterdir()) == ["procs.json", "verdict.json"]
     kept = json.loads((cap / "procs.json").read_text())
     assert kept == {**metas, "100.stacks_python.txt": "Thread 100\n  save (t.py:3)"}

@@ -3,7 +3,7 @@
 Each capture reads the job's op log (up to 131072 records) into ~100 MB of short-lived Python objects. Run in
 the watchdog, the few objects that outlived a capture pinned pymalloc arenas and the watchdog grew by MBs a
 stall (measured here: +22.7 MB over the 6 stalls; ~7 MB a stall in bench_long_watch); each capture now runs in a
-forked copy (watch._apart) and the watchdog stays within 0.1 MB. The job is real and really pauses; the
+forked copy (keepstall.apart) and the watchdog stays within 0.1 MB. The job is real and really pauses; the
 watchdog runs in a process of its own, whose resident memory is read after each stall recovered. About 25 s on
 2 cores."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from gpulab.hang import watch
+from gpulab.hang.watchdog import keepstall
 
 JOB = '''
 import json, os, sys, time
@@ -52,7 +52,7 @@ while done < pauses or not recovered(done) and time.monotonic() - last < 60:
 
 WATCHDOG = '''
 import json, os, sys
-from gpulab.hang import watch
+from gpulab.hang.watchdog import watch
 
 out, job = sys.argv[1], sys.argv[2]
 rss = []
@@ -91,7 +91,7 @@ def test_the_watchdog_does_not_grow_with_the_stalls_it_captures(tmp_path):
 def test_a_capture_copy_that_never_reports_is_killed_and_the_capture_runs_in_the_watchdog(monkeypatch):
     """A copy forked while another thread held a lock it then needs would wait forever: past the limit it goes
     and the watchdog captures itself."""
-    monkeypatch.setattr(watch, "APART_LIMIT_S", 0.5)
+    monkeypatch.setattr(keepstall, "APART_LIMIT_S", 0.5)
     parent = os.getpid()
 
     def capture():
@@ -110,7 +110,7 @@ def test_a_capture_copy_that_never_reports_is_killed_and_the_capture_runs_in_the
 
     monkeypatch.setattr(os, "fork", fork)
     t0 = time.monotonic()
-    assert watch._apart(capture) == {"where": "here"}
+    assert keepstall.apart(capture) == {"where": "here"}
     assert time.monotonic() - t0 < 10 and len(forked) == 1
     with pytest.raises(ChildProcessError):   # the copy was killed and reaped (another test's children aside)
         os.waitpid(forked[0], os.WNOHANG)

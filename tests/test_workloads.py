@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from gpulab import workloads
+from gpulab import builtin_model, workloads
 from gpulab.workloads import WorkloadConfig
 
 TINY = dict(device="cpu", batch=1, heads=2, head_dim=8, text_tokens=4, image_tokens=8, layers=1, lora_rank=2)
@@ -14,7 +14,7 @@ TINY = dict(device="cpu", batch=1, heads=2, head_dim=8, text_tokens=4, image_tok
 
 @pytest.mark.parametrize("rung,steps,n_losses", [("sdpa", 1, 1), ("forward", 1, 1), ("step", 1, 1), ("steps", 3, 3)])
 def test_rungs_run(rung, steps, n_losses):
-    res = workloads.run(WorkloadConfig(rung=rung, steps=steps, **TINY))
+    res = builtin_model.run(WorkloadConfig(rung=rung, steps=steps, **TINY))
     assert len(res.losses) == n_losses and all(l == l and l > 0 for l in res.losses)
     assert len(res.memory) == n_losses and res.memory[0]["rss"] > 0
     assert res.dtype == "float32" and res.device == "cpu" and res.sdpa_backend_used in ("math", "flash")
@@ -24,7 +24,7 @@ def test_steps_reduce_loss_and_adamw_changes_only_lora():
     import torch
 
     cfg = WorkloadConfig(rung="steps", steps=5, **TINY)
-    prep = workloads.prepare(cfg)
+    prep = builtin_model.prepare(cfg)
     model = prep.state["model"]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     out = prep.fn()
@@ -37,7 +37,7 @@ def test_steps_reduce_loss_and_adamw_changes_only_lora():
 
 @pytest.mark.parametrize("backend", ["math", "auto"])
 def test_sdpa_backend_selection(backend):
-    res = workloads.run(WorkloadConfig(rung="sdpa", sdpa_backend=backend, **TINY))
+    res = builtin_model.run(WorkloadConfig(rung="sdpa", sdpa_backend=backend, **TINY))
     if backend == "math":
         assert res.sdpa_backend_used == "math"
 
@@ -90,14 +90,13 @@ def test_command_runs_builtin_and_user_callable(tmp_path):
     assert json.loads(js.read_text())["rung"] == "forward"
 
 
-def test_the_vocabulary_imports_without_torch_and_old_names_still_resolve():
+def test_the_vocabulary_imports_without_torch():
     """The watchdog and the runner import gpulab.workloads: it must not pay torch's import; the built-in model
-    moved to gpulab.builtin_model, and the names callers used through workloads still reach it."""
+    lives in gpulab.builtin_model, which imports the vocabulary (never the reverse: no import cycle)."""
     import subprocess
     import sys
 
     code = ("import sys, gpulab.workloads as w; assert 'torch' not in sys.modules; "
-            "import gpulab.builtin_model as b; "
-            "assert (w.prepare, w.run, w.Prepared, w.save_outputs) == (b.prepare, b.run, b.Prepared, b.save_outputs)")
+            "assert not hasattr(w, 'prepare') and 'gpulab.builtin_model' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,5 +1,5 @@
 """`gpulab` command line. Each command's options live beside the code they drive (`gpulab.chain.commands`,
-`gpulab.env.cli`, `gpulab.hang.commands`, `gpulab.fixes.commands`; their shared input checks in `gpulab.args`);
+`gpulab.env.cli`, `gpulab.hang.investigation.commands`, `gpulab.fixes.commands`; their shared input checks in `gpulab.args`);
 this module only dispatches, and turns bad input into one line and exit 2, a missing program into 127, and an
 interrupt into 128+signal. Nothing imports it but `gpulab.__main__`: it sits above every command.
 """
@@ -27,6 +27,8 @@ commands:
                                  gpulab fixes --json f.json --scenario auto -- python train.py
   merge    one cross-process verdict from the watch folders of a job's nodes
                                                                      gpulab merge --json job.json node0/ node1/
+  compare  two runs of a program compared op by op: the first op that introduces a difference
+                                 gpulab compare --json c.json 'python train.py --device cpu' 'python train.py --device cuda'
 """
 
 
@@ -53,18 +55,23 @@ def _watch(session: proc.Session, argv: list[str]) -> int:
 
 
 def _ladder(session: proc.Session, argv: list[str]) -> int:
-    from gpulab.hang import commands
+    from gpulab.hang.investigation import commands
     return commands.ladder_main(argv)
 
 
 def _bisect(session: proc.Session, argv: list[str]) -> int:
-    from gpulab.hang import commands
+    from gpulab.hang.investigation import commands
     return commands.bisect_main(argv)
 
 
 def _merge(session: proc.Session, argv: list[str]) -> int:
-    from gpulab.hang import merge
+    from gpulab.hang.jobs import merge
     return merge.main(argv)
+
+
+def _compare(session: proc.Session, argv: list[str]) -> int:
+    from gpulab.numerics import commands
+    return commands.main(argv)
 
 
 def _fixes(session: proc.Session, argv: list[str]) -> int:
@@ -75,7 +82,7 @@ def _fixes(session: proc.Session, argv: list[str]) -> int:
 # Commands are imported when called: `gpulab --help` must not pay for torch, psutil and pandas.
 COMMANDS: dict[str, Callable[[proc.Session, list[str]], int]] = {
     "run": _run, "env": _env, "watch": _watch, "params": _params, "ladder": _ladder, "bisect": _bisect,
-    "fixes": _fixes, "merge": _merge,
+    "fixes": _fixes, "merge": _merge, "compare": _compare,
 }
 
 

@@ -16,7 +16,7 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gpulab.report import write_json
 
@@ -250,18 +250,6 @@ def _split_callable(spec: str) -> tuple[str, str] | None:
     return (mod, fn) if mod and fn else None
 
 
-_MOVED = ("Prepared", "prepare", "run", "save_outputs")   # to gpulab.builtin_model (they need torch)
-
-
-def __getattr__(name: str) -> Any:
-    """`workloads.prepare` and the other names that moved to gpulab.builtin_model, imported on first use."""
-    if name in _MOVED:
-        from gpulab import builtin_model
-
-        return getattr(builtin_model, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def interpreter() -> str:
     """The Python that runs workload children: a fix's interpreter ($GPULAB_PYTHON), else this one."""
     return os.environ.get(PYTHON_ENV) or sys.executable
@@ -316,7 +304,11 @@ def parse_cli(argv: list[str]) -> WorkloadConfig:
         raise
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, run: Callable[..., WorkloadResult] | None = None) -> int:
+    """The workload child: `run` is gpulab.builtin_model.run, passed in by the `__main__` block below, so this
+    module (the torch-free vocabulary builtin_model reads) never imports it back."""
+    if run is None:
+        raise TypeError("main needs run=gpulab.builtin_model.run (python -m gpulab.workloads passes it)")
     p = cli_parser()
     p.add_argument("--json", default=None, help="write the WorkloadResult here")
     p.add_argument("--time-for", type=float, default=0.0, metavar="S",
@@ -328,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = WorkloadConfig(**ns)
     except ValueError as exc:
         p.error(str(exc))
-    from gpulab.builtin_model import run
-
     res = run(cfg, time_for=time_for, outputs=outputs)
     line = (f"{res.rung} on {res.device} ({res.dtype}, sdpa {res.sdpa_backend_used}): "
             f"{len(res.losses)} step(s), loss {res.losses[-1] if res.losses else float('nan'):.5f}, "
@@ -340,5 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":   # this file as the program (module __main__): builtin_model imports gpulab.workloads
+    from gpulab.builtin_model import run as _run
+
+    sys.exit(main(run=_run))

@@ -19,7 +19,7 @@ from gpulab.bench.decision import Decision, Gate, Row, choose, decision_from_dic
 from gpulab.bench.measure import (BenchConfig, Comparison, Measurement, compare, comparison_from,
                                   comparison_from_dict, measure, measurement_from_dict, summarize)
 from gpulab.bench.overhead import scenario_overhead
-from gpulab.bench.stats import decide, flag_throttled, hedges_g, is_stable, mann_whitney_p, median_ci, ratio_ci
+from gpulab.stats import decide, flag_throttled, hedges_g, is_stable, mann_whitney_p, median_ci, ratio_ci
 
 # view's names, loaded on first use: the benchmark child (gpulab.bench.worker) never draws, and view's pandas
 # and matplotlib cost it a second of start-up

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from gpulab import proc, recorded, report
 from gpulab import device as _device
 from gpulab.bench.decision import Gate, parse_gate
-from gpulab.bench.stats import check_delta
+from gpulab.stats import check_delta
 from gpulab.oracle import GATE_FILE
 from gpulab.oracle.candidates import ALIASES
 from gpulab.workloads import BACKENDS, AttentionCall, WorkloadConfig

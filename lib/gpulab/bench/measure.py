@@ -4,7 +4,7 @@ A loop of 100 calls around time.time() mixes launch overhead, warm caches and cl
 with no error bar. Here every call is timed on its own (CUDA events on a GPU, perf_counter on the CPU), L2 is
 flushed before each timed GPU call (as triton's do_bench does), sampling stops when the spread is small
 enough, the median is pinned (its CI within ci_rel of it) or a hard cap is hit, raw samples are kept, and
-"faster" is decided from a bootstrap confidence interval of the ratio of medians (`gpulab.bench.stats`).
+"faster" is decided from a bootstrap confidence interval of the ratio of medians (`gpulab.stats`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from gpulab import device as _device
-from gpulab.bench.stats import (check_delta, decide, flag_throttled, hedges_g, is_stable, mann_whitney_p,
+from gpulab.stats import (check_delta, decide, flag_throttled, hedges_g, is_stable, mann_whitney_p,
                                 median_ci, median_precise, ratio_ci)
 
 TIMERS = ("auto", "cuda_event", "perf_counter")

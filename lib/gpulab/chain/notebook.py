@@ -71,14 +71,16 @@ def last_progress(log: Path, notebook: str, chars: int = 4096) -> str | None:
 
 class Ahead:
     """A notebook's papermill child started before its turn (gpulab.chain.ahead): papermill imported, kernel
-    up, waiting for `go`. Its kernel's connection files live in a folder of its own, removed with it."""
+    up, waiting for `go`. Its kernel's connection files live in a folder of its own, removed with it. `cwd` is
+    the kernel's folder, and so the workload's: a user's `script:train.py` and its own relative paths are
+    found where the user ran `gpulab run`, as `python train.py` would find them."""
 
-    def __init__(self, nb_path: Path, out_ipynb: Path, param_file: Path, *, root: Path, kernel: str,
+    def __init__(self, nb_path: Path, out_ipynb: Path, param_file: Path, *, cwd: Path, kernel: str,
                  cell_timeout_s: float, log: Path, env: dict[str, str] | None = None):
         self.nb_path, self.out_ipynb, self.log = nb_path, out_ipynb, log
         self.went = False
         cmd = [sys.executable, "-m", "gpulab.chain.ahead", str(nb_path), str(out_ipynb), "-k", kernel,
-               "--cwd", str(root), "-f", str(param_file), "--execution-timeout", str(int(cell_timeout_s))]
+               "--cwd", str(cwd), "-f", str(param_file), "--execution-timeout", str(int(cell_timeout_s))]
         child_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1",
                          MPLBACKEND="module://matplotlib_inline.backend_inline")
         # Kernel connection files go to the runtime dir (jupyter_client) or the temp dir (nbclient): both point
@@ -87,7 +89,7 @@ class Ahead:
         child_env.update(JUPYTER_RUNTIME_DIR=self._runtime.name, TMPDIR=self._runtime.name)
         try:
             self.child = proc.Child(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
-                                    env=proc.python_env(child_env), cwd=root, label=nb_path.stem)
+                                    env=proc.python_env(child_env), cwd=cwd, label=nb_path.stem)
         except BaseException:
             self._runtime.cleanup()
             raise

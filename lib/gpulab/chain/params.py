@@ -14,25 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
+from gpulab.fixes.names import fix_names
+from gpulab.paramsets import SCENARIO_KEYS, ParamError, check_scenarios, parse_override, read_yaml
 
-from gpulab.fixes import registry
-from gpulab.fixes.compose import compose
-
-# Keys a scenario file may hold that describe the scenario instead of parameterising notebooks: `fixes`
-# names registry fixes (patches/) applied to every child of the scenario's notebooks.
-SCENARIO_KEYS = frozenset({"description", "fixes"})
 # Keys the runner sets itself; a params file may not.
 INJECTED = frozenset({"out_dir"})
 
 _CHOICES = re.compile(r"choices:\s*(?P<list>[^#;]+)", re.IGNORECASE)
 _RANGE = re.compile(r"range:\s*(?P<lo>-?[0-9.e+-]*)\s*\.\.\s*(?P<hi>-?[0-9.e+-]*)", re.IGNORECASE)
-_SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
-
-
-class ParamError(ValueError):
-    """A bad parameter: the message names the key, where it came from, and what is valid."""
 
 
 @dataclass(frozen=True)
@@ -132,52 +122,6 @@ def notebook_schema(paths: Iterable[str | Path]) -> dict[str, ParamSpec]:
 
 
 # ---------------------------------------------------------------------------------------------- layers
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.exists():
-        raise ParamError(f"params file {str(path)!r} does not exist")
-    if not path.is_file():
-        raise ParamError(f"params file {str(path)!r} is a folder, not a YAML file; give a file such as "
-                         f"params/smoke.yaml")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ParamError(f"params file {str(path)!r} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ParamError(f"params file {str(path)!r} must hold a mapping of key: value, "
-                         f"not {type(data).__name__}")
-    return data
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """`-p key=value`; the value is read as YAML so numbers, booleans and lists get their types."""
-    if "=" not in text:
-        raise ParamError(f"-p {text!r}: expected key=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ParamError(f"-p {text!r}: the key is empty")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key, value
-
-
-def fix_names(value: Any, source: str) -> tuple[str, ...]:
-    """A scenario's `fixes`: a list of registry names that can be combined (checked before anything runs)."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ParamError(f"'fixes' (from {source}) must be a list of fix names, got {value!r}; "
-                         f"known fixes: {', '.join(registry.names())}")
-    try:
-        compose(registry.resolve(value))
-    except ValueError as exc:
-        raise ParamError(f"'fixes' (from {source}): {exc}") from None
-    return tuple(value)
-
 
 def layer(layers: Iterable[tuple[str, Mapping[str, Any]]], description: str = "") -> Layered:
     values: dict[str, Value] = {}
@@ -286,52 +230,18 @@ def resolve(root: str | Path, scenario: str, param_files: Iterable[str | Path] =
         layers.append(("params/base.yaml", read_yaml(base)))
     layers.append((f"params/scenarios/{scenario}.yaml", read_yaml(root / "params" / "scenarios" / f"{scenario}.yaml")))
     for f in param_files:
-        layers.append((str(f), read_yaml(f)))
+        layers.append((str(f), read_yaml(_param_file(root, f))))
     layers.append(("-p", dict(parse_override(o) for o in overrides)))
     return layer(layers)
 
 
-def list_scenarios(root: str | Path) -> list[str]:
-    return sorted(p.stem for p in (Path(root) / "params" / "scenarios").glob("*.yaml"))
-
-
-def parse_scenarios(root: str | Path, text: str) -> tuple[str, ...]:
-    """`--scenario` text -> names: 'all', or a comma list of names from params/scenarios/ (checked)."""
-    if text.strip() == "all":
-        names = tuple(list_scenarios(root))
-        if not names:
-            raise ParamError("--scenario all: there is no scenario in params/scenarios/")
-        return names
-    names = tuple(n.strip() for n in text.split(","))
-    check_scenarios(root, names)
-    return names
-
-
-def check_scenarios(root: str | Path, names: Iterable[str]) -> None:
-    """Scenario names are names of files in params/scenarios/, each once; a path is refused (a parameter
-    file goes with --params), so nothing is read from or written outside the project and --out."""
-    names = list(names)
-    valid = list_scenarios(root)
-    listing = ", ".join(valid) or "(none in params/scenarios/)"
-    if not names or not any(names):
-        raise ParamError(f"--scenario names no scenario; give one or more of {listing} (comma-separated), "
-                         f"or 'all'")
-    problems = []
-    for n in names:
-        if not n:
-            problems.append(f"--scenario has an empty name in the list; valid scenarios: {listing}")
-        elif "/" in n or "\\" in n or n.endswith((".yaml", ".yml")) or not _SCENARIO_NAME.match(n):
-            problems.append(f"scenario {n!r} is not a scenario name; scenarios are names from params/scenarios/ "
-                            f"({listing}); to layer a YAML file of your own, use --params {n}")
-        elif n not in valid:
-            close = difflib.get_close_matches(n, valid, n=2)
-            problems.append(f"unknown scenario {n!r}" + (f" (did you mean {', '.join(map(repr, close))}?)" if close
-                                                         else "") + f"; valid scenarios: {listing}")
-    dup = sorted({n for n in names if n and names.count(n) > 1})
-    if dup:
-        problems.append(f"scenario(s) {', '.join(map(repr, dup))} listed more than once in --scenario")
-    if problems:
-        raise ParamError("; ".join(problems) if len(problems) == 1 else "\n  - " + "\n  - ".join(problems))
+def _param_file(root: Path, given: str | Path) -> Path:
+    """A --params path is the caller's; a relative one that is not there names a file of the project's own
+    (`--params params/smoke.yaml` from the user's folder reads the smoke sizes that ship with gpulab)."""
+    path = Path(given)
+    if not path.exists() and not path.is_absolute() and (root / path).is_file():
+        return root / path
+    return path
 
 
 def schema_text(schema: Mapping[str, ParamSpec]) -> str:

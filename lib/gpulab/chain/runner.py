@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from gpulab import proc, report
+from gpulab import paramsets, proc, project, report
 from gpulab.chain import notebook, params, verdict
 from gpulab.chain.state import NotebookResult, RunState, ScenarioResult, follow, rel
 from gpulab.fixes import scenario_env
@@ -45,6 +45,8 @@ class RunConfig:
     cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S
     notebook_timeout_s: float = DEFAULT_NOTEBOOK_TIMEOUT_S
     jobs: int = 1  # scenarios run side by side
+    # where the notebooks' kernels, and so the workload, run (`gpulab run`: the caller's folder); None: root
+    workdir: Path | None = None
 
     def __post_init__(self) -> None:
         for key in ("cell_timeout_s", "notebook_timeout_s"):
@@ -61,15 +63,8 @@ class DiskFull(OSError):
 
 
 def find_root(start: str | Path | None = None) -> Path:
-    """The project folder: $GPULAB_ROOT, else the nearest parent with notebooks/ and params/."""
-    if os.environ.get("GPULAB_ROOT"):
-        return Path(os.environ["GPULAB_ROOT"]).resolve()
-    here = Path(start or os.getcwd()).resolve()
-    for cand in (here, *here.parents, Path(__file__).resolve().parents[2]):
-        if (cand / "notebooks").is_dir() and (cand / "params").is_dir():
-            return cand
-    raise FileNotFoundError(f"no gpulab project (a folder with notebooks/ and params/) at or above {here}; "
-                            "run from the project folder or set GPULAB_ROOT")
+    """The notebooks and params/ to run (gpulab.project: a checkout, else the copy installed with gpulab)."""
+    return project.root(start)
 
 
 def discover(root: Path, only: Sequence[str] = ()) -> list[Path]:
@@ -121,7 +116,7 @@ def needs(nb_path: Path) -> list[str]:
 def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, ScenarioResult]]:
     """Everything that can be wrong with the input, checked before any notebook runs; each scenario's
     parameters and fixes are resolved here, once."""
-    params.check_scenarios(cfg.root, cfg.scenarios)
+    paramsets.check_scenarios(cfg.root, cfg.scenarios)
     notebooks = discover(cfg.root, cfg.only)
     # The schema comes from every notebook, so a shared params file stays valid with --only.
     schema = params.notebook_schema(discover(cfg.root))
@@ -157,9 +152,9 @@ def _params_file(scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: d
 def _ahead(run: RunState, scen: str, sc_dir: Path, nb_path: Path, pfile: Path, env: Mapping[str, str]
            ) -> notebook.Ahead:
     cfg = run.cfg
-    return notebook.Ahead(nb_path, sc_dir / f"{nb_path.stem}.ipynb", pfile, root=cfg.root, kernel=cfg.kernel,
-                          cell_timeout_s=cfg.cell_timeout_s, log=sc_dir / "logs" / f"{nb_path.stem}.log",
-                          env=dict(env))
+    return notebook.Ahead(nb_path, sc_dir / f"{nb_path.stem}.ipynb", pfile, cwd=cfg.workdir or cfg.root,
+                          kernel=cfg.kernel, cell_timeout_s=cfg.cell_timeout_s,
+                          log=sc_dir / "logs" / f"{nb_path.stem}.log", env=dict(env))
 
 
 class _NextUp:

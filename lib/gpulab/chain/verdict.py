@@ -2,16 +2,17 @@
 from the index in ten seconds. Pure: read from the notebooks' statuses and metrics.json, nothing else.
 
 Priority, first match wins: interrupted > failed (the tool could not answer) > hang > crash > error (the
-workload itself) > wrong_numbers (a vendor attention kernel fails the oracle, or the workload produces
-NaN/Inf) > slow (the workload's attention runs on a backend that is much slower than the best correct one
-for the same call) > healthy. A planted drill is a self-test and never decides the verdict.
+workload itself) > wrong_numbers (a vendor attention kernel fails the oracle, the workload produces NaN/Inf,
+or 05's comparison of the workload with itself diverges) > slow (the workload's attention runs on a backend
+that is much slower than the best correct one for the same call) > healthy. A planted drill is a self-test
+and never decides the verdict.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from gpulab.fixes import registry
+from gpulab.fixes import registry, suggest
 from gpulab.hang.classify import IN_THE_PROGRAM, program_cause
 
 VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted", "not_applicable")
@@ -41,9 +42,17 @@ def _owner(hang: Mapping[str, Any], kind: str) -> dict | None:
     return o if o.get("kind") == kind else None
 
 
+def _meets(plat: Mapping[str, Any]) -> str:
+    """The platform's behaviour meeting the program's code (a launch stuck behind lazy loading): both sides."""
+    return (f"the platform's behaviour meets the program's code: {plat.get('why')}; the program's own way out: "
+            f"{plat.get('program')}")
+
+
 def _upstream(hang: Mapping[str, Any]) -> str:
     """The upstream report, addressed to whose code it is when 03 knows (a library), or the platform's settings."""
     plat = _owner(hang, "platform")
+    if plat and plat.get("program"):
+        return _meets(plat)
     if plat:
         return (f"the platform ({plat.get('where')}): apply the fix registry's settings for it (the fixes 04 "
                 f"tries for this platform) and check the driver, firmware and hardware; {plat.get('why')}")
@@ -58,6 +67,62 @@ def _where_to_fix(hang: Mapping[str, Any]) -> str:
     """After "nothing tried fixes it": the program's own bug, else the platform or an upstream report."""
     cause = _program_cause(hang)
     return f": {cause}" if cause else f": {_upstream(hang)}"
+
+
+def _first_nan(inst: Mapping[str, Any]) -> tuple[str, str]:
+    """Wrong numbers told as a hang is: the op, its line, the pass, the cause in words; then whose code to
+    change, and a fix scenario only when one can answer that cause (gpulab.fixes.suggest.for_nan)."""
+    made = inst.get("first_nonfinite_made") or "NaN/Inf"
+    where = inst.get("first_nonfinite_where") or inst["first_nonfinite_op"]
+    cause = inst.get("first_nonfinite_cause")
+    evidence = (f"the workload first makes {made} in {where}: " + (cause or "its cause was not recorded")
+                + " (02, stats mode)")
+    step = inst.get("first_nonfinite_next") or "look at that op's inputs in 02's op table"
+    fixes = suggest.for_nan(inst)
+    if fixes:
+        step += f"; try the {', '.join(fixes)} scenario"
+    return evidence, step
+
+
+def _site(site: Any) -> str | None:
+    """file:line in function, the file's folder left out (the full path is in 05's compare.json); None when the
+    recorder saw no call site in the program (an op called from a library)."""
+    path, sep, rest = str(site or "").partition(":")
+    return (path.rsplit("/", 1)[-1] + sep + rest) if sep else None
+
+
+def _diverged(cmp: Mapping[str, Any]) -> tuple[str, str]:
+    """05's comparison told as a hang is: the op, its line, the pass, the cause; then whose code to change (the
+    program's line, or a kernel that the float64 replay shows wrong)."""
+    fd = cmp.get("first_divergence") or {}
+    site = _site(fd.get("call_site"))
+    at = (f"{fd.get('op')}" + (f" at {site}" if site else "") + f" (pass {fd.get('pass')}"
+          + (", backward" if fd.get("backward") else "") + ("" if site else ", its call site not recorded") + ")")
+    line = f"the program's line {site}" if site else f"the program's call that runs {fd.get('op')}"
+    cause = fd.get("cause")
+    excess = fd.get("excess")
+    size = (" by NaN/Inf" if fd.get("nan_inf") else
+            f" by {excess:.3g}x the tolerance" if isinstance(excess, (int, float)) else "")
+    evidence = (f"05's {cmp.get('mode')} comparison: the runs first diverge at {at}{size}"
+                + (f": {cause}" if cause else ""))
+    rep, ref_ok, cand_ok = fd.get("replay"), fd.get("reference_right"), fd.get("candidate_right")
+    if cause and "unknown" not in str(cause):
+        step = f"fix {line}: {cause}"
+    elif ref_ok is True and cand_ok is False:
+        step = (f"the candidate's kernel is wrong: replay against float64 says {rep}; avoid {fd.get('op')} on the "
+                f"candidate's side and report it upstream with 05's compare folder")
+    elif ref_ok is False and cand_ok is True:
+        step = f"the reference's kernel is wrong: replay against float64 says {rep}; report it upstream"
+    elif cmp.get("same_command"):
+        step = (f"fix {line}: the same command gives other numbers there (not deterministic); "
+                f"seed its random numbers, or call torch.use_deterministic_algorithms(True)")
+    elif ref_ok and cand_ok:
+        step = (f"fix {line}: {fd.get('op')} amplifies its inputs' rounding past the tolerance "
+                f"(replay against float64 says both runs compute it right); compute it in a wider dtype there")
+    else:
+        step = (f"look at {line}: 05's compare.json has both runs' figures"
+                + (f"; replay against float64 says {rep}" if rep else ""))
+    return evidence, step
 
 
 def _m(metrics: Mapping[str, Any], nb: str) -> dict:
@@ -111,7 +176,9 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
                     + (f" at {cost:+.0%} run time" if isinstance(cost, (int, float)) else "")
                     + (f"; apply with: {line}" if line else "")
                     + (f"; it only works around the program's own bug: {_program_cause(hang)}"
-                       if _program_cause(hang) else f"; {_upstream(hang)} (with that workaround)"))
+                       if _program_cause(hang) else
+                       f"; {_meets(_owner(hang, 'platform'))}" if (_owner(hang, "platform") or {}).get("program")
+                       else f"; {_upstream(hang)} (with that workaround)"))
         elif fixes:
             tried = fixes.get("tried") or []
             left = fixes.get("not_tried") or []
@@ -129,13 +196,16 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
     oracle = _m(metrics, "05_oracle")
     vendor_bad = [f for f in oracle.get("failures") or () if str(f).startswith("sdpa_")]
     inst = _m(metrics, "02_instrument")
-    if vendor_bad or inst.get("first_nonfinite_op"):
+    cmp = oracle.get("compare") or {}
+    compared = cmp.get("status") == "diverged" and bool(cmp.get("first_divergence"))
+    if vendor_bad or inst.get("first_nonfinite_op") or compared:
         if vendor_bad:
             evidence = f"{', '.join(map(str, vendor_bad))} fail(s) the attention oracle: {_h(metrics, '05_oracle')}"
             step = "see 05's error heatmaps; avoid that backend (an sdpa_backend_* scenario) and report it upstream"
+        elif inst.get("first_nonfinite_op"):
+            evidence, step = _first_nan(inst)
         else:
-            evidence = f"the workload produces NaN/Inf first in {inst['first_nonfinite_op']} (02, stats mode)"
-            step = "look at that op's inputs in 02's op table; try the fp32_softmax scenario"
+            evidence, step = _diverged(cmp)
         return ScenarioVerdict("wrong_numbers", evidence, step)
     bench = _m(metrics, "06_benchmark")
     env = _m(metrics, "01_environment")

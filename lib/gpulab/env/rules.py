@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.env.facts import FACT_KEYS, NESTED_FACTS
-from gpulab.fixes import registry
+from gpulab import fixindex   # the fixes' names and what they change, read below gpulab.fixes
 
 DEFAULT_RULES = Path(__file__).resolve().parent / "risks.yaml"
 
@@ -26,7 +26,7 @@ OPERATORS = ("eq", "ne", "in", "not_in", "version_ge", "version_lt", "regex", "p
              "exists")
 COMBINATORS = ("all", "any", "not")
 SEVERITIES = ("high", "medium", "low")
-# Fixes a rule may suggest: the fix registry's names (patches/, the single source; notebook 04 runs them and
+# Fixes a rule may suggest: the fix modules' names (patches/, the single source; notebook 04 runs them and
 # params/scenarios/<name>.yaml runs the chain with one), read when a rule is checked, not at import.
 RULE_FIELDS = ("id", "title", "severity", "signature", "risk", "evidence", "fixes", "advice", "source",
                "see_also")
@@ -171,8 +171,8 @@ def parse_rule(raw: Any, index: int = 0) -> Rule:
         _check_fact_key(key, f"{where}.evidence")
     fixes = _str_tuple(raw.get("fixes"), f"{where}.fixes")
     for fx in fixes:
-        if fx not in registry.names():
-            raise RuleError(f"{where}.fixes: unknown fix scenario {fx!r}; valid: {', '.join(registry.names())}")
+        if fx not in fixindex.names():
+            raise RuleError(f"{where}.fixes: unknown fix scenario {fx!r}; valid: {', '.join(fixindex.names())}")
     return Rule(id=rid, title=str(raw["title"]), severity=sev,
                 signature=parse_condition(raw["signature"], f"{where}.signature"), risk=str(raw["risk"]).strip(),
                 evidence=evidence, fixes=fixes, source=str(raw["source"]),
@@ -344,6 +344,7 @@ def suggested_scenarios(matches: list[RiskMatch]) -> list[str]:
 def scenarios_product(matches: list[RiskMatch]) -> dict:
     """What notebook 04 reads from suggested_scenarios.json: names plus the rules behind each."""
     names = suggested_scenarios(matches)
+    what = fixindex.catalog()
     return {"scenarios": names,
             "because": {n: [m.rule_id for m in matches if n in m.fixes] for n in names},
-            "descriptions": {n: registry.catalog()[n] for n in names}}
+            "descriptions": {n: what[n] for n in names}}

@@ -32,7 +32,8 @@ CONDITIONS = {
     "owner": "any",         # whose code the culprit is (gpulab.hang.owner): program | library | platform | unknown
 }
 # A setting of a library or the platform answers a failure in a library's or the platform's code, or one whose
-# owner is unknown; a failure in the program's own code only where an Answer says so (owner=...program...).
+# owner is unknown; a failure in the program's own code only where an Answer says so (owner=...program...) or
+# rests on what the verdict shows directly (DIRECT, below).
 NOT_THE_PROGRAM = ("library", "platform", "unknown")
 # The conditions that, when the verdict knows the fact, rule a fix out for `auto` if none of its Answers
 # agrees: the failure's class, its owner, the platform, and the op in flight (unless it is only the sync the
@@ -40,6 +41,12 @@ NOT_THE_PROGRAM = ("library", "platform", "unknown")
 # have been captured, so their absence rules nothing out.
 RULES_OUT = ("status", "phase", "cls", "owner", "gpu", "device", "op_kind", "op", "operands", "dtype")
 _OP_FACTS = ("op_kind", "op", "operands", "dtype")
+# What the verdict shows directly: the driver call the host is blocked in, the op in flight, its operands, the
+# program's last words. An Answer that rests on one of them is matched whoever owns the culprit: the owner is an
+# inference from frames (a program's line calls every op), and a fix of what was seen can still change the failure
+# (the program's own kernel over aten.mm gets a contiguous operand; lazy loading stops serialising a launch the
+# program's kernels wait on). Ownership decides only for Answers that rest on coarser facts (class, phase, kind).
+DIRECT = ("driver_call", "op", "operands", "stderr")
 # How much a condition met says: a direct observation (the driver call, the op, its operands, a frame, the
 # program's last words) over a kind of op or dtype, over a coarse class, phase or platform.
 WEIGHT = {"driver_call": 3, "op": 3, "operands": 3, "native": 3, "stderr": 3, "op_kind": 2, "dtype": 2}
@@ -165,10 +172,18 @@ def _holds(kind: str, wanted: Sequence[str], fact: Any) -> str | None:
     return None
 
 
+def direct(answer: Answer) -> bool:
+    """Whether the Answer rests on a fact the verdict shows directly (DIRECT): its owner condition is then moot."""
+    return any(k in DIRECT for k in answer.conditions())
+
+
 def holds(answer: Answer, evidence: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """The facts an Answer rests on when every one of its conditions holds, else None."""
+    """The facts an Answer rests on when every one of its conditions holds, else None. An Answer on direct
+    evidence holds whoever owns the culprit (DIRECT)."""
     cited = []
     for key, wanted in answer.conditions().items():
+        if key == "owner" and direct(answer):
+            continue
         got = _holds(CONDITIONS[key], wanted, evidence.get(key))
         if got is None:
             return None
@@ -224,13 +239,17 @@ def _contradicted(answer: Answer, ev: Mapping[str, Any]) -> list[str]:
 def ruled_out(fix: Any, verdicts: Sequence[Mapping[str, Any]], platform: Mapping[str, Any] | None = None) -> str | None:
     """Why a fix cannot answer any of these failures, or None: every one of its Answers meets a known fact of
     every failure it would be tried on that says otherwise (the class, the owner, the platform, the op in
-    flight). A fix that declares no Answer is never ruled out. Pure: what `auto` leaves out, and says why."""
+    flight). A fix one of whose Answers a failure shows (holds) is never ruled out, whoever owns the culprit:
+    direct evidence outranks ownership. A fix that declares no Answer is never ruled out either. Pure: what
+    `auto` leaves out, and says why."""
     found = [v for v in verdicts if v and v.get("status") not in (None, "ok")]
     if not found or not getattr(fix, "answers", ()):
         return None
     why = []
     for verdict in found:
         ev = facts(verdict, platform)
+        if any(holds(a, ev) is not None for a in fix.answers):
+            return None
         against = [_contradicted(a, ev) for a in fix.answers]
         if any(not c for c in against):
             return None

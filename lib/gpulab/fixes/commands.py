@@ -11,12 +11,12 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from gpulab import device, proc, report, workloads
-from gpulab.chain import params
+from gpulab import device, paramsets, proc, report, workloads
 from gpulab.args import BadInput, json_target, parser, positive, writable_dir
 from gpulab.fixes import matrix, outcome, scenarios, suggest
 from gpulab.fixes.target import Target
-from gpulab.hang import watch
+from gpulab.hang.watchdog import watch
+from gpulab.trace import liveness
 
 
 def _parser():
@@ -37,8 +37,8 @@ def _parser():
                    help="runs side by side (default 0: the machine's cores for CPU programs, 2 on a GPU)")
     p.add_argument("--budget", type=positive("--budget"), default=matrix.MatrixConfig.budget_s, metavar="S",
                    help="auto: seconds of trying fixes beyond those the evidence points at")
-    p.add_argument("--stall", type=positive("--stall"), default=60.0, metavar="S",
-                   help="no progress for S seconds is a hang")
+    p.add_argument("--stall", type=positive("--stall"), default=liveness.STALL_S, metavar="S",
+                   help="no progress for S seconds is a hang (default %(default)g)")
     p.add_argument("--timeout", type=positive("--timeout"), default=3600.0, metavar="S", help="bound on each run")
     p.add_argument("--max-overhead", type=float, default=0.2, metavar="F",
                    help="a fix costing more than this fraction is too_slow")
@@ -61,7 +61,7 @@ def _target(command: Sequence[str], overrides: Sequence[str]) -> Target:
             raise BadInput("give the workload either as a command after '--' or with -p KEY=VALUE, not both")
         watch.check_command(command)
         return Target(command=tuple(command))
-    kv = dict(params.parse_override(o) for o in overrides)
+    kv = dict(paramsets.parse_override(o) for o in overrides)
     return Target(workloads.WorkloadConfig.from_params(kv, device=device.resolve(str(kv.get("device", "auto")))))
 
 

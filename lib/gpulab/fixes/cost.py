@@ -4,7 +4,7 @@ Each round runs the baseline and every scenario once, one child at a time (side-
 time each other's contention), in an order rotated every round, so drift (clocks, caches, other load)
 hits every scenario alike: ABAB generalized to several B's. The timing children run on the healthy
 configuration (no planted fault) without the recorder, under the watchdog (a hang costs its stall window).
-The overhead is the ratio of median times minus one, with a bootstrap interval (gpulab.bench.stats).
+The overhead is the ratio of median times minus one, with a bootstrap interval (gpulab.stats).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from statistics import median
 from typing import Any, Callable, Mapping, Sequence
 
 from gpulab.fixes.target import Target
-from gpulab.hang import watch
+from gpulab.hang.watchdog import watch
 from gpulab import proc, workloads
 
 
@@ -48,7 +48,7 @@ def overhead(candidate: Sequence[float], baseline: Sequence[float]) -> dict[str,
     95% interval (None with fewer than 3 samples a side). Pure."""
     if not candidate or not baseline:
         return {"overhead": None, "overhead_ci": None, "samples": [len(candidate), len(baseline)], "method": "none"}
-    from gpulab.bench.stats import ratio_ci   # gpulab.bench loads the benchmark child and torch: not for --help
+    from gpulab.stats import ratio_ci   # numpy and scipy: loaded when a cost is measured, not for --help
 
     (lo, hi), method = ratio_ci(sorted(candidate), sorted(baseline))
     ci = [lo - 1, hi - 1] if math.isfinite(lo) and math.isfinite(hi) else None

@@ -29,7 +29,9 @@ from gpulab.fixes.outcome import (MatrixResult, ScenarioResult, apply_lines, jud
                                   time_saved, with_evidence)
 from gpulab.fixes.scenarios import Scenario
 from gpulab.fixes.target import Target
-from gpulab.hang import ladder, watch
+from gpulab.hang.investigation import ladder
+from gpulab.hang.watchdog import watch
+from gpulab.trace import liveness
 
 NAME = "fixes"
 PLAIN = ("a plain command: outcomes and time only (its outputs are not known to gpulab, so numerics are not "
@@ -41,7 +43,7 @@ class MatrixConfig:
     scenarios: str = "auto"         # names (comma list, '+' joins fixes), auto or all
     repeats: int = 3                # trials per rung
     jobs: int = 1                   # trials side by side
-    stall_s: float = 60.0
+    stall_s: float = liveness.STALL_S
     timeout_s: float = 3600.0
     max_overhead: float = 0.2       # a fix that costs more than this is too_slow
     cost_rounds: int = 3            # interleaved timing rounds (0: no cost and no numerics)

@@ -1,10 +1,14 @@
 """Does a fix change the numbers? Its run's outputs and loss curve against the fix-free run's, on a
 configuration where the fix-free run finishes (same seed, same inputs).
 
-A fix may change rounding (another kernel, another summation order), not results: the tolerance is a few
-units in the last place of the run's dtype, relative to the output's magnitude; the looser dtype of the
-two runs counts (cpu_fallback runs float32 where the GPU ran bfloat16). A value that is finite without
-the fix and not with it always breaks numerics.
+A fix may change rounding (another kernel, another summation order), not results: the rule is the one
+`gpulab compare` judges each op by (gpulab.tolerances: assert_close's rtol and atol for the looser dtype of
+the two runs, as cpu_fallback runs float32 where the GPU ran bfloat16), taken at the output's magnitude
+(max(1, max |reference|)) and allowed RUN_FACTOR times over, since a whole run's outputs carry the rounding of
+every op before them. A value that is finite without the fix and not with it always breaks numerics.
+
+It stays here, below gpulab.numerics (the per-op comparison of two runs, `gpulab compare`): the fix matrix is
+its only caller and every function of it is on that path, and fixes may not import numerics (a higher layer).
 """
 from __future__ import annotations
 
@@ -13,7 +17,12 @@ from typing import Any
 
 import torch
 
-TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}   # max abs error / max(1, max |reference|)
+from gpulab import tolerances
+from gpulab.workloads import DTYPE_NAMES
+
+RUN_FACTOR = 5.0   # a whole run's outputs against one op's: rounding accumulated over the run
+# max abs error / max(1, max |reference|), per dtype: RUN_FACTOR * (rtol + atol) of assert_close's
+TOLERANCE = {d: RUN_FACTOR * sum(tolerances.DEFAULTS[d]) for d in DTYPE_NAMES}
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -34,7 +43,9 @@ def _flat(value: Any, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 def tolerance(*dtypes: str | None) -> float:
-    return max(TOLERANCE.get(str(d), TOLERANCE["float32"]) for d in (dtypes or ("float32",)))
+    """The allowance relative to the output's magnitude: the looser dtype's (gpulab.tolerances.for_dtypes)."""
+    t = tolerances.for_dtypes(*dtypes)
+    return RUN_FACTOR * (t.rtol + t.atol)
 
 
 def compare_values(reference: Any, candidate: Any, *dtypes: str | None) -> dict[str, Any]:
@@ -69,7 +80,7 @@ def compare_values(reference: Any, candidate: Any, *dtypes: str | None) -> dict[
 
 
 def compare_files(reference: Path, candidate: Path, *dtypes: str | None) -> dict[str, Any]:
-    """compare_values of two saved outputs (gpulab.workloads.save_outputs)."""
+    """compare_values of two saved outputs (gpulab.builtin_model.save_outputs)."""
     if not Path(reference).exists() or not Path(candidate).exists():
         return {"ok": None, "note": "no saved outputs to compare (a run did not finish)"}
     load = lambda p: torch.load(p, map_location="cpu", weights_only=True)  # noqa: E731

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 
 from gpulab import report
 from gpulab.fixes import answers, registry, verdict
-from gpulab.hang import classify, ladder
+from gpulab.hang import classify
+from gpulab.hang.investigation import ladder
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: floa
         out.append(dataclasses.replace(r, verdict=v, verdict_why=why))
     rec, nxt = verdict.recommend([r.observed() for r in out], [r.verdict for r in out], stall_s=stall_s,
                                  untried=[t["scenario"] for t in not_tried], apply_lines=apply_lines(results),
-                                 in_program=ff.get("in_program"))
+                                 in_program=ff.get("in_program"), owner=ff.get("owner"))
     return out, rec, nxt
 
 

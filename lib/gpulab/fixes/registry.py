@@ -1,5 +1,6 @@
 """The fix registry: one module per fix in the project's patches/ folder (plus the folders in
-$GPULAB_PATCHES, os.pathsep-separated, for a team's own fixes and for tests), each defining `FIX`.
+$GPULAB_PATCHES, os.pathsep-separated, for a team's own fixes and for tests), each defining `FIX`; where they
+live and their names without loading them are gpulab.fixindex's (01's rules read it, below gpulab.fixes).
 
 The registry is the single source of fix names: scenario files, 01's risk rules, `gpulab fixes` and the
 children all resolve names here, so a typo fails before anything runs, naming the fixes there are.
@@ -8,27 +9,14 @@ Modules are loaded without torch (their `apply` imports it when the child calls 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from gpulab.fixes.fix import Fix, FixError, UnknownFix
+from gpulab.fixindex import ENV_DIRS, dirs, files, project_dir  # noqa: F401  where fixes live: one place, below env
 
-ENV_DIRS = "GPULAB_PATCHES"
 _CACHE: dict[tuple[str, ...], dict[str, Fix]] = {}
-
-
-def project_dir() -> Path:
-    """patches/ of the project: $GPULAB_ROOT/patches, else the source tree this package lives in."""
-    if os.environ.get("GPULAB_ROOT"):
-        return Path(os.environ["GPULAB_ROOT"]).resolve() / "patches"
-    return Path(__file__).resolve().parents[3] / "patches"
-
-
-def dirs() -> tuple[Path, ...]:
-    extra = [Path(p) for p in os.environ.get(ENV_DIRS, "").split(os.pathsep) if p.strip()]
-    return tuple(dict.fromkeys([project_dir(), *extra]))
 
 
 def _load(path: Path) -> Fix:
@@ -53,12 +41,11 @@ def load(folders: Iterable[Path] | None = None) -> dict[str, Fix]:
     if key not in _CACHE:
         found: dict[str, Fix] = {}
         where: dict[str, Path] = {}
-        for folder in map(Path, key):
-            for path in sorted(folder.glob("[!_]*.py")) if folder.is_dir() else ():
-                fix = _load(path)
-                if fix.name in found:
-                    raise FixError(f"fix {fix.name!r} is defined twice: {where[fix.name]} and {path}")
-                found[fix.name], where[fix.name] = fix, path
+        for path in files(key):
+            fix = _load(path)
+            if fix.name in found:
+                raise FixError(f"fix {fix.name!r} is defined twice: {where[fix.name]} and {path}")
+            found[fix.name], where[fix.name] = fix, path
         _CACHE[key] = found
     return _CACHE[key]
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpulab import report
-from gpulab.chain import params
+from gpulab import paramsets, report
 from gpulab.fixes import answers, registry
 from gpulab.fixes.compose import compose
 from gpulab.fixes.fix import UnknownFix
+from gpulab.fixes.names import fix_names
 from gpulab.hang.classify import op_kind
 
 AUTO, ALL = "auto", "all"
@@ -49,11 +49,11 @@ def root_dir() -> Path:
 def _files(root: Path) -> dict[str, tuple[str, ...]]:
     """Scenario files that name fixes: name -> fixes (files without `fixes:` change parameters only)."""
     out = {}
-    for name in params.list_scenarios(root):
+    for name in paramsets.list_scenarios(root):
         path = root / "params" / "scenarios" / f"{name}.yaml"
-        fixes = params.read_yaml(path).get("fixes")
+        fixes = paramsets.read_yaml(path).get("fixes")
         if fixes:
-            out[name] = params.fix_names(fixes, f"params/scenarios/{name}.yaml")
+            out[name] = fix_names(fixes, f"params/scenarios/{name}.yaml")
     return out
 
 

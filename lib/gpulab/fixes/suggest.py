@@ -50,7 +50,7 @@ def sentence(suggested: Any) -> str:
 def with_suggestions(v: Verdict, device: str | None = None) -> Verdict:
     """The verdict with the fixes its evidence points at and its "try" sentence as the last fact: the same
     matcher `gpulab fixes --scenario auto` runs first, so whatever it says is tried. The shape of
-    gpulab.hang.watch.run's `finish`."""
+    gpulab.hang.watchdog.watch.run's `finish`."""
     try:
         found = for_verdict(v.to_dict(), device)
     except Exception as exc:  # noqa: BLE001 - a suggestion must never lose the verdict
@@ -67,10 +67,31 @@ def saved(v: Verdict | None) -> Verdict | None:
     if v is None or v.suggested:
         return v
     from gpulab import report
-    from gpulab.hang import watch
+    from gpulab.hang.watchdog import watch
 
     folder = Path(v.log.get("dir", "."))
     out = with_suggestions(v, watch.log_device(folder / v.log["op_log"] if v.log.get("op_log") else None))
     if out is not v and v.log.get("verdict"):
         report.write_json(folder / v.log["verdict"], out.to_dict())
     return out
+
+
+SOFTMAX_FIX = "fp32_softmax"
+_LOW = ("float16", "bfloat16")
+
+
+def for_nan(first: Mapping[str, Any]) -> tuple[str, ...]:
+    """The fix scenarios that can answer a first NaN/Inf (02's metrics, gpulab.trace.firstnan): a softmax fix
+    only when a softmax's own output was the first NaN/Inf (not a fully masked row: fp32 has the same 0/0), or
+    a low-precision overflow went into a softmax. A zero divisor, a log of <= 0 or bad data is the program's
+    to fix: no scenario answers it, and none is named."""
+    if SOFTMAX_FIX not in registry.names():
+        return ()
+    op = str(first.get("first_nonfinite_op") or "")
+    kind = first.get("first_nonfinite_cause_kind")
+    if "softmax" in op and kind in (None, "overflow", "unknown"):
+        return (SOFTMAX_FIX,)
+    if (kind in ("matmul_overflow", "overflow") and first.get("first_nonfinite_dtype") in _LOW
+            and first.get("first_nonfinite_into_softmax")):
+        return (SOFTMAX_FIX,)
+    return ()

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpulab import report, workloads
-from gpulab.hang import ladder, watch
+from gpulab.hang.investigation import ladder
+from gpulab.hang.watchdog import watch
 
 CHILD = "gpulab.fixes.child"
 
@@ -68,7 +69,7 @@ class Target:
         """A child that runs the workload once more (without the recorder) and says how long it took; the
         built-in workload also times repeats of its rung for `time_s` seconds and saves its outputs. `python`
         is a fix's interpreter ($GPULAB_PYTHON), or None; it replaces the command's interpreter when that is
-        gpulab's own, as in the ladder's children (gpulab.hang.watch.launch_plan)."""
+        gpulab's own, as in the ladder's children (gpulab.hang.watchdog.watch.launch_plan)."""
         timer = ["-m", CHILD, "--time", str(folder / "time.json"), "--"]
         if self.cfg is not None:
             return [python or sys.executable, *timer, "-m", "gpulab.workloads",

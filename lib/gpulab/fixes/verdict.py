@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 
 VERDICTS = ("baseline", "fixes", "partial", "no_effect", "breaks_numerics", "too_slow", "not_applicable")
@@ -61,16 +61,28 @@ def judge(o: Observed, base: Observed, max_overhead: float = 0.2) -> tuple[str |
     return verdict, runs + cost
 
 
+def _after_fix(in_program: str | None, owner: Mapping[str, Any] | None) -> str:
+    """What follows a fix that works: the program's own bug it works around, the program's own way out where the
+    platform's behaviour meets its code, else the upstream report."""
+    if in_program:
+        return f"; it only works around the program's own bug: {in_program}"
+    if owner and owner.get("kind") == "platform" and owner.get("program"):
+        return f"; or, in the program itself: {owner['program']}"
+    return "; then report the bug upstream with 03's bundle, naming the fix that works"
+
+
 def _cheapest_key(o: Observed) -> tuple:
     return (o.overhead if o.overhead is not None and math.isfinite(o.overhead) else math.inf, len(o.fixes), o.name)
 
 
 def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, stall_s: float,
               untried: Sequence[str] = (), apply_lines: Mapping[str, str] | None = None,
-              in_program: str | None = None) -> tuple[str | None, str]:
+              in_program: str | None = None, owner: Mapping[str, Any] | None = None) -> tuple[str | None, str]:
     """(the cheapest scenario that fixes the failure or None, the next step in a sentence, with the line
     that applies it in the user's own job). in_program: why the baseline's failure is the program's own bug
-    (classify.program_cause), where no fix works the next step points there instead of upstream."""
+    (classify.program_cause), where no fix works the next step points there instead of upstream, and a fix
+    that works only works around it. owner (gpulab.hang.owner's dict): the platform's behaviour meeting the
+    program's code has a way out in the program too, said beside the fix."""
     base = next((o for o in observed if not o.fixes), None)
     by = dict(zip((o.name for o in observed), verdicts))
     fixing = [o for o in observed if by.get(o.name) == "fixes"]
@@ -83,8 +95,7 @@ def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, s
         line = (apply_lines or {}).get(best.name)
         return best.name, (f"{what} fixes it ({best.failures}/{best.trials} failed, baseline "
                            f"{base.failures if base else '?'}/{base.trials if base else '?'}) {cost}"
-                           + (f"; apply with: {line}" if line else "")
-                           + "; then report the bug upstream with 03's bundle, naming the fix that works")
+                           + (f"; apply with: {line}" if line else "") + _after_fix(in_program, owner))
     if base is None or not base.trials:
         return None, "the baseline did not run: nothing can be compared"
     if base.failures == 0:

@@ -11,7 +11,8 @@ from gpulab import report
 from gpulab.fixes import registry
 from gpulab.fixes.matrix import MatrixConfig
 from gpulab.fixes.outcome import MatrixResult, ScenarioResult, rows
-from gpulab.hang import faults, ladder
+from gpulab.hang import faults
+from gpulab.hang.investigation import ladder
 from gpulab.workloads import WorkloadConfig
 
 COLOURS = {"baseline": "#eaeef2", "fixes": "#aceebb", "partial": "#fff1b8", "no_effect": "#ffffff",

@@ -19,9 +19,12 @@ Spec grammar (`--fault SPEC`, the notebooks' `fault` parameter)::
 Examples: ``deadlock:aten.mm@2,gil=released``, ``segfault:aten.addmm``, ``slow:aten.bmm,seconds=0.5``,
 ``nan:aten._softmax``, ``spin:aten.mm@3``, ``libload``.
 
-`plant(spec)` is called by `python -m gpulab.trace --fault SPEC` in the child, before the op recorder is
-installed, so the fault's dispatch mode sits below the recorder: the recorder logs the op start, then the
-op reaches the fault. Every planted fault announces itself on stderr so a report can mark it as planted.
+The watchdog plants a fault by name, as the recorder knows no fault (it sits below gpulab.hang):
+`child_env(env, spec)` puts the spec in $GPULAB_FAULT and `plant_from_env` first in $GPULAB_PRELOAD, which the
+recorded child (`python -m gpulab.trace`) calls before the scenario's fixes and before the op recorder is
+installed, so the fault's dispatch mode sits below the recorder: the recorder logs the op start, then the op
+reaches the fault. Only the watched root plants it (the variable is dropped once read, so its own children do
+not). Every planted fault announces itself on stderr so a report can mark it as planted.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpulab import proc
+from gpulab.trace import preload
 
 KINDS = ("deadlock", "segfault", "slow", "nan", "error", "spin", "libload")
 _KEYS: Mapping[str, Mapping[str, Any]] = {
@@ -49,6 +53,8 @@ _KEYS: Mapping[str, Mapping[str, Any]] = {
 }
 _GIL_CHOICES = ("held", "released")
 PLANTED_MARK = "gpulab.faults: planted"
+ENV = "GPULAB_FAULT"                          # the spec the watched root plants
+PLANTER = "gpulab.hang.faults:plant_from_env"  # named in $GPULAB_PRELOAD (gpulab.trace.preload.ENV)
 DATA = Path(__file__).resolve().parent / "native"
 
 
@@ -265,6 +271,22 @@ def plant(spec: str | FaultSpec | None) -> FaultSpec | None:
     _ACTIVE.append(mode)
     _announce(fs, f"armed: call {fs.nth} of {fs.op}")
     return fs
+
+
+def child_env(env: Mapping[str, str], spec: FaultSpec) -> dict[str, str]:
+    """`env` with the fault named for the recorded child: the spec in $GPULAB_FAULT, its planter first in
+    $GPULAB_PRELOAD (below whatever the caller put there, the scenario's fixes)."""
+    out = dict(env)
+    rest = [x for x in out.get(preload.ENV, "").split(",") if x.strip() and x.strip() != PLANTER]
+    out[preload.ENV] = ",".join([PLANTER, *rest])
+    out[ENV] = str(spec)
+    return out
+
+
+def plant_from_env() -> FaultSpec | None:
+    """The recorded child's planter (named in $GPULAB_PRELOAD): plants $GPULAB_FAULT and drops the variable,
+    so the processes the program starts do not plant it again."""
+    return plant(os.environ.pop(ENV, None))
 
 
 def planted_from_stderr(text: str) -> list[str]:

@@ -43,6 +43,11 @@ _LIBRARY_LIBS = {"libtorch": "PyTorch", "libc10": "PyTorch", "libshm": "PyTorch"
                  "libnvrtc": "NVRTC", "libnvjitlink": "nvJitLink"}
 _DRIVER_LIBS = {"libcuda.so": "the NVIDIA driver (libcuda)", "libhsa-runtime": "the ROCm runtime (HSA)",
                 "libhsakmt": "the ROCm kernel driver interface"}
+# the driver calls a host is stuck in when a kernel's first launch waits for its module to load (lazy loading) or
+# the launch waits for the kernels already running: the platform's behaviour meeting the program's kernels
+_DRIVER_API = re.compile(r"^(cu|cuda|hip|hsa)[A-Z_]\w*$")
+_LOAD_OR_LAUNCH = re.compile(r"^(cu|cuda|hip)(LaunchKernel\w*|LaunchCooperativeKernel\w*|ModuleLaunchKernel\w*|"
+                             r"ModuleLoad\w*|ModuleGetFunction|LibraryLoad\w*|LibraryGetKernel|KernelGetFunction)$")
 _FRAME = re.compile(r"(?P<func>.*) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
 _TB = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 _REGISTER = re.compile(
@@ -58,6 +63,7 @@ class Owner:
     kind: str        # program | library | platform | unknown
     where: str       # the place, as a person looks it up: prog.py:12 in f, aten.mm (PyTorch), an Xid line
     why: str         # the evidence it rests on, in words
+    program: str = ""   # where the platform's behaviour meets the program's code: the program's own way out
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -68,7 +74,8 @@ class Owner:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Owner | None":
-        return cls(d["kind"], d.get("where") or "", d.get("why") or "") if d and d.get("kind") else None
+        return (cls(d["kind"], d.get("where") or "", d.get("why") or "", d.get("program") or "")
+                if d and d.get("kind") else None)
 
 
 # ------------------------------------------------------------------------------------ where code lives
@@ -211,6 +218,47 @@ def native_library(native: Sequence[capture.Thread]) -> tuple[str, str] | None:
     return None
 
 
+def blocked_driver_call(v: Mapping[str, Any], native: Sequence[capture.Thread]) -> str | None:
+    """The driver call the host thread is stuck in: the verdict's own (driver_call, host_blocked_in's api), else
+    the innermost driver API frame on the main thread's native stack."""
+    said = v.get("driver_call") or (v.get("host_blocked_in") or {}).get("api")
+    if said:
+        return str(said)
+    main = classify.main_thread(native)
+    for f in (main.frames[:30] if main else ()):
+        name = f.split(" (", 1)[0].strip()
+        if _DRIVER_API.match(name):
+            return name
+    return None
+
+
+def load_or_launch(v: Mapping[str, Any], native: Sequence[capture.Thread], op: Mapping[str, Any],
+                   py: Sequence[tuple[str, str, str]]) -> Owner | None:
+    """A hang with the host stuck in a kernel launch or a module load: the platform's behaviour (lazy loading
+    serialises a kernel's first launch behind the kernels already running) meeting the program's code (kernels
+    that rely on running at once). Both are said; the program's part names its line."""
+    if v.get("status") not in ("hang", "timeout") or v.get("class") in ("collective", "rank_stuck"):
+        return None   # a collective's launch waits for the peers, not for a module
+    api = blocked_driver_call(v, native)
+    if not api or not _LOAD_OR_LAUNCH.match(api):
+        return None
+    mine = _first(py, ("program",))
+    site = op.get("call_site") or (short(mine[1][1], mine[1][2], mine[1][0]) if mine else None)
+    inside = f" inside {op.get('name')}" if op.get("name") else ""
+    at = f" at {site}" if site else ""
+    loading = "ModuleLoad" in api or "LibraryLoad" in api or "GetFunction" in api or "GetKernel" in api
+    return Owner("platform", f"the driver's lazy module loading ({api}{inside}), meeting the program's code{at}",
+                 f"the host is stuck in the driver's {api}{inside}: "
+                 + ("a kernel's module is loaded on its first use" if loading else "a kernel's first launch loads its "
+                    "module")
+                 + " and waits for the kernels already running (lazy loading, CUDA_MODULE_LOADING=LAZY, the default "
+                 "since CUDA 12.2, serialises it), while the program relies on two kernels running at once (one "
+                 "waits for work only the other does)",
+                 f"load the kernel launched{at} before the one that waits for it starts (run it once first, e.g. in "
+                 f"a warm-up step), or do not make one kernel wait for another: CUDA does not promise that two "
+                 f"kernels run at once")
+
+
 # ------------------------------------------------------------------------------------ registrations
 
 def registrations(sources: Mapping[str, str]) -> dict[str, str]:
@@ -269,6 +317,11 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
                      "node') on a consumer RDNA1/RDNA2 card, where ROCm's known faults of this kind are the driver's "
                      "and the runtime's (rule rdna_rocm_memory_faults)")
 
+    py = _frames(capture.parse_python(stacks.get("python") or "")
+                 if isinstance(stacks.get("python"), str) else stacks.get("python") or ())
+    native = capture.parse_native(stacks.get("native") or "", v.get("pid")) \
+        if isinstance(stacks.get("native"), str) else tuple(stacks.get("native") or ())
+
     # 2. a job: the cross-process rules already say whose it is
     if cls in ("collective_mismatch", "worker_stuck", "uneven_inputs", "skipped_collective"):
         row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), {})
@@ -288,6 +341,11 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
                                                                                                 "collective"):
             return Owner("program", f"{row.get('role')}: {row.get('frame') or 'its own code'}",
                          "the stuck rank runs the program's own code, with no op or collective open")
+
+    # 2b. the host is stuck in a kernel launch or a module load: the platform's loading meets the program's kernels
+    loaded = load_or_launch(v, native, op, py)
+    if loaded is not None:
+        return loaded
 
     # 3. a kernel launched outside the dispatcher is the in-flight record (compiled code's Triton launches)
     kern = kernel_owner(v, registered)
@@ -315,11 +373,7 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
                          f"compute-sanitizer found the faulting access in kernel {kernel}, defined in the program's "
                          f"own sources ({short(place)})")
 
-    py = _frames(capture.parse_python(stacks.get("python") or "")
-                 if isinstance(stacks.get("python"), str) else stacks.get("python") or ())
     tb = traceback_frames(stderr)
-    native = capture.parse_native(stacks.get("native") or "", v.get("pid")) \
-        if isinstance(stacks.get("native"), str) else tuple(stacks.get("native") or ())
 
     # 4. the op's input was rejected by the kernel that checked it: the program made that input
     if cls in INPUT_CLASSES:
@@ -448,5 +502,8 @@ def next_step(o: Owner | Mapping[str, Any] | None) -> str | None:
     if o.kind == "library":
         return (f"the fault is in {o.where}: report it upstream with 03's verified repro and bundle.zip "
                 f"(today's behaviour), and the workaround if 04 found one")
+    if o.program:
+        return (f"the platform's behaviour meets the program's code: {o.where} ({o.why}); apply the fix registry's "
+                f"setting for it (gpulab fixes --scenario auto tries it), or, in the program: {o.program}")
     return (f"the platform: {o.where}; apply the fix registry's settings for this platform (gpulab fixes "
             f"--scenario auto tries them) and check the driver, firmware and hardware ({o.why})")

@@ -1,6 +1,6 @@
 """What the watchdog saw -> the verdict (DESIGN.md's contract). Pure: plain data in, plain data out.
 
-The watchdog (`gpulab.hang.watch`) gathers an `Observation` (how the run ended, the op log, the stacks,
+The watchdog (`gpulab.hang.watchdog.watch`) gathers an `Observation` (how the run ended, the op log, the stacks,
 stderr); `judge` turns it into a `Verdict`, so the verdict logic is tested on recorded inputs without
 running anything. The sync line lies: when earlier ops finished on the host but their GPU work never
 completed, the earliest of them is the op in flight and the op the host waits in is reported apart.
@@ -57,7 +57,7 @@ class Verdict:
     # the fixes whose declared evidence this verdict shows (gpulab.fixes.answers.suggest): {"fix", "because",
     # "facts", "apply"}; what the report tells the user to try, and what `gpulab fixes --scenario auto` runs first
     suggested: tuple[dict, ...] = ()
-    # a job of several processes (gpulab.hang.job): the per-process table, the first divergence of a process
+    # a job of several processes (gpulab.hang.jobs.job): the per-process table, the first divergence of a process
     # group's collectives ({"group", "seq", "op", "waiting", "missing", "instead", "mismatch"}), and the role of
     # the process the finding names
     processes: tuple[dict, ...] = ()
@@ -68,7 +68,7 @@ class Verdict:
     owner: dict | None = None
     memcheck: dict | None = None
     # `gpulab watch --on-stall keep`: every stall seen ({"t", "for_s", "where", "recovered", "pause", "window",
-    # "capture"}), bounded (gpulab.hang.stalls.kept); and a signal the watchdog passed on to the job
+    # "capture"}), bounded (gpulab.hang.watchdog.stalls.kept); and a signal the watchdog passed on to the job
     stalls: tuple[dict, ...] = ()
     interrupted: dict | None = None
 

@@ -37,8 +37,8 @@ Each is judged with the same ratio rule against fp64 gold and the working-dtype 
 
 Modules, by job: `cases` (Case, the case sets, seeded inputs), `rule` (fp64 gold, baselines, the ratio
 rule; pure), `diagnose` (error maps, tile heatmaps, worst elements, the bug named; pure), `check` (running
-candidates in process or in a warm worker child with a deadline per case, OracleReport, notebook 05's Gate),
-`pool` (the warm worker: compute-only jobs one at a time in one persistent child, a lost one replaced), `candidates`
+candidates in process, OracleReport, notebook 05's Gate), `pooled` (the same in warm worker children, a deadline
+per case), `gate` (notebook 05's gate: in process or pooled), `gpulab.pool` (the warm worker: compute-only jobs one at a time in one persistent child, a lost one replaced), `candidates`
 (the registry of implementations), `scope` (what 05 judges for a workload: a user program only when 02 saw it
 call attention, or could not tell), `view` (tables and figures). `python -m gpulab.pool` is the worker;
 `python -m gpulab.oracle` checks candidates in one process of its own (by hand, or a fixes test's entry point).
@@ -47,11 +47,12 @@ from __future__ import annotations
 
 from gpulab.oracle import candidates, view
 from gpulab.oracle.cases import CASE_SETS, DISTS, MASKS, Case, case_set, make_inputs, resolve_dtypes
-from gpulab.oracle.check import (GATE_FILE, CaseResult, Gate, OracleReport, check, check_isolated, check_many,
-                                 finding, gate, isolated)
+from gpulab.oracle.check import GATE_FILE, CaseResult, Gate, OracleReport, check, check_many, finding
 from gpulab.oracle.diagnose import (PRIORITY, Finding, across_cases, error_map, explain, spatial_findings,
                                     tile_heatmap, tile_heatmap_2d, worst_elements)
 from gpulab.oracle.errors import CandidateError, OracleError
+from gpulab.oracle.gate import gate
+from gpulab.oracle.pooled import check_isolated, isolated
 from gpulab.oracle.rule import ORDERS, RuleResult, gold_and_baselines, reference, rule
 from gpulab.oracle.scope import Scope, scope_for
 

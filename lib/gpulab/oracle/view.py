@@ -209,10 +209,10 @@ def show_finding(gate) -> None:
 def show_failures(gate, max_cases: int = 12) -> None:
     """For each failing candidate: the reason, its failing cases, the failure figure and the worst elements;
     then the ratio distribution of every candidate (for an all-pass gate, the only figure there is)."""
+    if not gate.applies:   # before matplotlib's import: a notebook that does not apply ends in a second
+        return
     import matplotlib.pyplot as plt
     from IPython.display import Markdown, display
-    if not gate.applies:
-        return
     for rep in gate.failing:
         display(Markdown(f"### {rep.candidate}\n{rep.summary()['reason']}"))
         if rep.error:  # the check itself did not finish (hang, crash): no cases to show

@@ -1,14 +1,14 @@
 """Run a Python program under the recorder, exactly as `python` would run it.
 
   python -m gpulab.trace --log LOG [--mode ops|sync|gpu|stats|auto] [--gpu-mechanism M] [--faulthandler FILE]
-                         [--fault SPEC] [--capacity N] [--follow DIR] [--dynamo eager|lazy]
+                         [--capacity N] [--follow DIR] [--dynamo eager|lazy]
                          -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])
 
 Order matters (the watchdog relies on it): the heartbeat starts first ($GPULAB_BEAT, gpulab.beat), so
 Python that computes before the first op is told from a host spinning in a driver call; the log exists
 (header written) before torch is imported, so a hang while loading libraries is seen as phase `startup`;
-a planted fault's dispatch mode is pushed before the recorder, so the recorder (outermost) writes the op's
-record before the fault blocks inside it.
+what $GPULAB_PRELOAD names runs before the recorder is installed (gpulab.trace.preload: a planted fault, then
+the scenario's fixes), so the recorder (outermost) writes the op's record before a fault blocks inside it.
 
 torch._dynamo is imported when the program imports it, as without the recorder, not by the recorder's first
 op (gpulab.trace.lazydynamo; 1.7 s of a 5 s recorded forward run on a 2-core CPU); `--dynamo eager` imports
@@ -22,14 +22,13 @@ import os
 import sys
 
 from gpulab import beat, program
-from gpulab.hang import faults
 from gpulab.trace import gpu, lazydynamo, preload, recorder, ring  # no torch yet
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" not in argv:
         raise SystemExit("usage: python -m gpulab.trace --log LOG [--mode MODE] [--faulthandler FILE] "
-                         "[--fault SPEC] -- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])\n"
+                         "-- (SCRIPT.py [ARGS...] | -m MODULE [ARGS...])\n"
                          "error: missing '--' before the target program")
     i = argv.index("--")
     p = argparse.ArgumentParser(prog="python -m gpulab.trace")
@@ -38,7 +37,6 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--gpu-mechanism", default=None, choices=gpu.PREFERENCES,
                    help="force how GPU progress is tracked in auto/gpu mode (default: the mode's own)")
     p.add_argument("--faulthandler", default=None)
-    p.add_argument("--fault", default=None)
     p.add_argument("--capacity", type=int, default=None)
     p.add_argument("--follow", default=None, metavar="DIR",
                    help="record the program's Python child processes too, each into DIR (gpulab.trace.follow)")
@@ -69,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
     if ns.dynamo == "lazy":
         lazydynamo.defer()
-    if ns.fault:
-        faults.plant(ns.fault)
-    preload.run()  # the scenario's fixes ($GPULAB_PRELOAD names their installer): above a planted fault, below the recorder
+    preload.run()  # what the parent named ($GPULAB_PRELOAD): a planted fault, then the scenario's fixes; below the recorder
     rec = recorder.Recorder(ns.log, ns.mode, create_log=False, gpu_mechanism=ns.gpu_mechanism)
     rec.install()
     if ns.follow:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpulab import report
-from gpulab.hang import classify
+from gpulab.trace import firstnan, vocab
 from gpulab.trace.ring import OpRecord, Snapshot
 
 
@@ -119,7 +119,7 @@ KINDS_ORDER = ("gemm", "attention", "layout", "sync", "collective", "other")
 
 def op_category(name: str) -> str:
     """The lane an op is drawn in: what kind of work it is (gemm, attention/softmax, layout/copy, ...)."""
-    kind = classify.op_kind(name)
+    kind = vocab.op_kind(name)
     return {"softmax": "attention", None: "other"}.get(kind, kind)
 
 
@@ -202,7 +202,9 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: st
     if not checked:
         nan = "NaN/Inf not checked"
     else:
-        nan = f"first op to produce NaN/Inf: {bad.name}" if bad else "no op produced NaN/Inf"
+        nan = ((firstnan.sentence(firstnan.read(getattr(stats_rec, "log", None)))
+                or f"first op to produce NaN/Inf: {bad.name}")
+               if bad else "no op produced NaN/Inf")
     open_op, last = _where(rec)
     if rec.ok:
         counted = f"{started} ops recorded" if snap is not None else "no op log kept"
@@ -226,7 +228,8 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: st
                    overhead_us_per_op=per_op, mode_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
                    first_nonfinite_seq=bad.seq if bad else None, nonfinite_checked=checked,
                    in_flight_op=open_op.name if open_op else None, last_op=last.name if last else None, log=log,
-                   processes=getattr(rec, "processes", 0), process_ops=getattr(rec, "process_ops", 0))
+                   processes=getattr(rec, "processes", 0), process_ops=getattr(rec, "process_ops", 0),
+                   **(firstnan.metrics(getattr(stats_rec, "log", None), stats_rec.snapshot) if bad else {}))
     return headline, metrics
 
 
@@ -300,6 +303,9 @@ def nonfinite_note(stats_rec: Any, note: str = "") -> str:
     else:
         text = (f"**First op to produce NaN/Inf:** {report.code(bad.name)} (op {bad.seq}) at "
                 f"{report.code(bad.call_site)}, inputs {report.code(_args_brief(bad.args))}.")
+        why = firstnan.sentence(firstnan.read(getattr(stats_rec, "log", None)))   # its line, pass and cause
+        if why:
+            text += f" **Why:** {report.esc(why)}."
     return f"{text} {note}".strip()
 
 

@@ -85,6 +85,9 @@ def make_mode(rec):
     args_slow, args_miss = t.args_slow, t.args_miss
 
     compute_stats = opstats.stats_writer(mm, torch, state)
+    # stats mode: each op's line and pass, for the first NaN's record beside the log
+    nan_watch = (opstats.first_nan_watch(torch, t, rec.log)
+                 if mode_name == "stats" and getattr(rec, "log", None) is not None else None)
 
     # ------------------------------------------------------------------ counters and views
     # bound methods and module constants as closure cells: a cell read is cheaper than a global or attribute
@@ -124,7 +127,7 @@ def make_mode(rec):
     start_gpu, gpu_mark = gpumarks.gpu_marks(rec, torch, hot, intern, track_gpu, mv_q, mv_h)
 
     # ------------------------------------------------------------------ after the op (modes beyond ops)
-    def after(token: int, func, out) -> None:
+    def after(token: int, func, out, args=()) -> None:
         """GPU marker, sync or stats for the op `token` (seq << 8 | device + 2) that just returned."""
         if track == _TRACK_WAIT_CUDA and cuda_mod._initialized:
             start_gpu()
@@ -136,8 +139,11 @@ def make_mode(rec):
             if cuda_mod._initialized:
                 cuda.synchronize()
         elif track == _TRACK_STATS:
+            if nan_watch is not None:
+                nan_watch.note(func)
             if id(func) not in uninitialized:  # empty() holds garbage: NaNs there are not a fault
-                compute_stats(out, slots + (seq % cap) * slot_size, seq)
+                if compute_stats(out, slots + (seq % cap) * slot_size, seq) and nan_watch is not None:
+                    nan_watch.first(func, args, out, seq)
 
     # ------------------------------------------------------------------ composite records (SDPA)
     def begin(name: bytes, args, kind: int, site: int) -> tuple[int, int]:
@@ -312,7 +318,7 @@ def make_mode(rec):
                 mv_q[i_completed] = next_done()
                 raise
             if track and (track != WAIT or cuda_mod._initialized):
-                after(seq << 8 | ((-1 if func in no_gpu_work else sig[1]) + 2), func, out)
+                after(seq << 8 | ((-1 if func in no_gpu_work else sig[1]) + 2), func, out, args)
             mv_d[iq + i_tend] = now()
             mv_q[i_completed] = next_done()
             return out
@@ -333,7 +339,7 @@ def make_mode(rec):
                 hot_fail(token)
                 raise
             if track and (track != WAIT or cuda_mod._initialized):
-                after(token, func, out)
+                after(token, func, out, args)
             hot_end(token)
             return out
 

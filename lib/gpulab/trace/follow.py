@@ -175,6 +175,9 @@ def note_dist(dist: Any) -> None:
         pass
 
 
+_recorder.ON_DIST_INIT.append(note_dist)   # the recorder tells it after init_process_group
+
+
 def _meta(how: str, own: dict[str, str]) -> dict:
     argv = list(getattr(sys, "orig_argv", sys.argv))
     env_role = {k.lower(): os.environ[k] for k in ROLE_ENV if k in os.environ} if how != "fork" else {}

@@ -2,7 +2,8 @@
 profiler's GPU times (gpulab.trace.profile) and the stats-mode NaN/Inf recording (gpulab.trace.run). They
 are independent children that only count and check, so side by side they cost the longer of the two, not
 the sum (each pays interpreter, torch and device start-up). The recording-cost measurement is not one of
-them: it times, so it runs alone, after both have been collected."""
+them: it times, so it runs alone, after both have been collected, and only on the built-in workload
+(`recording_cost`)."""
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,3 +45,23 @@ def start(first: Any, cfg: Any, out_dir: str | Path, *, timeout_s: float = 300.0
     finally:
         pool.shutdown(wait=False)   # the threads end with their runs
     return FollowUps(gpu, stats)
+
+
+NOT_TIMED = ("**Recording cost not measured:** for a user program, one recorded run has no unrecorded twin to "
+             "compare with, and timing the recorder would mean running the program again and again (minutes for "
+             "a short script); `benchmarks/bench_trace_overhead.py` and `gpulab.trace.userbench` measure it on "
+             "the built-in workload and on a script, as users run them.")
+
+
+def recording_cost(first: Any, cfg: Any, *, mode: str, repeats: int, out_dir: str | Path,
+                   stall_s: float | None = None) -> tuple[Any, str]:
+    """02's recording-cost table -> (DataFrame or None, a sentence). Only the built-in workload is timed, in
+    one child that builds its model once and interleaves the modes; a user's program is never run again
+    just to time the recorder (each variant would pay the whole program, start-up included, `repeats` times,
+    and the figure would be start-up divided by ops, not a cost per op)."""
+    from gpulab.trace import run
+    from gpulab.workloads import WorkloadConfig
+
+    if first.ok and (not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin"):
+        return None, NOT_TIMED
+    return run.measure_overhead(first, cfg, mode=mode, repeats=repeats, out_dir=out_dir, stall_s=stall_s)

@@ -1,4 +1,4 @@
-"""Whether a watched child is still making progress: the one rule the watchdog (gpulab.hang.watch) and 02's
+"""Whether a watched child is still making progress: the one rule the watchdog (gpulab.hang.watchdog.watch) and 02's
 recordings (gpulab.trace.run) share, so that both call the same run a hang.
 
 Progress, poll by poll:
@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
@@ -32,6 +32,8 @@ from gpulab import beat, proc
 from gpulab.trace.ring import progress as log_progress
 
 POLL_S = 0.1
+STALL_S = 30.0      # the default stall window: every command (watch, ladder, bisect, fixes, run) and notebook
+                    # (`stall_s`) starts from it; above a usual step and checkpoint, below a user's patience
 SPIN_WINDOWS = 4    # stall windows of weak progress only (CPU, no bytecode) before it is a hang
 SPIN_SHARE = 0.2    # weak progress: the main thread busy at least this share of the time (a polling loop is ~1%)
 STRONG, WEAK, NONE = 2, 1, 0
@@ -214,11 +216,14 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeout_s: float, t0: float,
-         poll_s: float = POLL_S) -> tuple[str | None, float | None]:
-    """Poll until the child ends (None, None), makes no progress for stall_s, or only weak progress for
-    SPIN_WINDOWS x stall_s ('hang', seconds from t0 to the last progress seen), or runs past timeout_s
-    ('timeout', None). stall_s None: no stall detection."""
+def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeout_s: float | None, t0: float,
+         poll_s: float = POLL_S, each_poll: Callable[[float], None] | None = None) -> tuple[str | None, float | None]:
+    """The stall rule, the one place it is written (02's recordings and the watchdog both call it): poll until
+    the child ends (None, None), makes no progress for stall_s, or only weak progress for SPIN_WINDOWS x
+    stall_s ('hang', seconds from t0 to the last strong progress), or runs past timeout_s ('timeout', None).
+    stall_s None: no stall detection; timeout_s None: no deadline. each_poll(monotonic time of the last
+    progress) runs between polls, so a caller serves its own duties there (the watchdog's status file, the job
+    folder's bounds, a signal)."""
     last = strong = t0
     while child.poll() is None:
         now = time.monotonic()
@@ -227,9 +232,11 @@ def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeou
             last = now
         if level == STRONG:
             strong = now
+        if each_poll is not None:
+            each_poll(last)
         if stall_s is not None and (now - last > stall_s or now - strong > SPIN_WINDOWS * stall_s):
             return "hang", strong - t0
-        if now - t0 > timeout_s:
+        if timeout_s is not None and now - t0 > timeout_s:
             return "timeout", None
         time.sleep(poll_s)
     return None, None

@@ -2,19 +2,22 @@
 the op's outputs (tensor math per op, a host sync on CUDA); the recorder only decides when it runs."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from gpulab.trace.ring import _OFF_FLAGS, _OFF_NONFINITE, _OFF_STATS, _STATS, F_NONFINITE, F_STATS, _q
 
 
-def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], None]:
-    """compute_stats(out, off, seq) for slot `off` of op `seq`; state["nonfinite_set"] is the log's first NaN/+Inf."""
+def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], bool]:
+    """compute_stats(out, off, seq) for slot `off` of op `seq` -> whether it is the log's first NaN/+Inf
+    (state["nonfinite_set"])."""
     Tensor = torch.Tensor
     pack_q = _q.pack_into
 
-    def compute_stats(out, off: int, seq: int) -> None:
+    def compute_stats(out, off: int, seq: int) -> bool:
         """min/max/mean and NaN/+Inf/-Inf counts of floating outputs. Only NaN or +Inf flag an op: -Inf is
-        how attention masks are written (scalar_tensor(-inf), where(mask, 0, -inf)), not a fault."""
+        how attention masks are written (scalar_tensor(-inf), where(mask, 0, -inf)), not a fault. True for the
+        log's first NaN/+Inf (its cause is looked for then)."""
         ts = [out] if isinstance(out, Tensor) else [x for x in out if isinstance(x, Tensor)] \
             if isinstance(out, (list, tuple)) else []
         mn, mx, tot, cnt, nan, inf, ninf = float("inf"), float("-inf"), 0.0, 0, 0, 0, 0
@@ -33,12 +36,121 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
             nan += n_nan; inf += n_inf; ninf += n_ninf
             seen = True
         if not seen:
-            return
+            return False
         bad = bool(nan or inf)
         _STATS.pack_into(mm, off + _OFF_STATS, mn, mx, tot / cnt if cnt else 0.0, nan, inf, ninf)
         mm[off + _OFF_FLAGS] = F_STATS | (F_NONFINITE if bad else 0)
         if bad and not state["nonfinite_set"]:
             state["nonfinite_set"] = True
             pack_q(mm, _OFF_NONFINITE, seq)
+            return True
+        return False
 
     return compute_stats
+
+
+# ---------------------------------------------------------------------------------------------- the first NaN
+
+_FWD_MAX = 1 << 18   # forward nodes remembered for backward (a step's graph; older ones are dropped)
+
+
+def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
+    """The stats mode's memory of where each op ran, for the one op that makes the first NaN/+Inf:
+    `note(func)` after every op counts its calls per (op, caller's code, instruction) (the op's pass: which
+    time that call ran, the training step of a loop's line) and, for a forward op that made an autograd node,
+    maps the node's sequence number to that call, so a NaN first made in backward is named with the forward
+    line that built the node; `first(func, args, out, seq)` then writes the op, its line, its pass and its
+    cause (from its actual inputs) to gpulab.trace.firstnan.path(log), once. Keys hold the op and code
+    objects themselves (t, gpulab.trace.texts' namespace, keeps both alive), never string ids, which a wrap of
+    the string table reuses."""
+    import sys
+    import threading
+
+    from gpulab.trace import firstnan, nancause
+    from gpulab.trace.texts import site_label
+
+    current_node = torch._C._current_autograd_node
+    seq_nr = torch._C._autograd._get_sequence_nr
+    get_ident = threading.get_ident
+    getframe = sys._getframe
+    counts: dict = {}       # (op, code, instruction) -> calls so far
+    fwd: dict = {}          # autograd node sequence number -> (op, code, instruction, pass)
+    last: dict = {}         # thread -> the sequence number after its newest node
+    codes_get, code_kind = t.codes.get, t.code_kind
+
+    def caller() -> Any:
+        """The op's caller: the innermost frame outside torch and the recorder (as the call site's)."""
+        f = getframe(2)
+        while f is not None:
+            d = codes_get(id(f.f_code))
+            if d is None:
+                d = code_kind(f.f_code)
+            if d is not True:
+                return f
+            f = f.f_back
+        return None
+
+    def note(func: Any) -> None:
+        f = caller()
+        key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
+        n = counts.get(key, 0) + 1
+        counts[key] = n
+        if current_node() is None:
+            tid = get_ident()
+            s = seq_nr()
+            if s != last.get(tid):   # this op built the node s - 1 (autograd numbers a node before the kernel)
+                last[tid] = s
+                fwd[s - 1] = (*key, n)
+                if len(fwd) > _FWD_MAX:
+                    for k in list(fwd)[:_FWD_MAX // 2]:
+                        del fwd[k]
+
+    def line(code: Any, lasti: int) -> int | None:
+        for lo, hi, ln in code.co_lines():
+            if lo <= lasti < hi:
+                return ln
+        return None
+
+    def site(code: Any, lasti: int) -> tuple[str | None, str | None]:
+        return (site_label(code, line(code, lasti)), code.co_filename) if code is not None else (None, None)
+
+    def first(func: Any, args: Any, out: Any, seq: int) -> None:
+        try:
+            _write(func, args, out, seq)
+        except Exception as exc:  # noqa: BLE001 - the recording goes on; the reader says the cause is unknown
+            firstnan.write(log, {"seq": seq, "op": str(func), "error": f"{type(exc).__name__}: {exc}"})
+
+    def _write(func: Any, args: Any, out: Any, seq: int) -> None:
+        node = current_node()
+        schema = getattr(func, "_schema", None)
+        written = {i for i, a in enumerate(getattr(schema, "arguments", ()) or ())
+                   if a.alias_info is not None and a.alias_info.is_write}
+        ins = [None if i in written else nancause.facts_of(a) for i, a in enumerate(args)]
+        outs = [nancause.facts_of(x) for x in ([out] if isinstance(out, torch.Tensor) else
+                                               list(out) if isinstance(out, (list, tuple)) else [])
+                if isinstance(x, torch.Tensor) and x.is_floating_point()]
+        o = next((f for f in outs if f.nan or f.posinf), outs[0] if outs else nancause.TensorFacts("?"))
+        try:
+            top = float(torch.finfo(getattr(torch, o.dtype)).max)
+        except (AttributeError, TypeError):
+            top = None
+        why = nancause.cause(str(func), ins, o, top, first=True)
+        rec = {"seq": seq, "op": str(func), "cause": why.to_dict(), "inputs": [f.to_dict() if f else None for f in ins],
+               "written": sorted(written), "output": o.to_dict(), "backward": node is not None}
+        if node is None:
+            f = caller()
+            key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
+            at, file = site(key[1], key[2])
+            rec.update(call_site=at, file=file, **{"pass": counts.get(key)})
+        else:
+            made = fwd.get(node._sequence_nr())
+            rec["backward_node"] = node.name()
+            if made is not None:
+                fop, code, lasti, n = made
+                at, file = site(code, lasti)
+                rec.update(forward_op=str(fop), call_site=at, file=file, **{"pass": n})
+            else:
+                rec.update(forward_op=None, call_site=None, file=None, **{"pass": None})
+        firstnan.write(log, rec)
+
+    return SimpleNamespace(note=note, first=first)

@@ -1,10 +1,11 @@
 """What a recorded child runs before the program, named by its parent in $GPULAB_PRELOAD ("module:function", comma
-separated): the scenario's fixes (gpulab.fixes.install.install_from_env), in the root process and in every
-followed process of a job.
+separated, called in order): a planted fault (gpulab.hang.faults.plant_from_env, first, so the fixes sit above it),
+the scenario's fixes (gpulab.fixes.install.install_from_env), in the root process and in every followed process
+of a job.
 
-Why by name: the recorder sits below gpulab.fixes (the fixes' answers read the watchdog's classifier, which reads
-the recorder's liveness), so it must not import the fixes; the parent that composes them (gpulab.fixes.scenario_env)
-names their installer, and the child only calls it. A name that cannot be imported is an error: a scenario whose
+Why by name: the recorder sits below gpulab.hang and gpulab.fixes in the layer order, so it imports neither; the
+parent that composes them (gpulab.hang.faults.child_env, gpulab.fixes.scenario_env) names what to call, and the
+child only calls it. A name that cannot be imported is an error: a scenario whose
 fixes silently did not install would be judged as if they had."""
 from __future__ import annotations
 

@@ -236,10 +236,14 @@ class Recorder:
 _INSTALLED: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
 
 
-def _note_dist(dist) -> None:
-    from gpulab.trace import follow  # follow imports this module
+# Told, in order, when the program has called init_process_group: gpulab.trace.follow adds its note of the
+# process's rank when it is imported (it imports this module, never the reverse).
+ON_DIST_INIT: list = []
 
-    follow.note_dist(dist)
+
+def _note_dist(dist) -> None:
+    for hook in ON_DIST_INIT:
+        hook(dist)
 
 
 def _leave_forked_child() -> None:

@@ -82,16 +82,16 @@ def _target(cfg_or_command) -> list[str]:
 
 
 def bootstrap_command(cfg_or_command, log: str | os.PathLike, mode: str = "auto",
-                      faulthandler: str | None = None, fault: str | None = None,
+                      faulthandler: str | None = None,
                       gpu_mechanism: str | None = None, follow: str | os.PathLike | None = None) -> list[str]:
     """argv that runs the workload under the recorder (what `record` and the watchdog start). The native
     hot path is built here, on the launcher's side, when it is not built yet (gpulab.trace.native)."""
-    return [sys.executable, *recorder_args(log, mode, faulthandler, fault, gpu_mechanism, follow), "--",
+    return [sys.executable, *recorder_args(log, mode, faulthandler, gpu_mechanism, follow), "--",
             *_target(cfg_or_command)]
 
 
 def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str | os.PathLike | None = None,
-                  fault: str | None = None, gpu_mechanism: str | None = None,
+                  gpu_mechanism: str | None = None,
                   follow: str | os.PathLike | None = None) -> list[str]:
     """`-m gpulab.trace` and its options, up to the `--` (the interpreter is the caller's: the watchdog keeps
     a program's own interpreter and flags). Builds the native hot path on the launcher's side."""
@@ -102,8 +102,6 @@ def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str 
         args += ["--gpu-mechanism", gpu_mechanism]
     if faulthandler:
         args += ["--faulthandler", str(faulthandler)]
-    if fault:
-        args += ["--fault", str(fault)]
     if follow:
         args += ["--follow", str(follow)]
     return args

@@ -1,6 +1,6 @@
 """The recorder's native parts, built once per Python (and torch) and source, loaded if built: the observer
-(observer.cpp + pyframes.c: a RecordFunction callback, the recorder's default where it builds) and the dispatch
-mode's hot path (hotpath.c); both emit GPU markers through gpumark.h.
+(observer.cpp, which includes its parts observer_*.h, and pyframes.c: a RecordFunction callback, the recorder's
+default where it builds) and the dispatch mode's hot path (hotpath.c); both emit GPU markers through gpumark.h.
 
 The observer needs a C++ compiler and torch's headers (in every torch wheel); it is built against the torch
 the program will import, found without importing it (the build asks a child for the C++ ABI flag).
@@ -91,6 +91,12 @@ def _torch_dir() -> Path | None:
     return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
+def observer_sources() -> tuple[Path, ...]:
+    """Every file the observer's build reads from here: observer.cpp includes its parts (observer_*.h, one
+    translation unit, so torch's headers are parsed once), so each part must feed the cache key too."""
+    return (OBSERVER, *sorted(OBSERVER.parent.glob("observer_*.h")), FRAMES, HEADER)
+
+
 def observer_artifact() -> Path | None:
     """Where the observer for this interpreter, this torch build and these sources lives (None: no torch)."""
     tdir = _torch_dir()
@@ -98,8 +104,9 @@ def observer_artifact() -> Path | None:
         return None
     version = (tdir / "version.py")
     stamp = version.read_bytes() if version.exists() else b""
-    digest = hashlib.sha256(OBSERVER.read_bytes() + FRAMES.read_bytes() + HEADER.read_bytes() + sys.version.encode()
-                            + str(tdir).encode() + stamp + " ".join(C_FLAGS + CXX_FLAGS).encode()).hexdigest()[:16]
+    sources = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in observer_sources())
+    digest = hashlib.sha256(sources + sys.version.encode() + str(tdir).encode() + stamp
+                            + " ".join(C_FLAGS + CXX_FLAGS).encode()).hexdigest()[:16]
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return _cache_root() / f"{OBSERVER_MODULE}-{digest}{suffix}"
 

@@ -1,0 +1,100 @@
+"""Figure: what `gpulab compare`'s recorder costs a training step. A GPT-2-small-shaped training step
+(benchmarks/gpt_step.py's model: 12 layers, width 768, 1024 tokens, batch 8, bf16 autocast, AdamW; a tiny size
+on the CPU) timed unrecorded and recorded (gpulab.numerics.record's mode: a fingerprint of every floating
+output, queued on the device, copied to the host a block at a time), side by side in one process: the two
+variants alternate step by step after a warm-up, and each step ends at the loss on the host (the .item() a
+training loop logs). Goal: recorded / unrecorded <= 1.5 on an H100.
+
+  python benchmarks/bench_fingerprint.py --out DIR [--device auto|cpu|cuda] [--steps N] [--warmup N] [--tiny]
+
+Writes DIR/bench_fingerprint.json, prints the table and then one JSON line with the ratio last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "lib"))
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+from gpt_step import GPT  # noqa: E402
+from gpulab.numerics import record  # noqa: E402
+
+GOAL = 1.5
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--tiny", action="store_true", help="a small size (the CPU's default)")
+    a = ap.parse_args()
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
+    tiny = a.tiny or dev == "cpu"
+    cfg = dict(vocab=512, ctx=64, d=64, layers=2, heads=4) if tiny else dict(vocab=50304, ctx=1024, d=768, layers=12,
+                                                                               heads=12)
+    batch = 4 if tiny else 8
+    torch.manual_seed(0)
+    model = GPT(**cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev == "cuda")
+    idx = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
+    tgt = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    fp = record.Fingerprints(os.path.join(tempfile.mkdtemp(prefix="gpulab-fp-"), "bench.jsonl"))
+    mode_cls = record.make_mode(fp)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            loss = model(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        return time.perf_counter() - t0
+
+    def recorded() -> float:
+        with mode_cls():
+            return step()
+
+    samples: dict[str, list[float]] = {"unrecorded": [], "recorded": []}
+    for _ in range(a.warmup):
+        step()
+        recorded()
+    n0 = fp.n
+    recorded()
+    per_step = fp.n - n0
+    for i in range(a.steps):
+        for name in (("unrecorded", "recorded") if i % 2 == 0 else ("recorded", "unrecorded")):
+            samples[name].append(step() if name == "unrecorded" else recorded())
+    fp.close()
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    ratios = [r / u for r, u in zip(samples["recorded"], samples["unrecorded"])]
+    res = {"device": dev, "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
+           "size": "tiny" if tiny else "gpt2-small", "batch": batch, "records_per_step": per_step,
+           "unrecorded_ms": med["unrecorded"] * 1e3, "recorded_ms": med["recorded"] * 1e3,
+           "ratio": med["recorded"] / med["unrecorded"], "ratio_per_pair_median": statistics.median(ratios),
+           "us_per_record": (med["recorded"] - med["unrecorded"]) / max(per_step, 1) * 1e6, "goal": GOAL,
+           "samples_s": samples}
+    (out / "bench_fingerprint.json").write_text(json.dumps(res, indent=1))
+    print(f"{'variant':<12} {'median ms':>10}")
+    for k in ("unrecorded", "recorded"):
+        print(f"{k:<12} {med[k] * 1e3:>10.2f}")
+    print(f"records/step {per_step}, {res['us_per_record']:.1f} us/record, ratio {res['ratio']:.3f} (goal <= {GOAL})")
+    print(json.dumps({k: v for k, v in res.items() if k != "samples_s"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""`gpulab compare`'s work: the reference and the candidate command each run once, recorded with no change to
+the program (every Python process of the run followed, gpulab.trace.follow, which calls this package's
+recorder by name: $GPULAB_PRELOAD), stopped when it stalls (gpulab.trace.liveness); their records judged
+(gpulab.numerics.judge); when they diverge, each side run again up to the diverging op to replay it alone
+against float64 (gpulab.numerics.replay). A run that fails still gives what it recorded: the verdict is then
+`failed`, says which run and where, and compares what both recorded.
+
+`run(ref_cmd, cand_cmd, out_dir, ...) -> Comparison` is the notebook's entry point.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from gpulab import proc, report
+from gpulab.numerics import judge as _judge
+from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INSTALL
+from gpulab.trace import follow, liveness, preload
+from gpulab.trace.run import keep_followed
+
+STATUSES = ("agree", "diverged", "unaligned", "failed")
+ROUNDING_REPLAYS = 4   # ops a replay may find right on both sides (rounding) before the verdict stands as it is
+SIDES = ("reference", "candidate")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One side's run: how it ended and what it recorded."""
+    side: str
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    status: str                      # ok | error | crash | hang | timeout | not_started
+    returncode: int | None
+    elapsed_s: float
+    folder: str
+    records: tuple[dict, ...] = field(default=(), repr=False)
+    why: str = ""                    # not_started: why; otherwise the output's last line
+    output_tail: str = ""
+
+    @property
+    def ops(self) -> int:
+        return sum(1 for r in self.records if r.get("op") != "<input>")
+
+    def to_dict(self) -> dict:
+        return {"command": list(self.command), "env": dict(self.env), "status": self.status,
+                "exit_code": self.returncode, "elapsed_s": round(self.elapsed_s, 3), "folder": self.folder,
+                "records": len(self.records), "ops": self.ops, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    status: str                      # agree | diverged | unaligned | failed
+    summary: str                     # the verdict in one sentence
+    first_divergence: dict | None
+    first_bitwise: dict | None
+    parted: dict | None
+    tolerance: dict | None
+    runs: tuple[Run, Run]
+    replay: dict | None = None
+    rows: tuple[dict, ...] = field(default=(), repr=False)
+    out_dir: str = ""
+    aligned: dict = field(default_factory=dict)
+
+    @property
+    def table(self):
+        """Per aligned op, in the reference's order: its error along the run (`excess`: error over tolerance,
+        for a plot), with `first_divergence` marking the op the verdict names."""
+        import pandas as pd
+
+        df = pd.DataFrame(list(self.rows), columns=["n", "op", "call_site", "pass", "backward", "excess",
+                                                    "max_rel_err", "bitwise_equal"])
+        fd = self.first_divergence or {}
+        df["first_divergence"] = [(r.get("op"), r.get("pass")) == (fd.get("op"), fd.get("pass"))
+                                  and r.get("call_site") == _judge.short(fd.get("call_site")) for r in self.rows]
+        return df
+
+    @property
+    def diverging(self):
+        """The table's rows beyond tolerance, first first."""
+        t = self.table
+        return t[t["excess"] > 1.0]
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "summary": self.summary, "first_divergence": self.first_divergence,
+                "first_bitwise_difference": self.first_bitwise, "parted": self.parted, "tolerance": self.tolerance,
+                "replay": self.replay, "aligned": self.aligned,
+                "runs": {r.side: r.to_dict() for r in self.runs}}
+
+
+def argv_of(command: str | Sequence[str]) -> list[str]:
+    """A command as one string (split as a shell would) or an argv list."""
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if not argv:
+        raise ValueError("an empty command; give the program to run, e.g. 'python train.py'")
+    return argv
+
+
+def read_records(folder: Path) -> tuple[dict, ...]:
+    """The records of the run's busiest process (<pid>.jsonl); a cut last line (a killed run) is dropped."""
+    best: list[dict] = []
+    for p in sorted(Path(folder).glob("*.jsonl")):
+        got = []
+        with open(p) as fh:
+            for line in fh:
+                try:
+                    got.append(json.loads(line))
+                except ValueError:
+                    break
+        if len(got) > len(best):
+            best = got
+    return tuple(best)
+
+
+def run_side(side: str, command: str | Sequence[str], out_dir: Path, *, env: Mapping[str, str] | None = None,
+             timeout_s: float = 600.0, stall_s: float | None = liveness.STALL_S, keep: str | None = None,
+             name: str | None = None) -> Run:
+    """Run one side recorded, in out_dir/<name or side>/ (output.txt, <pid>.jsonl, procs/)."""
+    argv = argv_of(command)
+    folder = Path(out_dir) / (name or side)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    procs = folder / "procs"
+    procs.mkdir()
+    base = {**os.environ, **dict(env or {})}
+    cenv = follow.child_env(base, procs, "ops")
+    cenv[preload.ENV] = ",".join(x for x in (base.get(preload.ENV), INSTALL) if x)
+    cenv[ENV_DIR] = str(folder.resolve())
+    cenv.setdefault("PYTHONUNBUFFERED", "1")
+    if keep:
+        cenv[ENV_KEEP] = keep
+    else:
+        cenv.pop(ENV_KEEP, None)
+    output = folder / "output.txt"
+    try:
+        end = liveness.run(argv, timeout_s=timeout_s, stall_s=stall_s, env=cenv, stdout=output,
+                           stderr=subprocess.STDOUT, follow=procs, label=f"compare {side}")
+    except (proc.CommandNotFound, proc.NotExecutable) as exc:
+        return Run(side, tuple(argv), tuple(sorted((env or {}).items())), "not_started", None, 0.0, str(folder),
+                   why=str(exc))
+    keep_followed(procs)   # each process's op log cut to what it recorded
+    tail = output.read_text(errors="replace")[-3000:] if output.exists() else ""
+    last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+    return Run(side, tuple(argv), tuple(sorted((env or {}).items())), end.status, end.returncode, end.elapsed_s,
+               str(folder), read_records(folder), last, tail)
+
+
+def _ended(r: Run) -> str:
+    if r.status == "not_started":
+        return f"did not start ({r.why})"
+    how = {"error": f"exited with code {r.returncode}", "crash": f"was killed by signal {-(r.returncode or 0)}",
+           "hang": "stalled (no progress) and was stopped", "timeout": "ran out of time and was stopped"}[r.status]
+    return how + (f": {r.why}" if r.why and r.status in ("error", "crash") else "")
+
+
+def _failed(runs: tuple[Run, Run], j: _judge.Judgement | None) -> str:
+    bad = [r for r in runs if r.status != "ok"]
+    parts = []
+    for r in bad:
+        if r.status == "not_started" or not r.records:
+            what = (f"The {r.side} command {_ended(r)}" if r.status == "not_started"
+                    else f"The {r.side} run {_ended(r)} before recording any op")
+        else:
+            last = next((x for x in reversed(r.records) if x.get("op") != "<input>"), r.records[-1])
+            what = f"The {r.side} run {_ended(r)} after {r.ops} recorded op(s), the last {_judge.where(last)}"
+        parts.append(what + ".")
+    if j is not None and all(r.records for r in runs):
+        up = {"agree": "up to there the runs agree", "diverged": "before that " + j.sentence[0].lower() + j.sentence[1:],
+              "unaligned": "what they recorded cannot be aligned"}[j.status]
+        parts.append(up[0].upper() + up[1:] + ("" if up.endswith(".") else "."))
+    return " ".join(parts)
+
+
+def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: str | os.PathLike, *,
+        ref_env: Mapping[str, str] | None = None, cand_env: Mapping[str, str] | None = None,
+        rtol: float | None = None, atol: float | None = None, timeout_s: float = 600.0,
+        stall_s: float | None = liveness.STALL_S, replay: bool = True,
+        log: Callable[[str], Any] | None = None) -> Comparison:
+    """Run both commands recorded and compare them op by op (the reference first). Writes out_dir/compare.json."""
+    from gpulab.numerics import tolerance
+
+    tolerance.check(rtol, atol)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda s: print(f"[gpulab compare] {s}", file=sys.stderr))
+    argvs = (argv_of(ref_cmd), argv_of(cand_cmd))
+    envs = (dict(ref_env or {}), dict(cand_env or {}))
+    runs = []
+    for side, argv, env in zip(SIDES, argvs, envs):
+        say(f"running the {side}: {shlex.join(argv)}")
+        r = run_side(side, argv, out, env=env, timeout_s=timeout_s, stall_s=stall_s)
+        say(f"{side}: {r.status}, {r.ops} ops recorded in {r.elapsed_s:.1f}s")
+        runs.append(r)
+    ref, cand = runs
+    same = argvs[0] == argvs[1] and envs[0] == envs[1]
+    j = _judge.judge(list(ref.records), list(cand.records), rtol=rtol, atol=atol, same_command=same)
+    rep = None
+    if all(r.status == "ok" for r in runs):
+        status, summary = j.status, j.sentence
+        if j.status == "diverged" and replay and j.keep:
+            say("replaying the diverging op alone (each side again, up to that op)")
+            rep = _replay(argvs, envs, out, j, rtol, atol, timeout_s, stall_s)
+            accepted: list[str] = []   # ops both runs compute right: rounding, judged past (at most ROUNDING_REPLAYS)
+            while (rep.get("reference_right") and rep.get("candidate_right") and j.keep
+                   and len(accepted) < ROUNDING_REPLAYS):
+                accepted.append(j.keep[0])
+                j = _judge.judge(list(ref.records), list(cand.records), rtol=rtol, atol=atol, same_command=same,
+                                 rounding=tuple(accepted))
+                status, summary, rep = j.status, j.sentence, {}
+                if j.status == "diverged" and j.keep:
+                    say("that op's difference is rounding; replaying the next diverging op")
+                    rep = _replay(argvs, envs, out, j, rtol, atol, timeout_s, stall_s)
+            rep = rep or None
+            if rep and rep.get("words"):
+                summary = summary.rstrip(".") + "; " + rep["words"] + "."
+            if rep and rep.get("cause"):
+                summary = summary.rstrip(".") + f"; the NaN/Inf's cause: {rep['cause']}."
+    else:
+        status, summary = "failed", _failed((ref, cand), j)
+    res = Comparison(status, summary, j.first_divergence if j else None, j.first_bitwise if j else None,
+                     j.parted if j else None, j.tolerance.to_dict() if j and j.tolerance else None, (ref, cand), rep,
+                     j.rows if j else (), str(out),
+                     {"reference_ops": ref.ops, "candidate_ops": cand.ops, "aligned": j.aligned if j else 0,
+                      "by": j.aligned_by if j else None})
+    if res.first_divergence is not None and rep is not None:
+        res.first_divergence["replay"] = rep
+        if rep.get("cause"):
+            res.first_divergence["cause"] = rep["cause"]
+    elif res.first_divergence is not None and res.first_divergence.get("nan_inf"):
+        res.first_divergence["cause"] = "cause unknown (the op's inputs were not kept)"
+    report.write_json(out / "compare.json", res.to_dict())
+    return res
+
+
+def _replay(argvs, envs, out: Path, j: _judge.Judgement, rtol, atol, timeout_s, stall_s) -> dict:
+    from gpulab.numerics import replay
+
+    dirs = []
+    for side, argv, env, key in zip(SIDES, argvs, envs, j.keep or ("", "")):
+        r = run_side(side, argv, out, env=env, timeout_s=timeout_s, stall_s=stall_s, keep=key,
+                     name=f"{side}.replay")
+        dirs.append(Path(r.folder))
+    try:
+        return replay.judge(dirs[0], dirs[1], rtol, atol)
+    except Exception as exc:  # noqa: BLE001 - the verdict stands without its replay
+        return {"available": False, "words": f"no replay: {type(exc).__name__}: {exc}"[:300]}
+
+
+def finding(c: Comparison) -> tuple[str, dict]:
+    """The notebook's headline and metrics (gpulab.report.record) of a comparison."""
+    fd = c.first_divergence or {}
+    err = fd.get("error") or {}
+    return c.summary, {"status": c.status, "op": fd.get("op"), "call_site": fd.get("call_site"),
+                       "pass": fd.get("pass"), "excess": err.get("excess"), "max_rel_err": err.get("max_rel_err"),
+                       "nondeterministic_op": (c.first_bitwise or {}).get("op"),
+                       "aligned_ops": c.aligned.get("aligned"), "reference_ops": c.aligned.get("reference_ops"),
+                       "candidate_ops": c.aligned.get("candidate_ops")}

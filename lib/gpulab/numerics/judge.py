@@ -1,0 +1,280 @@
+"""The verdict over two runs' records: agree, diverged (naming the op that INTRODUCES the difference: its
+inputs agree within tolerance and its output does not), or unaligned (where the runs part). Pure.
+
+Why inputs are looked up by producer and not by alignment: an input is compared as the record that made it on
+each side, so a difference made where the recorder sees no op (a compiled region's fused kernels, an op only
+one side runs) is still found, and named as that region or that op. Why the first bitwise difference too:
+the same command run twice should give the same bits; the first op that does not is the nondeterministic one,
+even when its difference is within tolerance.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpulab.numerics import align as _align
+from gpulab.numerics import reduction as _reduction
+from gpulab.numerics.figures import Figures, compare
+from gpulab.numerics.names import INPUT
+from gpulab.numerics.tolerance import Tolerance, for_dtypes
+
+GROWS = 10.0   # a difference that reaches this many times its size at the divergence "grows"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    status: str                          # agree | diverged | unaligned
+    sentence: str
+    first_divergence: dict | None = None
+    first_bitwise: dict | None = None    # the first aligned op whose output differs in any bit
+    parted: dict | None = None           # unaligned: where the runs go different ways
+    tolerance: Tolerance | None = None   # the tolerance of the runs' dtypes (per op: the looser of its two)
+    rows: tuple[dict, ...] = field(default=(), repr=False)   # per aligned op: its error along the run
+    aligned: int = 0
+    ref_ops: int = 0
+    cand_ops: int = 0
+    aligned_by: str = "call site"
+    keep: tuple[str, str] | None = None  # the diverging records' keys on each side (what a replay run keeps)
+    rounding: dict | None = None         # the largest difference beyond assert_close's tolerance that is rounding
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "summary": self.sentence, "first_divergence": self.first_divergence,
+                "first_bitwise_difference": self.first_bitwise, "parted": self.parted,
+                "tolerance": self.tolerance.to_dict() if self.tolerance else None,
+                "ops": {"reference": self.ref_ops, "candidate": self.cand_ops, "aligned": self.aligned,
+                        "aligned_by": self.aligned_by}, "largest_rounding": self.rounding}
+
+
+def where(r: dict) -> str:
+    """An op as a person names it: `aten.mul.Tensor at train.py:12 in step (pass 3, backward)`."""
+    what = "the output of code the recorder cannot see (a compiled region)" if r.get("op") == INPUT else r.get("op")
+    return (f"{what} at {short(r.get('site'))} (pass {r.get('pass')}"
+            + (", backward)" if r.get("bwd") else ")"))
+
+
+def short(site: str | None) -> str:
+    """file:line in function, with the file's folder left out (the full path is in the JSON)."""
+    site = site or "?"
+    path, sep, rest = site.partition(":")
+    return (path.rsplit("/", 1)[-1] + sep + rest) if sep else site
+
+
+def _op(r: dict) -> dict:
+    return {"op": r.get("op"), "call_site": r.get("site"), "pass": r.get("pass"), "backward": bool(r.get("bwd")),
+            "output": r.get("out"), "dtype": r.get("dtype"), "shape": r.get("shape"), "record": r.get("i")}
+
+
+def key(r: dict) -> str:
+    """What the recorder's keep-mode matches: op|site|pass|out (gpulab.numerics.record)."""
+    return f"{r.get('op')}|{r.get('site')}|{r.get('pass')}|{r.get('out')}"
+
+
+def _inputs(r: dict, c: dict, R: dict, C: dict, rtol, atol) -> list[tuple[dict | None, dict | None, Figures | None]]:
+    out = []
+    for pr, pc in zip(r.get("in") or (), c.get("in") or ()):
+        rr, cc = R.get(pr), C.get(pc)
+        fig = compare(rr, cc, for_dtypes(rr.get("dtype"), cc.get("dtype"), rtol=rtol, atol=atol)) if rr and cc else None
+        out.append((rr, cc, fig))
+    return out
+
+
+def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol: float | None = None,
+          same_command: bool = False, rounding: tuple[str, ...] = ()) -> Judgement:
+    """ref, cand: every record of each run (gpulab.numerics.record's lines), in order. rounding: the keys (key())
+    of ops a replay found right on both sides: their difference is rounding, and the judgement goes on past them."""
+    R, C = {r["i"]: r for r in ref}, {c["i"]: c for c in cand}
+    ro, co = _align.ops(ref), _align.ops(cand)
+    tol = for_dtypes(*sorted({r.get("dtype") for r in ro} | {c.get("dtype") for c in co}), rtol=rtol, atol=atol)
+    if not ro or not co:
+        empty = "the reference run" if not ro else "the candidate run"
+        return Judgement("unaligned", f"Cannot compare: {empty} recorded no PyTorch op (is it a Python program "
+                         f"that runs PyTorch?).", tolerance=tol,
+                         ref_ops=len(ro), cand_ops=len(co), parted={"reference": None, "candidate": None})
+    al = _align.align(ro, co)
+    base = dict(tolerance=tol, aligned=len(al.pairs), ref_ops=len(ro), cand_ops=len(co), aligned_by=al.by)
+    if not al.aligned:
+        return _unaligned(al, ro, co, base)
+    rows, first, shown, bit, shape = [], None, None, None, None
+    matched_r = {ro[a]["i"] for a, _ in al.pairs}
+    matched_c = {co[b]["i"] for _, b in al.pairs}
+    judged_r, judged_c = set(), set()     # aligned ops already judged: a difference they pass on is not new
+    explained: list[tuple] = []           # beyond assert_close's tolerance, but rounding: (n, r, c, figures, how)
+    accepted = set(rounding)
+    for n, (a, b) in enumerate(al.pairs):
+        r, c = ro[a], co[b]
+        tol_rc = for_dtypes(r.get("dtype"), c.get("dtype"), rtol=rtol, atol=atol)
+        plain = fig = compare(r, c, tol_rc)
+        if plain.comparable and not plain.within:
+            slack = _slack(r, c, R, C, tol_rc.rtol)
+            if slack:
+                fig = compare(r, c, tol_rc, slack)
+        rows.append({"n": n, "op": r.get("op"), "call_site": short(r.get("site")), "pass": r.get("pass"),
+                     "backward": bool(r.get("bwd")), "excess": fig.excess, "max_rel_err": fig.max_rel_err,
+                     "bitwise_equal": fig.bitwise, "plain_excess": plain.excess})
+        if not fig.comparable:
+            shape = shape or (r, c, fig)
+            continue
+        if bit is None and not fig.bitwise:
+            bit = (r, c, fig)
+        if first is None and not plain.within:
+            if fig.within:
+                explained.append((n, r, c, plain, f"within its allowance for a {max(r.get('k') or 1, c.get('k') or 1)}"
+                                                  f"-term reduction's rounding"))
+            elif key(r) in accepted:
+                explained.append((n, r, c, plain, "both runs compute it right for their dtype, replayed against "
+                                                  "float64"))
+            else:
+                ins = _inputs(r, c, R, C, rtol, atol)
+                if all(f is None or f.within for _, _, f in ins):
+                    first = (n, r, c, fig, ins, None, "reference")
+                elif all(f is None or f.within or (rr["i"] in judged_r and cc["i"] in judged_c) for rr, cc, f in ins):
+                    explained.append((n, r, c, plain, "passed on from its inputs' rounding"))
+                elif shown is None:
+                    shown = (n, r, c, fig, ins)
+        judged_r.add(r["i"])
+        judged_c.add(c["i"])
+    if first is None and shown is not None:
+        first = _unseen(shown, matched_r, matched_c)
+    if first is None and shape is not None:
+        r, c, fig = shape
+        return Judgement("unaligned", f"The runs part at {where(r)}: the same op gives shape {r.get('shape')} in "
+                         f"the reference and {c.get('shape')} in the candidate.", rows=tuple(rows),
+                         parted={"reference": _op(r), "candidate": _op(c), "why": fig.why}, **base)
+    bitwise = _bitwise_dict(bit)
+    largest = _largest_rounding(explained)
+    base["rounding"] = largest
+    if first is None:
+        end = _end([x["plain_excess"] for x in rows])
+        if explained and end > 1.0:
+            n, r, c, plain, how = explained[0]
+            div, _ = _divergence((n, r, c, plain, _inputs(r, c, R, C, rtol, atol), None, "reference"), rows, al)
+            div["rounding"] = how
+            return Judgement("diverged", f"No op computes a wrong number, but rounding grows past the tolerance: it "
+                             f"starts at {where(r)} ({how}) and the run ends at {end:.3g}x the tolerance.",
+                             first_divergence=div, first_bitwise=bitwise, rows=tuple(rows), **base)
+        return Judgement("agree", _agree_sentence(al, tol, bit, same_command, largest), first_bitwise=bitwise,
+                         rows=tuple(rows), **base)
+    div, keep = _divergence(first, rows, al)
+    sentence = (f"The runs diverge at {where(first[1])}: " + div["words"])
+    return Judgement("diverged", sentence, first_divergence=div, first_bitwise=bitwise, rows=tuple(rows),
+                     keep=keep, **base)
+
+
+def _slack(r: dict, c: dict, R: dict, C: dict, rtol: float) -> float:
+    """The op's allowance for its reduction's rounding (gpulab.numerics.reduction), the larger of the two runs'."""
+    k = max(int(r.get("k") or 1), int(c.get("k") or 1))
+    if k <= 1:
+        return 0.0
+    dtype = max((r.get("dtype"), c.get("dtype")), key=lambda d: _reduction.EPS.get(str(d), 0.0))
+    got = 0.0
+    for x, X in ((r, R), (c, C)):
+        ins = sorted((X[p] for p in x.get("in") or () if p in X), key=lambda t: -int(t.get("n") or 0))
+        got = max(got, _reduction.allowance(x.get("op"), k, dtype, rtol, [_amax(t) for t in ins], _amax(x)))
+    return got
+
+
+def _amax(r: dict) -> float:
+    try:
+        return abs(float(r.get("amax")))
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _end(excess: list) -> float:
+    """The worst error over tolerance in the last tenth of the run's aligned ops."""
+    got = [x for x in excess if x is not None]
+    return max(got[-max(1, len(got) // 10):], default=0.0)
+
+
+def _largest_rounding(explained: list[tuple]) -> dict | None:
+    if not explained:
+        return None
+    n, r, c, plain, how = max(explained, key=lambda e: e[3].excess)
+    return {**_op(r), "excess": plain.excess, "max_rel_err": plain.max_rel_err, "why": how,
+            "words": f"the largest rounding difference is at {where(r)}: {plain.excess:.3g}x assert_close's "
+                     f"tolerance (max relative error {plain.max_rel_err:.3g}), {how}"}
+
+
+def _unseen(shown, matched_r, matched_c):
+    """The first aligned op beyond tolerance got its difference through an input made where no aligned op
+    shows it: name that input's maker (an `<input>` record: a compiled region; or an op one side only runs)."""
+    n, r, c, fig, ins = shown
+    for rr, cc, f in ins:
+        if f is not None and not f.within:
+            cand_side = cc.get("op") == INPUT or (rr.get("op") != INPUT and rr["i"] in matched_r
+                                                  and cc["i"] not in matched_c)
+            return ((n, cc, rr, f, [], (r, c, fig), "candidate") if cand_side
+                    else (n, rr, cc, f, [], (r, c, fig), "reference"))
+    return (n, r, c, fig, ins, None, "reference")
+
+
+def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | None]:
+    n, r, c, fig, ins, via, side = first
+    later = [x["excess"] for x in rows[n + 1:] if x["excess"] is not None]
+    peak = max(later, default=0.0)
+    end = max(later[-max(1, len(later) // 10):], default=0.0)
+    if not later:
+        then = "it is the last op compared"
+    elif math.isinf(fig.excess) or math.isinf(peak):
+        nf = next((x for x in rows[n + 1:] if math.isinf(x["excess"])), None)
+        then = ("it then spreads: NaN/Inf from " + f"{nf['op']} at {nf['call_site']} (pass {nf['pass']})"
+                if nf and not math.isinf(fig.excess) else "its NaN/Inf difference stays in the ops after it")
+    elif peak >= GROWS * max(fig.excess, 1.0):
+        then = f"it then grows, to {peak:.3g}x the tolerance (at the end of the run: {end:.3g}x)"
+    elif end <= 1.0:
+        then = f"it then fades: by the end of the run the outputs are within tolerance again ({end:.3g}x)"
+    elif end * GROWS < fig.excess:
+        then = f"it then shrinks but stays beyond tolerance ({end:.3g}x at the end of the run)"
+    else:
+        then = f"it then stays about the same ({end:.3g}x the tolerance at the end of the run)"
+    words = (f"its output differs by {fig.excess:.3g}x the tolerance ({fig.why}; max relative error "
+             f"{fig.max_rel_err:.3g} on the sample, {fig.tol.words() if fig.tol else ''})")
+    if via is None:
+        ok = [f for _, _, f in ins if f is not None]
+        words += (f", while its {len(ok)} input(s) agree (worst {max((f.excess for f in ok), default=0.0):.3g}x)"
+                  if ok else ", and it reads no earlier output")
+    else:
+        words += f"; first seen in the aligned op {where(via[0])}"
+    words += f"; {then}."
+    out = {**_op(r), "error": fig.to_dict(), "tolerance": fig.tol.to_dict() if fig.tol else None,
+           "inputs": [f.to_dict() if f else None for _, _, f in ins],
+           "run": side, "other_run": _op(c), "candidate": _op(c) if side == "reference" else _op(r), "then": then,
+           "nan_inf": fig.nonfinite[0] != fig.nonfinite[1] or fig.nonfinite[2] != fig.nonfinite[3],
+           "words": words, "seen_first_at": _op(via[0]) if via else None}
+    return out, (key(r), key(c)) if via is None else None
+
+
+def _bitwise_dict(bit) -> dict | None:
+    if bit is None:
+        return None
+    r, c, fig = bit
+    return {**_op(r), "candidate": _op(c), "error": fig.to_dict(),
+            "words": f"first bitwise difference at {where(r)} ({'within' if fig.within else 'beyond'} tolerance, "
+                     f"max relative error {fig.max_rel_err:.3g})"}
+
+
+def _agree_sentence(al, tol: Tolerance, bit, same_command: bool, largest: dict | None = None) -> str:
+    gaps = (al.ref_ops - len(al.pairs)) + (al.cand_ops - len(al.pairs))
+    s = (f"The runs agree: all {len(al.pairs)} aligned ops are within tolerance ({tol.words()}, the looser dtype "
+         f"of each pair, and each reduction's allowance for its rounding)"
+         + (f"; {gaps} op(s) run on one side only" if gaps else "") + ".")
+    if largest:
+        s += " No op computes a wrong number: " + largest["words"] + "."
+    if bit is None:
+        return s + " Every aligned output is bitwise equal."
+    r, _, fig = bit
+    lead = ("The program is not deterministic: the first op whose output differs bitwise on a rerun is "
+            if same_command else "The first bitwise difference is at ")
+    return s + f" {lead}{where(r)} (max relative error {fig.max_rel_err:.3g})."
+
+
+def _unaligned(al, ro: list[dict], co: list[dict], base: dict) -> Judgement:
+    i, j = al.parted or (0, 0)
+    r = ro[i] if i < len(ro) else None
+    c = co[j] if j < len(co) else None
+    ref_w = where(r) if r else "its end"
+    cand_w = where(c) if c else "its end"
+    sentence = (f"The runs cannot be aligned: only {len(al.pairs)} of {min(len(ro), len(co))} ops match; they part "
+                f"after {i} op(s), where the reference runs {ref_w} and the candidate runs {cand_w}.")
+    return Judgement("unaligned", sentence, parted={"reference": _op(r) if r else None,
+                                                    "candidate": _op(c) if c else None, "after_ops": i}, **base)

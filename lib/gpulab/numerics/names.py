@@ -1,0 +1,6 @@
+"""Names the recorder (in the child) and the comparison (in the parent) share; torch-free."""
+ENV_DIR = "GPULAB_NUMERICS_DIR"        # where the child writes <pid>.jsonl
+ENV_KEEP = "GPULAB_NUMERICS_KEEP"      # "op|site|pass|out": the one record whose inputs the child keeps (replay)
+INPUT = "<input>"                      # a record of a tensor no recorded op made (data, compiled code's outputs)
+REPLAY = "replay.pt"                   # the kept record's inputs, output and float64 replay, in the run folder
+INSTALL = "gpulab.numerics.record:install"

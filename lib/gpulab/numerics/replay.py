@@ -1,0 +1,127 @@
+"""The diverging op replayed alone: which run is right. Each side is run again up to that op (the parent names its
+record in $GPULAB_NUMERICS_KEEP); the child keeps the op's inputs (as they were before it ran), its output, and
+the op run once more on float64 CPU copies of its inputs, writes them to the run folder and ends there. The
+parent holds both outputs against the float64 results, and the two float64 results against each other (do the
+two runs run the same computation, or another implementation of the op?).
+
+Kept only when the op's tensors are small (LIMIT elements together): a replay is evidence, not a second run.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from gpulab.numerics.names import REPLAY
+
+LIMIT = 4_000_000
+
+
+def snapshot(args, kwargs) -> list[torch.Tensor] | None:
+    """Host copies of an op's floating inputs before it runs (None when they are too large to keep)."""
+    flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if sum(t.numel() for t in flat) > LIMIT:
+        return None
+    return [t.detach().to("cpu", copy=True) for t in flat]
+
+
+def keep(folder: str, func, args, kwargs, out: torch.Tensor, out_index: int, before: list | None) -> None:
+    """In the child: write the replay material for this op, then end the run (nothing after it is needed)."""
+    rec: dict[str, Any] = {"op": str(func), "note": ""}
+    if before is None or out.numel() > LIMIT:
+        rec["note"] = "the op's tensors are too large to keep"
+    else:
+        rec["inputs"], rec["output"] = before, out.detach().to("cpu", copy=True)
+        it = iter(before)
+
+        def f64(v):
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                return next(it).to(torch.float64)
+            return v.detach().cpu() if isinstance(v, torch.Tensor) else (
+                "cpu" if isinstance(v, torch.device) else v)
+        try:
+            args64, kwargs64 = tree_map(f64, (args, kwargs))
+            if "device" in kwargs64:
+                kwargs64["device"] = "cpu"
+            got = [t for t in tree_flatten(func(*args64, **kwargs64))[0] if isinstance(t, torch.Tensor)]
+            rec["f64"] = got[out_index] if out_index < len(got) else got[0]
+        except Exception as exc:  # noqa: BLE001 - an op with no float64 CPU kernel: said, not fatal
+            rec["note"] = f"no float64 CPU replay: {type(exc).__name__}: {exc}"[:300]
+    torch.save(rec, os.path.join(folder, REPLAY))
+    os._exit(0)
+
+
+def _err(got: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Elementwise error of got against a float64 reference (finite elements), and whether NaN/Inf agree."""
+    g, r = got.detach().to(torch.float64).reshape(-1), ref.detach().to(torch.float64).reshape(-1)
+    if g.shape != r.shape:
+        return {"max_abs_err": math.inf, "max_rel_err": math.inf, "note": "shapes differ"}
+    both = torch.isfinite(g) & torch.isfinite(r)
+    d = (g - r)[both].abs()
+    rel = d / r[both].abs().clamp_min(1e-30)
+    return {"max_abs_err": float(d.max()) if d.numel() else 0.0,
+            "max_rel_err": float(rel.max()) if rel.numel() else 0.0,
+            "nonfinite_differ": int((torch.isfinite(g) != torch.isfinite(r)).sum())}
+
+
+def _within(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> bool:
+    g, r = got.detach().to(torch.float64), ref.detach().to(torch.float64)
+    return g.shape == r.shape and bool(torch.isclose(g, r, rtol=rtol, atol=atol, equal_nan=True).all())
+
+
+def judge(ref_dir: Path, cand_dir: Path, rtol: float | None = None, atol: float | None = None) -> dict:
+    """Both sides' replay material -> which run is right, in words and figures ({"available": False, ...} when a
+    side kept nothing). Each output is held against the float64 replay of its OWN inputs, under its own dtype's
+    tolerance (rtol/atol: the user's): an op that computes right for what it was given is right, and the
+    difference it shows is its inputs' rounding amplified; one that does not is a wrong kernel."""
+    from gpulab.numerics.tolerance import for_dtypes
+
+    got = {}
+    for side, folder in (("reference", ref_dir), ("candidate", cand_dir)):
+        p = Path(folder) / REPLAY
+        if not p.exists():
+            return {"available": False, "words": f"no replay: the {side} run did not reach the op again"}
+        got[side] = torch.load(p, map_location="cpu", weights_only=True)
+        if "f64" not in got[side]:
+            return {"available": False, "words": f"no replay: {got[side].get('note') or 'nothing kept'}"}
+    out: dict[str, Any] = {"available": True}
+    right = {}
+    for side, g in got.items():
+        tol = for_dtypes(str(g["output"].dtype), rtol=rtol, atol=atol)
+        right[side] = _within(g["output"], g["f64"], tol.rtol, tol.atol)
+        out[f"{side}_vs_float64"] = {**_err(g["output"], g["f64"]), "right": right[side],
+                                     "tolerance": tol.to_dict()}
+    r, c = right["reference"], right["candidate"]
+    how = "replayed alone on float64 CPU copies of each run's own inputs"
+    if r and not c:
+        out["words"] = (f"{how}, the reference computes it right and the candidate does not (max relative error "
+                        f"{out['candidate_vs_float64']['max_rel_err']:.3g}): the candidate's kernel is wrong")
+    elif c and not r:
+        out["words"] = (f"{how}, the candidate computes it right and the reference does not (max relative error "
+                        f"{out['reference_vs_float64']['max_rel_err']:.3g}): the reference's kernel is wrong")
+    elif r and c:
+        out["words"] = (f"{how}, both runs compute it right for their dtype: the difference is the rounding of "
+                        f"its inputs, which this op amplifies past the tolerance")
+    else:
+        out["words"] = (f"{how}, neither run is within its dtype's tolerance (max relative error "
+                        f"{out['reference_vs_float64']['max_rel_err']:.3g} reference, "
+                        f"{out['candidate_vs_float64']['max_rel_err']:.3g} candidate)")
+    out["reference_right"], out["candidate_right"] = r, c
+    out["cause"] = _nan_cause(got["reference"], got["candidate"])
+    return out
+
+
+def _nan_cause(ref: dict, cand: dict) -> str | None:
+    """Where the diverging op makes NaN/Inf in one run: the cause in words (gpulab.trace.nancause)."""
+    from gpulab.trace import nancause
+
+    for side in (cand, ref):
+        o = side["output"]
+        if o.is_floating_point() and not bool(torch.isfinite(o).all()):
+            facts = [nancause.facts_of(t) for t in side["inputs"]]
+            return nancause.cause(side["op"], facts, nancause.facts_of(o)).words
+    return None

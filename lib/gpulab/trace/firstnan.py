@@ -1,0 +1,190 @@
+"""The first NaN/+Inf of a stats-mode recording, with its line, pass and cause: the small JSON the recorder
+writes beside its op log (gpulab.trace.opstats.first_nan_watch) at the one op that made it, and the words
+02, the chain's verdict and the index say about it. Pure apart from reading and writing that file; whose code
+the line is (the program's, a library's) is judged here from the file name the recorder kept.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+# what to change at the line, by cause (nancause.KINDS); the program's line is where it is fixed
+REMEDY = {
+    "zero_divisor": "keep the divisor away from 0 with an eps or clamp(min=eps), or skip the rows where it is 0",
+    "log_domain": "clamp the log's argument above 0 with clamp_min(eps), or find why it reaches <= 0",
+    "sqrt_domain": "clamp at 0 before the sqrt, or find why its argument goes negative",
+    "pow_domain": "a negative base to a fractional power is NaN: clamp the base at 0 or use abs()",
+    "overflow": "compute it in a wider dtype, or subtract the max before exp as logsumexp and softmax do",
+    "matmul_overflow": "run that matmul in float32 or bfloat16, whose range float16 lacks, or scale its inputs down",
+    "cast_overflow": "scale the values into the target dtype's range before the cast, or cast to bfloat16",
+    "softmax_masked_row": "leave every row at least one unmasked position, or zero the fully masked rows after it",
+    "input_neginf": "the -inf of a mask reached an op that turns it into NaN: mask with torch.finfo(dtype).min, "
+                    "or mask after the op",
+}
+BACKWARD_REMEDY = {   # a NaN first made in backward: the forward line's function has no finite gradient there
+    "sqrt": "sqrt has an infinite gradient at 0: add an eps inside it, sqrt(x + eps)",
+    "pow": "a fractional power has an infinite gradient at 0: add an eps to the base",
+    "norm": "a norm's gradient at 0 is 0/0: add an eps",
+    "div": "the gradient of a division by a value near 0 overflows: keep the divisor away from 0",
+    "log": "log's gradient at 0 is infinite: clamp its argument above 0",
+}
+
+
+def path(log: str | os.PathLike) -> Path:
+    """`<stem>.firstnan.json` beside the op log `<stem>.log` (one per process of a job)."""
+    p = Path(log)
+    return p.with_name(f"{p.stem}.firstnan.json")
+
+
+def write(log: str | os.PathLike, record: Mapping[str, Any]) -> None:
+    """Atomically (a reader never sees half of it), from inside the recorded child."""
+    from gpulab import report
+
+    report.write_json(path(log), dict(record))
+
+
+def read(log: str | os.PathLike | None) -> dict | None:
+    """The record beside `log`, or None (no NaN/+Inf, no stats mode, or an unreadable file)."""
+    if not log:
+        return None
+    try:
+        data = json.loads(path(log).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("op") else None
+
+
+def owner(file: str | None) -> tuple[str, str]:
+    """(kind, where): ("program", file) for the program's own code, ("library", package) for an installed
+    package or Python's own library, ("unknown", "") when no line was seen (a native thread)."""
+    if not file:
+        return "unknown", ""
+    parts = Path(file).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            i = parts.index(marker)
+            return "library", (parts[i + 1] if i + 1 < len(parts) else marker).removesuffix(".py")
+    stdlib = os.path.dirname(os.__file__)
+    if file.startswith(stdlib + os.sep) or file.startswith(sys.base_prefix + os.sep + "lib"):
+        return "library", "python"
+    return "program", file
+
+
+def _base(op: str | None) -> str:
+    from gpulab.trace import nancause
+
+    return nancause.base_name(op or "")
+
+
+def made(rec: Mapping[str, Any]) -> str:
+    out = rec.get("output") or {}
+    return "NaN" if out.get("nan") else "+Inf" if out.get("posinf") else "NaN/Inf"
+
+
+def where(rec: Mapping[str, Any]) -> str:
+    """`aten.div.Tensor at train.py:23 in main (pass 5)`, or the backward op named by its forward line."""
+    n = rec.get("pass")
+    at = f" at {rec['call_site']}" if rec.get("call_site") else " (no Python line: a native thread)"
+    step = f" (pass {n})" if n else ""
+    if rec.get("backward"):
+        fwd = rec.get("forward_op")
+        node = rec.get("backward_node") or "an autograd node"
+        if fwd:
+            return f"{rec['op']} in backward ({node}), the gradient of {fwd}{at}{step}"
+        return f"{rec['op']} in backward ({node}; its forward line was not seen)"
+    return f"{rec['op']}{at}{step}"
+
+
+def _from_data(rec: Mapping[str, Any]) -> bool:
+    """The first NaN/Inf came in through a tensor no recorded op made (the recorder's first: none made one
+    before): the data, not a line of code. A NaN the program passes as a number is its line's."""
+    cause = rec.get("cause") or {}
+    if cause.get("kind") not in ("input_nan", "input_inf"):
+        return False
+    ins = rec.get("inputs") or []
+    i = cause.get("input")
+    return not (isinstance(i, int) and i < len(ins) and (ins[i] or {}).get("scalar") is not None)
+
+
+def _fix(rec: Mapping[str, Any]) -> str | None:
+    """How to change the line: by the forward function when the NaN was made in its backward, else by cause."""
+    fix = BACKWARD_REMEDY.get(_base(rec.get("forward_op"))) if rec.get("backward") else None
+    return fix or REMEDY.get((rec.get("cause") or {}).get("kind") or "")
+
+
+def whose(rec: Mapping[str, Any]) -> str:
+    """Whose code to change, and how: the program's line, the data, a library's call."""
+    if _from_data(rec):
+        n = rec.get("pass")
+        return (f"the data: the batch of pass {n} already holds it; check it where it is loaded" if n else
+                "the data: check the inputs where they are loaded")
+    who, lib = owner(rec.get("file"))
+    fix = _fix(rec)
+    if who == "program":
+        return "the program's line: fix it there" + (f"; {fix}" if fix else "")
+    if who == "library":
+        return (f"{lib}'s code at that line, called by the program: change what the program passes it"
+                + (f"; {fix}" if fix else "") + f"; or report it to {lib}")
+    return "no line of the program was seen" + (f"; {fix}" if fix else "")
+
+
+def next_step(rec: Mapping[str, Any]) -> str:
+    """The index's next step: whose code to change, where, and how (the line named, as a hang's is)."""
+    site = rec.get("call_site")
+    n = rec.get("pass")
+    if _from_data(rec):
+        return (f"check the data where it is loaded: the batch of pass {n} already holds {made(rec)} "
+                f"(the first op to read it: {rec.get('op')} at {site})" if n else
+                f"check the data where it is loaded: it already holds {made(rec)} (the first op to read it: "
+                f"{rec.get('op')})")
+    who, lib = owner(rec.get("file"))
+    fix = _fix(rec) or "read the op's inputs in 02 (stats.firstnan.json: NaN/Inf counts, min, max, zeros of each)"
+    if who == "program":
+        return f"fix the program's line {site}: {fix}"
+    if who == "library":
+        return f"{lib}'s code at {site} makes it from what the program passes: {fix}; or report it to {lib}"
+    return f"no line of the program was seen: {fix}"
+
+
+def sentence(rec: Mapping[str, Any] | None) -> str:
+    """02's finding for the first NaN: op, line, pass, cause in words, whose code (plain text)."""
+    if not rec:
+        return ""
+    cause = rec.get("cause") or {}
+    if rec.get("error"):
+        return f"{made(rec)} first made by {rec.get('op')} (its cause could not be read: {rec['error']})"
+    return f"{made(rec)} first made by {where(rec)}: {cause.get('words') or 'cause unknown'} — {whose(rec)}"
+
+
+SOFTMAX_AFTER = 8   # ops after the first NaN/Inf in which a softmax counts as taking it in
+
+
+def into_softmax(snapshot: Any, seq: int | None) -> bool:
+    """The first NaN/Inf op is a softmax, or a softmax runs within the next few ops (the scores a low-precision
+    matmul overflowed, then softmaxed): what makes a softmax fix worth trying."""
+    if snapshot is None or seq is None:
+        return False
+    return any("softmax" in r.name for r in getattr(snapshot, "records", ()) if seq <= r.seq <= seq + SOFTMAX_AFTER)
+
+
+def metrics(log: str | os.PathLike | None, snapshot: Any = None) -> dict[str, Any]:
+    """02's metrics of the first NaN's cause (empty when there is no record): what the chain's verdict reads.
+    snapshot: the stats-mode recording, to tell whether the NaN/Inf went into a softmax."""
+    rec = read(log)
+    if rec is None:
+        return {}
+    cause = rec.get("cause") or {}
+    who, lib = owner(rec.get("file"))
+    out = rec.get("output") or {}
+    return {"first_nonfinite_site": rec.get("call_site"), "first_nonfinite_pass": rec.get("pass"),
+            "first_nonfinite_backward": bool(rec.get("backward")), "first_nonfinite_forward_op": rec.get("forward_op"),
+            "first_nonfinite_cause": cause.get("words"), "first_nonfinite_cause_kind": cause.get("kind"),
+            "first_nonfinite_dtype": out.get("dtype"), "first_nonfinite_owner": who,
+            "first_nonfinite_owner_where": lib if who == "library" else None,
+            "first_nonfinite_where": where(rec), "first_nonfinite_whose": whose(rec),
+            "first_nonfinite_sentence": sentence(rec), "first_nonfinite_made": made(rec),
+            "first_nonfinite_next": next_step(rec) if not rec.get("error") else None,
+            "first_nonfinite_into_softmax": "softmax" in str(rec.get("op")) or into_softmax(snapshot, rec.get("seq"))}

@@ -1,0 +1,213 @@
+"""Why an op made the first NaN/Inf (gpulab.trace.nancause): the pure judgement on synthetic facts, and the
+facts read from real tensors; the verdict's words and the fix advice that follow from it."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gpulab.trace import firstnan, nancause
+from gpulab.trace.nancause import TensorFacts as T
+
+INF = math.inf
+
+
+def f32(**kw) -> T:
+    return T("float32", (4, 4), **kw)
+
+
+def out(nan: int = 0, posinf: int = 0, dtype: str = "float32") -> T:
+    return T(dtype, (4, 4), nan=nan, posinf=posinf)
+
+
+CASES = [
+    # op, inputs, output, kind, input, words that must appear
+    ("aten.div.Tensor", [f32(min=-1.0, max=2.0), f32(min=0.0, max=3.0, zeros=16, nonpositive=16)], out(posinf=16),
+     "zero_divisor", 1, "the divisor holds zeros (input 1: 16 zeros)"),
+    ("aten.div.Tensor", [f32(zeros=8, nonpositive=8, min=0.0, max=1.0), f32(zeros=1, nonpositive=1, min=0.0, max=1.0)],
+     out(nan=8), "zero_divisor", 1, "0/0 gives NaN"),
+    ("aten.div.Scalar", [f32(min=1.0, max=2.0), nancause.scalar_facts(0.0)], out(posinf=16), "zero_divisor", 1,
+     "the scalar 0 (input 1): 1 zero"),
+    ("aten.reciprocal.default", [f32(zeros=2, nonpositive=2, min=0.0, max=1.0)], out(posinf=2), "zero_divisor", 0,
+     "divisor holds zeros (input 0: 2 zeros)"),
+    ("aten.remainder.Tensor", [f32(min=1.0, max=2.0), f32(zeros=3, nonpositive=3, min=0.0, max=1.0)], out(nan=3),
+     "zero_divisor", 1, "3 zeros"),
+    ("aten.rsqrt.default", [f32(zeros=1, nonpositive=1, min=0.0, max=1.0)], out(posinf=1), "zero_divisor", 0,
+     "rsqrt of zero"),
+    ("aten.log.default", [f32(nonpositive=3, zeros=1, min=-2.0, max=5.0)], out(nan=2), "log_domain", 0,
+     "log of values <= 0 (input 0: 3 values <= 0, 1 zero, min -2)"),
+    ("aten.log2.default", [f32(nonpositive=1, min=-1.0, max=5.0)], out(nan=1), "log_domain", 0, "log2 of values <= 0"),
+    ("aten.log10.default", [f32(nonpositive=1, min=-1.0, max=5.0)], out(nan=1), "log_domain", 0, "log10"),
+    ("aten.log1p.default", [f32(nonpositive=4, min=-3.0, max=5.0)], out(nan=1), "log_domain", 0,
+     "log1p of values <= -1 (input 0: min -3)"),
+    ("aten.sqrt.default", [f32(nonpositive=2, zeros=1, min=-0.5, max=1.0)], out(nan=1), "sqrt_domain", 0,
+     "sqrt of negative values (input 0: 1 value < 0, min -0.5)"),
+    ("aten.pow.Tensor_Scalar", [f32(nonpositive=2, min=-4.0, max=1.0), nancause.scalar_facts(0.5)], out(nan=2),
+     "pow_domain", 0, "non-integer exponent"),
+    ("aten.exp.default", [f32(min=0.0, max=95.0)], out(posinf=1), "overflow", 0,
+     "exp of values up to 95 overflows float32 (above 88.72"),
+    ("aten.exp.default", [T("float16", (4,), min=0.0, max=12.0)], out(posinf=1, dtype="float16"), "overflow", 0,
+     "overflows float16 (above 11.09"),
+    ("aten.mul.Tensor", [f32(min=1.0, max=3e38), f32(min=1.0, max=10.0)], out(posinf=1), "overflow", 0,
+     "mul overflows float32"),
+    ("aten.mm.default", [T("float16", (8, 64), min=0.0, max=300.0), T("float16", (64, 8), min=1.0, max=1.0)],
+     out(posinf=64, dtype="float16"), "matmul_overflow", None, "mm in float16 overflows its narrow range"),
+    ("aten.addmm.default", [T("bfloat16", (8,), min=0.0, max=1.0), T("bfloat16", (8, 8), min=0.0, max=1e38),
+                            T("bfloat16", (8, 8), min=0.0, max=1e38)], out(posinf=1, dtype="bfloat16"),
+     "matmul_overflow", None, "addmm in bfloat16"),
+    ("aten.baddbmm.default", [T("float16", (2, 4, 4), min=0.0, max=1.0), T("float16", (2, 4, 8), min=0.0, max=500.0),
+                              T("float16", (2, 8, 4), min=0.0, max=500.0)], out(posinf=4, dtype="float16"),
+     "matmul_overflow", None, "baddbmm in float16"),
+    ("aten._to_copy.default", [f32(min=-1.0, max=70000.0)], out(posinf=3, dtype="float16"), "cast_overflow", 0,
+     "casting float32 values up to 7e+04 to float16 (largest 6.55e+04)"),
+    ("aten._softmax.default", [f32(neginf=8, min=0.0, max=1.0), None, None], out(nan=4), "softmax_masked_row", 0,
+     "a row that is all -inf"),
+    ("aten._log_softmax.default", [f32(neginf=4, min=0.0, max=1.0), None, None], out(nan=4), "softmax_masked_row", 0,
+     "log_softmax"),
+    ("aten.addmm.default", [f32(min=0.0, max=1.0), f32(nan=1, min=0.0, max=1.0), f32(min=0.0, max=1.0)], out(nan=4),
+     "input_nan", 1, "input 1 already holds NaN (1 value): it was made earlier"),
+    ("aten.add.Tensor", [f32(posinf=2, min=0.0, max=1.0), f32(min=0.0, max=1.0)], out(posinf=2), "input_inf", 0,
+     "input 0 already holds +Inf (2 values)"),
+    ("aten.fill_.Scalar", [None, nancause.scalar_facts(math.nan)], out(nan=16), "input_nan", 1,
+     "input 1 is the number NaN"),
+    ("aten.mul.Tensor", [f32(neginf=1, min=0.0, max=1.0), f32(zeros=4, nonpositive=4, min=0.0, max=0.0)], out(nan=1),
+     "input_neginf", 0, "input 0 holds -Inf (1 value"),
+    ("aten.add.Tensor", [f32(min=0.0, max=1.0), f32(min=0.0, max=1.0)], out(nan=1), "unknown", None,
+     "no input holds NaN/Inf"),
+]
+
+
+@pytest.mark.parametrize("op,inputs,output,kind,index,words", CASES, ids=[f"{c[0]}-{c[3]}" for c in CASES])
+def test_cause_names_the_input_that_explains_it(op, inputs, output, kind, index, words):
+    c = nancause.cause(op, inputs, output)
+    assert (c.kind, c.input) == (kind, index), c
+    assert words in c.words, c.words
+    assert c.kind in nancause.KINDS
+
+
+def test_a_first_nan_whose_input_already_holds_one_came_with_the_data():
+    c = nancause.cause("aten.lift_fresh.default", [f32(nan=1, min=0.0, max=1.0)], out(nan=1), first=True)
+    assert c.kind == "input_nan" and "no earlier op made it: it came in with the data" in c.words
+    assert c.earlier
+
+
+@pytest.mark.parametrize("op,base", [("aten.div.Tensor", "div"), ("aten.div_.Tensor", "div"),
+                                     ("aten._to_copy.default", "to_copy"), ("aten._softmax.default", "softmax"),
+                                     ("torch.exp", "exp"), ("exp", "exp"), ("aten.log1p.default", "log1p"),
+                                     ("aten._foreach_sqrt.default", "sqrt")])
+def test_base_name(op, base):
+    assert nancause.base_name(op) == base
+
+
+def test_a_division_with_no_zero_divisor_is_not_blamed_on_it():
+    c = nancause.cause("aten.div.Tensor", [f32(min=1.0, max=2.0), f32(min=0.5, max=1.0)], out(nan=1))
+    assert c.kind == "unknown" and "the divisor holds no zero" in c.words
+
+
+def test_facts_read_from_real_tensors_give_the_same_causes():
+    import torch
+
+    x = torch.tensor([[1.0, 0.0], [2.0, -3.0]])
+    fx = nancause.facts_of(x)
+    assert (fx.zeros, fx.nonpositive, fx.min, fx.max, fx.shape, fx.dtype) == (1, 2, -3.0, 2.0, (2, 2), "float32")
+    one = torch.ones(2, 2)
+    assert nancause.cause("aten.div.Tensor", [nancause.facts_of(one), fx], nancause.facts_of(one / x)).kind \
+        == "zero_divisor"
+    assert nancause.cause("aten.log.default", [fx], nancause.facts_of(x.log())).kind == "log_domain"
+    big = torch.full((4, 64), 3000.0, dtype=torch.float16)
+    w = torch.ones(64, 4, dtype=torch.float16)
+    y = big @ w            # CPU float16 matmuls overflow to Inf as GPU ones do
+    assert torch.isinf(y).all()
+    c = nancause.cause("aten.mm.default", [nancause.facts_of(big), nancause.facts_of(w)], nancause.facts_of(y))
+    assert c.kind == "matmul_overflow"
+    n = nancause.facts_of(torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0]))
+    assert (n.nan, n.posinf, n.neginf, n.min, n.max) == (1, 1, 1, 1.0, 1.0)
+    assert nancause.facts_of("text") is None and nancause.facts_of(None) is None
+    assert nancause.facts_of(2).scalar == 2.0
+    assert nancause.TensorFacts.from_dict(fx.to_dict()) == fx
+    # a foreach op's list of tensors is one input: the optimizer's sqrt of a negative second moment
+    sq = [torch.tensor([1.0, 4.0]), torch.tensor([-1.0, 0.0])]
+    fl = nancause.facts_of(sq)
+    assert (fl.shape, fl.zeros, fl.nonpositive, fl.min, fl.max) == ((4,), 1, 2, -1.0, 4.0)
+    assert nancause.cause("aten._foreach_sqrt.default", [fl], nancause.facts_of(torch._foreach_sqrt(sq)[1])).kind \
+        == "sqrt_domain"
+
+
+def _rec(**kw) -> dict:
+    base = {"seq": 9, "op": "aten.div.Tensor", "call_site": "nan/train.py:23 in main", "file": "/home/u/train.py",
+            "pass": 5, "backward": False, "output": {"nan": 8, "dtype": "float32"},
+            "cause": {"kind": "zero_divisor", "words": "the divisor holds zeros (input 1: 16 zeros)", "input": 1}}
+    return {**base, **kw}
+
+
+def test_the_sentence_names_op_line_pass_cause_and_whose_code():
+    s = firstnan.sentence(_rec())
+    assert s.startswith("NaN first made by aten.div.Tensor at nan/train.py:23 in main (pass 5): the divisor holds "
+                        "zeros (input 1: 16 zeros) — the program's line: fix it there"), s
+    lib = firstnan.sentence(_rec(file="/usr/lib/python3/site-packages/transformers/models/x.py"))
+    assert "transformers's code at that line" in lib and "report it to transformers" in lib
+    bwd = firstnan.sentence(_rec(backward=True, backward_node="SqrtBackward0", forward_op="aten.sqrt.default"))
+    assert "in backward (SqrtBackward0), the gradient of aten.sqrt.default at nan/train.py:23 in main (pass 5)" in bwd
+    assert "sqrt has an infinite gradient at 0" in bwd
+
+
+def test_fp32_softmax_is_advised_only_where_a_softmax_can_answer_it():
+    from gpulab.fixes import suggest
+
+    div = {"first_nonfinite_op": "aten.div.Tensor", "first_nonfinite_cause_kind": "zero_divisor"}
+    assert suggest.for_nan(div) == ()
+    masked = {"first_nonfinite_op": "aten._softmax.default", "first_nonfinite_cause_kind": "softmax_masked_row"}
+    assert suggest.for_nan(masked) == ()   # fp32 makes the same 0/0
+    soft = {"first_nonfinite_op": "aten._softmax.default", "first_nonfinite_cause_kind": "overflow"}
+    assert suggest.for_nan(soft) == ("fp32_softmax",)
+    scores = {"first_nonfinite_op": "aten.bmm.default", "first_nonfinite_cause_kind": "matmul_overflow",
+              "first_nonfinite_dtype": "float16", "first_nonfinite_into_softmax": True}
+    assert suggest.for_nan(scores) == ("fp32_softmax",)
+    assert suggest.for_nan({**scores, "first_nonfinite_into_softmax": False}) == ()
+    assert suggest.for_nan({**scores, "first_nonfinite_dtype": "float32"}) == ()
+
+
+def test_the_wrong_numbers_verdict_reads_like_a_hangs():
+    from gpulab.chain import verdict
+
+    m = {"first_nonfinite_op": "aten.div.Tensor", "first_nonfinite_cause_kind": "zero_divisor",
+         **{k: v for k, v in firstnan.metrics(None).items()}}
+    rec = _rec()
+    m.update({"first_nonfinite_where": firstnan.where(rec), "first_nonfinite_cause": rec["cause"]["words"],
+              "first_nonfinite_made": "NaN", "first_nonfinite_next": firstnan.next_step(rec)})
+    nbs = [{"name": n, "status": "ok"} for n in ("01_environment", "02_instrument")]
+    v = verdict.judge(nbs, {"02_instrument": {"metrics": m}})
+    assert v.verdict == "wrong_numbers"
+    assert v.evidence.startswith("the workload first makes NaN in aten.div.Tensor at nan/train.py:23 in main "
+                                 "(pass 5): the divisor holds zeros"), v.evidence
+    assert v.next_step.startswith("fix the program's line nan/train.py:23 in main: keep the divisor away from 0")
+    assert "softmax" not in v.next_step
+
+
+@pytest.mark.parametrize("op,inputs", [
+    ("aten.mm.default", [T("float32", (4, 8), min=-1.0, max=1.0), T("float32", (8, 4), min=-1.0, max=1.0)]),
+    ("aten.exp.default", [f32(min=-1.0, max=1.0)]),
+    ("aten.mul.Tensor", [f32(min=-1.0, max=1.0), f32(min=-1.0, max=1.0)]),
+])
+def test_nan_from_small_finite_inputs_is_no_overflow(op, inputs):
+    """A NaN written into an op's output (a planted fault, a broken kernel) is not blamed on a range the
+    operands never came near."""
+    c = nancause.cause(op, inputs, out(nan=3))
+    assert c.kind == "unknown", c
+
+
+def test_a_matmul_nan_is_an_overflow_where_the_operands_allow_one():
+    a = T("float16", (4, 64), min=-3000.0, max=3000.0)
+    c = nancause.cause("aten.mm.default", [a, a], out(nan=3, dtype="float16"))
+    assert c.kind == "matmul_overflow", c
+
+
+def test_nan_from_the_data_points_at_the_data_and_a_nan_the_program_passes_at_its_line():
+    data = _rec(op="aten.lift_fresh.default", inputs=[{"scalar": None, "nan": 1}],
+                cause={"kind": "input_nan", "input": 0, "words": "input 0 already holds NaN (1 value): no earlier "
+                                                                  "op made it: it came in with the data"})
+    assert firstnan.whose(data) == "the data: the batch of pass 5 already holds it; check it where it is loaded"
+    assert firstnan.next_step(data).startswith("check the data where it is loaded: the batch of pass 5")
+    passed = _rec(op="aten.fill_.Scalar", inputs=[None, {"scalar": float("nan"), "nan": 1}],
+                  cause={"kind": "input_nan", "input": 1, "words": "input 1 is the number NaN: the program passed it"})
+    assert firstnan.whose(passed).startswith("the program's line: fix it there")

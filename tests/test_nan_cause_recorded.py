@@ -1,0 +1,107 @@
+"""The first NaN/Inf of a real training program, as 02 finds it: the program recorded in stats mode in a child
+(gpulab.trace.run.record, 02's rerun), the op, its line, its pass and its cause written beside the op log, and
+02's finding and note built from them. The fixtures under tests/fixtures/nan/ are training loops as users
+write them; the line is found by the mark the fixture puts on it."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hotpaths
+import pytest
+
+from gpulab import report, trace
+from gpulab.trace import analysis, firstnan
+from gpulab.trace import run as trace_run
+
+NAN = Path(__file__).parent / "fixtures" / "nan"
+
+pytestmark = pytest.mark.usefixtures("native_hot_path")  # conftest: built once, as launchers do
+
+
+def line_of(fixture: str, mark: str) -> str:
+    """`nan/<fixture>:<line> in main`: the recorded call site of the line that carries `# MARK`."""
+    lines = (NAN / fixture).read_text().splitlines()
+    n = next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# {mark}"))
+    return f"nan/{fixture}:{n} in main"
+
+
+CASES = [
+    # fixture, mark, op, pass, backward, cause kind, words in the cause, words in what to do
+    ("div_std.py", "NORMALIZE", "aten.div.Tensor", 5, False, "zero_divisor",
+     "the divisor holds zeros (input 1: 1 zero) and the dividend holds zeros too (0/0 gives NaN)",
+     "the program's line: fix it there; keep the divisor away from 0"),
+    ("log_returns.py", "LOGRET", "aten.log.default", 4, False, "log_domain",
+     "log of values <= 0 (input 0: 4 values <= 0", "clamp the log's argument above 0"),
+    ("exp_rate.py", "RATE", "aten.exp.default", 3, False, "overflow", "exp of values up to", "overflows float32"),
+    ("nan_in_data.py", "LOAD", "aten.lift_fresh.default", 3, False, "input_nan",
+     "input 0 already holds NaN (1 value): no earlier op made it: it came in with the data",
+     "the data: the batch of pass 3 already holds it"),
+    ("sqrt_backward.py", "DIST", "aten.div.Tensor", 4, True, "zero_divisor", "the divisor holds zeros",
+     "sqrt has an infinite gradient at 0"),
+    ("matmul_fp16.py", "HIDDEN", "aten.addmm.default", 2, False, "matmul_overflow",
+     "addmm in float16 overflows its narrow range (inputs finite", "run that matmul in float32"),
+]
+
+
+@pytest.mark.parametrize("fixture,mark,op,n,backward,kind,cause,todo", CASES, ids=[c[0] for c in CASES])
+def test_02_names_the_first_nans_op_line_pass_and_cause(tmp_path, fixture, mark, op, n, backward, kind, cause, todo):
+    rec = trace_run.record([sys.executable, str(NAN / fixture)], mode="stats", out_dir=tmp_path, name="stats",
+                           timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    first = trace.first_nonfinite(rec.snapshot)
+    got = firstnan.read(rec.log)
+    assert got is not None and first is not None, rec.stderr_tail
+    assert (got["op"], got["seq"], first.name) == (op, first.seq, op), got
+    assert got["call_site"] == line_of(fixture, mark), got
+    assert got["pass"] == n and got["backward"] is backward, got
+    assert got["cause"]["kind"] == kind and cause in got["cause"]["words"], got["cause"]
+    if backward:
+        assert got["forward_op"] == "aten.sqrt.default" and got["backward_node"] == "SqrtBackward0", got
+    # 02's finding (headline, metrics) and note say the same, from the same file
+    headline, metrics = analysis.finding(rec, None, rec, None, "cpu", "ops.log", mode="ops")
+    where = f"at {line_of(fixture, mark)} (pass {n})"
+    assert where in headline and cause in headline and todo in headline, headline
+    assert (metrics["first_nonfinite_op"], metrics["first_nonfinite_site"], metrics["first_nonfinite_pass"],
+            metrics["first_nonfinite_cause_kind"]) == (op, line_of(fixture, mark), n, kind), metrics
+    assert metrics["first_nonfinite_owner"] == "program"
+    note = analysis.nonfinite_note(rec)
+    assert "**Why:**" in note and report.esc(where) in note, note
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_both_dispatch_hot_paths_keep_the_line_and_pass(tmp_path, path):
+    """In process, on the C and the Python hot path alike: the divisor with zeros in the third call."""
+    import torch
+
+    log = tmp_path / "stats.log"
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x / x.std(1, keepdim=True)   # the line
+
+    with trace.Recorder(log, "stats", capacity=4096, **hotpaths.kw(path)) as rec:
+        for i in range(4):
+            x = torch.randn(4, 3)
+            if i == 2:
+                x[1] = 7.0
+            step(x)
+    rec.close()
+    got = firstnan.read(log)
+    assert got is not None and got["op"] == "aten.div.Tensor", got
+    here = step.__code__
+    assert got["call_site"] == f"tests/test_nan_cause_recorded.py:{here.co_firstlineno + 1} in step", got
+    assert got["pass"] == 3 and got["cause"]["kind"] == "zero_divisor", got
+    assert got["file"] == here.co_filename
+
+
+@pytest.mark.gpu
+def test_fp16_matmul_overflow_on_the_gpu(tmp_path):
+    """The same half-precision MLP on CUDA: the first Inf is the GPU addmm, named with its line and cause."""
+    rec = trace_run.record([sys.executable, str(NAN / "matmul_fp16.py"), "cuda"], mode="stats", out_dir=tmp_path,
+                           name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    assert got is not None, rec.stderr_tail
+    assert got["op"] in ("aten.addmm.default", "aten.mm.default"), got
+    assert got["call_site"] == line_of("matmul_fp16.py", "HIDDEN") and got["pass"] == 2, got
+    assert got["cause"]["kind"] == "matmul_overflow" and "float16" in got["cause"]["words"], got

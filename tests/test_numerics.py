@@ -1,0 +1,193 @@
+"""gpulab.numerics' pure parts on hand-built records: tolerances by dtype, two fingerprints compared, the
+alignment, and the verdict naming the op that INTRODUCES a difference (not the first that shows it); plus
+the recorder itself in this process (fingerprints with their producers), and `gpulab compare`'s bad options."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from gpulab.numerics import align, figures, judge, tolerance
+from gpulab.numerics.commands import commands_of, parse_vary
+from gpulab.args import BadInput
+
+
+def rec(i, op, site="t.py:1 in f", npass=1, ins=(), value=1.0, n=4, dtype="float32", bwd=False, shape=None,
+        nan=0, inf=0, out=0):
+    sample = [value * (k + 1) for k in range(n)]
+    return {"i": i, "op": op, "site": site, "pass": npass, "bwd": bwd, "out": out, "in": list(ins), "dtype": dtype,
+            "shape": shape or [n], "n": n, "device": "cpu", "sum": sum(sample), "asum": sum(abs(s) for s in sample),
+            "amax": max(abs(s) for s in sample), "sample": sample, "ck": hash((value, dtype)) % 1000, "nan": nan,
+            "inf": inf}
+
+
+@pytest.mark.parametrize("dtypes, rtol, atol", [(("float32",), 1.3e-6, 1e-5), (("bfloat16",), 1.6e-2, 1e-5),
+                                               (("float16",), 1e-3, 1e-5), (("float64",), 1e-7, 1e-7),
+                                               (("float32", "bfloat16"), 1.6e-2, 1e-5)])
+def test_tolerance_follows_assert_close_and_the_looser_dtype(dtypes, rtol, atol):
+    t = tolerance.for_dtypes(*dtypes)
+    assert (t.rtol, t.atol) == (rtol, atol)
+    assert tolerance.for_dtypes("float32", rtol=0.1).rtol == 0.1
+    with pytest.raises(ValueError, match="--rtol -1 is not valid"):
+        tolerance.check(-1, None)
+
+
+def test_figures_tell_bitwise_from_close_from_different():
+    tol = tolerance.for_dtypes("float32")
+    a = rec(0, "aten.mul.Tensor", value=1.0)
+    assert figures.compare(a, dict(a), tol).bitwise
+    close = rec(0, "aten.mul.Tensor", value=1.0 + 1e-7)
+    f = figures.compare(a, close, tol)
+    assert not f.bitwise and f.within, f
+    far = rec(0, "aten.mul.Tensor", value=1.15)
+    f = figures.compare(a, far, tol)
+    assert not f.within and f.max_rel_err == pytest.approx(0.15, rel=1e-6) and f.excess > 1000
+    assert not figures.compare(a, rec(0, "aten.mul.Tensor", nan=1), tol).within
+    assert not figures.compare(a, rec(0, "aten.mul.Tensor", shape=[2, 2]), tol).comparable
+
+
+def test_the_verdict_names_the_op_that_introduces_the_difference_not_the_first_that_shows_it():
+    ref = [rec(0, "aten.randn.default", value=1.0), rec(1, "aten.mm.default", ins=[0], value=2.0),
+           rec(2, "numfix.fused_silu.default", site="t.py:9 in forward", ins=[1], value=3.0),
+           rec(3, "aten.add.Tensor", ins=[2], value=4.0), rec(4, "aten.sum.default", ins=[3], value=5.0)]
+    cand = [dict(r) for r in ref]
+    cand[2] = rec(2, "numfix.fused_silu.default", site="t.py:9 in forward", ins=[1], value=3.45)
+    cand[3] = rec(3, "aten.add.Tensor", ins=[2], value=4.6)
+    cand[4] = rec(4, "aten.sum.default", ins=[3], value=50.0)
+    j = judge.judge(ref, cand)
+    assert j.status == "diverged", j.sentence
+    fd = j.first_divergence
+    assert (fd["op"], fd["call_site"], fd["pass"]) == ("numfix.fused_silu.default", "t.py:9 in forward", 1)
+    assert fd["inputs"][0]["within_tolerance"] and not fd["error"]["within_tolerance"]
+    assert "grows" in fd["then"], fd["then"]
+    assert j.keep == ("numfix.fused_silu.default|t.py:9 in forward|1|0",) * 2
+
+
+def test_ops_only_one_side_runs_leave_gaps_and_the_runs_still_agree():
+    ref = [rec(0, "aten.randn.default"), rec(1, "aten.mm.default", ins=[0], value=2.0),
+           rec(2, "aten.relu.default", ins=[1], value=2.0)]
+    cand = [rec(0, "aten.randn.default"), rec(1, "aten.addmm.default", ins=[0], value=2.0),   # another decomposition
+            rec(2, "aten.mm.default", ins=[0], value=2.0), rec(3, "aten.relu.default", ins=[2], value=2.0)]
+    j = judge.judge(ref, cand)
+    assert j.status == "agree" and j.aligned == 3, j.sentence
+    assert "1 op(s) run on one side only" in j.sentence and "bitwise equal" in j.sentence
+
+
+def test_a_rerun_names_the_first_op_that_differs_bitwise_even_within_tolerance():
+    ref = [rec(0, "aten.randn.default"), rec(1, "aten.index_add.default", ins=[0], value=2.0)]
+    cand = [rec(0, "aten.randn.default"), rec(1, "aten.index_add.default", ins=[0], value=2.0 + 1e-9)]
+    j = judge.judge(ref, cand, same_command=True)
+    assert j.status == "agree"
+    assert j.first_bitwise["op"] == "aten.index_add.default"
+    assert "not deterministic" in j.sentence and "aten.index_add.default" in j.sentence
+
+
+def test_a_difference_made_where_the_recorder_sees_no_op_is_named_as_that_region():
+    ref = [rec(0, "aten.randn.default"), rec(1, "aten.gelu.default", site="m.py:5 in forward", ins=[0], value=2.0),
+           rec(2, "aten.mse_loss.default", site="t.py:20 in main", ins=[1], value=3.0)]
+    cand = [rec(0, "aten.randn.default"), rec(1, "<input>", site="t.py:20 in main", value=2.5),
+            rec(2, "aten.mse_loss.default", site="t.py:20 in main", ins=[1], value=3.6)]
+    j = judge.judge(ref, cand)
+    assert j.status == "diverged"
+    fd = j.first_divergence
+    assert fd["op"] in ("<input>", "aten.gelu.default") and fd["seen_first_at"]["op"] == "aten.mse_loss.default"
+
+
+def test_different_programs_cannot_be_aligned_and_the_verdict_says_where_they_part():
+    ref = [rec(i, "aten.mm.default", site=f"a.py:{i} in f") for i in range(6)]
+    cand = [rec(i, "aten.conv2d.default", site=f"b.py:{i} in g") for i in range(6)]
+    j = judge.judge(ref, cand)
+    assert j.status == "unaligned"
+    assert "cannot be aligned" in j.sentence and "aten.mm.default" in j.sentence and "aten.conv2d.default" in j.sentence
+
+
+def test_alignment_falls_back_to_the_op_sequence_when_no_call_site_matches():
+    ref = [rec(i, f"aten.op{i}.default", site=f"a.py:{i} in f") for i in range(5)]
+    cand = [rec(i, f"aten.op{i}.default", site=f"copy_of_a.py:{i} in f") for i in range(5)]
+    al = align.align(ref, cand)
+    assert al.by == "op sequence" and len(al.pairs) == 5
+
+
+def test_the_recorder_fingerprints_outputs_with_their_producers(tmp_path):
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import record
+
+    fp = record.Fingerprints(str(tmp_path / "r.jsonl"))
+    with record.make_mode(fp)():
+        x = torch.randn(8, 16)
+        y = x.t().contiguous() * 2           # a view and a copy: no records of their own
+        z = y.to(torch.bfloat16).sum()
+        y.add_(1)                            # in place: reads y as record 1 made it
+        v = y * 3                            # reads y as the add_ made it
+        w = torch.tensor([1.0, float("nan"), float("inf")]) + 1
+    fp.close()
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    ops = [r["op"] for r in rows]
+    assert ops[:5] == ["aten.randn.default", "aten.mul.Tensor", "aten.sum.default", "aten.add_.Tensor",
+                       "aten.mul.Tensor"], ops
+    assert rows[1]["in"] == [0] and rows[2]["in"] == [1]                      # producers through view, copy and cast
+    assert rows[3]["in"] == [1] and rows[4]["in"] == [3] and v is not None
+    assert rows[0]["sum"] == pytest.approx(float(x.double().sum()))
+    assert rows[0]["amax"] == pytest.approx(float(x.abs().max()))
+    assert rows[2]["dtype"] == "bfloat16" and rows[0]["site"].endswith("in test_the_recorder_fingerprints_outputs_with_their_producers")
+    last = rows[-1]
+    assert (last["nan"], last["inf"]) == (1, 1) and z is not None and w is not None
+
+
+def test_vary_and_two_command_forms_are_parsed_and_bad_input_is_named():
+    assert parse_vary("impl=good,bad") == ("impl", "good", "bad")
+    ref, cand, re, ce = commands_of([], ["python", "t.py", "--impl", "{impl}"], ["impl=good,bad"])
+    assert ref[-1] == "good" and cand[-1] == "bad" and re == ce == {}
+    ref, cand, re, ce = commands_of([], ["python", "t.py"], ["env.FLAG=0,1"])
+    assert re == {"FLAG": "0"} and ce == {"FLAG": "1"}
+    for pos, cmd, vary, msg in [(["python a.py"], None, [], "give two commands"),
+                                ([], ["python", "t.py", "{x}"], ["impl=a,b"], "impl"),
+                                ([], ["python", "t.py"], ["impl=a"], "KEY=REF,CAND"),
+                                ([], ["python", "t.py"], [], "needs --vary")]:
+        with pytest.raises(BadInput, match=msg):
+            commands_of(pos, cmd, vary)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["compare", "python a.py"], "give two commands"),
+    (["compare", "--vary", "impl=good", "--", "python", "t.py", "{impl}"], "KEY=REF,CAND"),
+    (["compare", "--rtol", "-1", "python a.py", "python b.py"], "--rtol"),
+    (["compare", "--rtol", "x", "python a.py", "python b.py"], "--rtol"),
+    (["compare", "--stall", "0", "python a.py", "python b.py"], "--stall"),
+])
+def test_bad_options_exit_2_with_one_line(argv, words, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "gpulab", *argv], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], p.stderr
+    assert not list(tmp_path.iterdir())   # nothing run, nothing written
+
+
+def test_a_run_that_recorded_no_op_cannot_be_compared_and_says_so():
+    j = judge.judge([], [rec(0, "aten.mm.default")])
+    assert j.status == "unaligned" and "the reference run recorded no PyTorch op" in j.sentence
+
+
+
+def test_the_replay_says_which_run_is_right_and_the_cause_of_a_nan_or_inf(tmp_path):
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import replay
+    from gpulab.numerics.names import REPLAY
+
+    x, good, zero = torch.tensor([1.0, 2.0]), torch.tensor([2.0, 4.0]), torch.tensor([2.0, 0.0])
+    for side, (den, out) in {"ref": (good, x / good), "cand": (zero, x / zero)}.items():
+        (tmp_path / side).mkdir()
+        torch.save({"op": "aten.div.Tensor", "note": "", "inputs": [x, den], "output": out,
+                    "f64": x.double() / den.double()}, tmp_path / side / REPLAY)
+    got = replay.judge(tmp_path / "ref", tmp_path / "cand")
+    assert got["reference_right"] and got["candidate_right"], got
+    assert "both runs compute it right" in got["words"]
+    assert got["cause"] and "zero" in got["cause"], got["cause"]
+    wrong = {"op": "numfix.fused_silu.default", "note": "", "inputs": [x], "output": x * 1.15, "f64": x.double()}
+    torch.save(wrong, tmp_path / "cand" / REPLAY)
+    got = replay.judge(tmp_path / "ref", tmp_path / "cand")
+    assert got["reference_right"] and not got["candidate_right"] and "candidate's kernel is wrong" in got["words"]

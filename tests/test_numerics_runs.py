@@ -1,0 +1,141 @@
+"""`gpulab compare` on real training programs in real child processes (tests/fixtures/numerics/): a custom op
+wrong on one side is named with its line and pass; a statistic accumulated in bfloat16 is named before the Inf
+it causes; a deterministic program agrees with itself; eager agrees with torch.compile; a command that does
+not start, a run that crashes and two different programs get a verdict saying which and where. On a GPU:
+float32 CPU against float32 CUDA agrees, and a nondeterministic op is named on a rerun; on the CPU, its stand-in
+(matmuls accumulated in another order) agrees while a matmul 1e-3 wrong among them is named."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpulab.numerics import compare
+
+FIX = Path(__file__).parent / "fixtures" / "numerics"
+PY = sys.executable
+
+
+def _line(fixture: str, text: str) -> int:
+    lines = (FIX / fixture).read_text().splitlines()
+    return next(n for n, ln in enumerate(lines, 1) if text in ln)
+
+
+def _gpulab(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "gpulab", "compare", *argv], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
+
+
+def test_a_custom_op_wrong_on_one_side_is_named_with_its_line_and_pass_and_the_replay_says_who_is_right(tmp_path):
+    js = tmp_path / "c.json"
+    p = _gpulab("--json", str(js), "--out", str(tmp_path / "out"), "--stall", "120", "--vary", "impl=good,bad",
+                "--", PY, str(FIX / "custom_op_train.py"), "--impl", "{impl}", cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    v = json.loads(js.read_text())
+    fd = v["first_divergence"]
+    assert v["status"] == "diverged", v["summary"]
+    assert fd["op"] == "numfix.fused_silu.default", v["summary"]
+    assert fd["call_site"].endswith(f"custom_op_train.py:{_line('custom_op_train.py', 'h = fused_silu')} in forward")
+    assert fd["pass"] == 3                                  # the bad kernel runs from the first large batch
+    assert fd["error"]["max_rel_err"] == pytest.approx(0.15, rel=0.01)
+    assert fd["inputs"] and all(i["within_tolerance"] for i in fd["inputs"])
+    assert v["replay"]["reference_right"] is True and v["replay"]["candidate_right"] is False
+    assert "numfix.fused_silu.default" in p.stdout and "pass 3" in p.stdout and "candidate's kernel is wrong" in p.stdout
+
+
+def test_b_a_statistic_accumulated_in_bfloat16_is_named_before_the_inf_it_causes(tmp_path):
+    c = compare.run([PY, str(FIX / "stat_train.py"), "--stat-dtype", "float32"],
+                    [PY, str(FIX / "stat_train.py"), "--stat-dtype", "bfloat16"], tmp_path, stall_s=120,
+                    replay=False)
+    assert c.status == "diverged", c.summary
+    fd = c.first_divergence
+    lines = {_line("stat_train.py", "total = total + seen"), _line("stat_train.py", "total_sq = total_sq + seen")}
+    assert fd["op"] == "aten.add.Tensor" and int(fd["call_site"].split(":")[1].split()[0]) in lines, c.summary
+    assert 1 < fd["pass"] < 40 and not fd["nan_inf"], c.summary       # long before the Inf of step 40
+    assert fd["tolerance"]["dtypes"] == ["float32", "bfloat16"] and fd["tolerance"]["rtol"] == 1.6e-2
+    assert "NaN/Inf" in fd["then"], fd["then"]                        # the Inf comes later, from it
+    t = c.table
+    assert t["first_divergence"].sum() == 1 and (t["excess"] > 1).any()
+
+
+def test_c_a_deterministic_program_agrees_with_itself_bit_for_bit(tmp_path):
+    cmd = f"{PY} {FIX / 'custom_op_train.py'} --steps 3"
+    c = compare.run(cmd, cmd, tmp_path, stall_s=120)
+    assert c.status == "agree", c.summary
+    assert c.first_bitwise is None and "bitwise equal" in c.summary
+    assert c.aligned["aligned"] == c.aligned["reference_ops"] > 50
+
+
+def test_d_eager_and_torch_compile_agree(tmp_path):
+    c = compare.run([PY, str(FIX / "compiled_mlp.py")], [PY, str(FIX / "compiled_mlp.py"), "--compile"], tmp_path,
+                    stall_s=240)
+    assert c.status == "agree", c.summary
+    assert c.aligned["candidate_ops"] < c.aligned["reference_ops"]   # the compiled region's inside is not seen
+    assert "within tolerance" in c.summary
+
+
+def test_e_a_command_that_does_not_start_gets_a_verdict_and_exit_127(tmp_path):
+    js = tmp_path / "c.json"
+    p = _gpulab("--json", str(js), "--out", str(tmp_path / "out"), f"{PY} {FIX / 'compiled_mlp.py'} --steps 1",
+                "no-such-program-gpulab --x", cwd=tmp_path)
+    assert p.returncode == 127, p.stderr
+    v = json.loads(js.read_text())
+    assert v["status"] == "failed" and "candidate command did not start" in v["summary"], v["summary"]
+    assert "no-such-program-gpulab" in v["summary"] and "Traceback" not in p.stdout + p.stderr
+
+
+def test_e_a_run_that_crashes_midway_says_which_where_and_how_far_they_agree(tmp_path):
+    c = compare.run(f"{PY} {FIX / 'custom_op_train.py'} --steps 4",
+                    f"{PY} {FIX / 'custom_op_train.py'} --steps 4 --crash-at 2", tmp_path, stall_s=120)
+    assert c.status == "failed", c.summary
+    assert c.runs[1].status == "error" and c.runs[0].status == "ok"
+    assert "The candidate run exited with code 1" in c.summary and "the data loader failed at step 2" in c.summary
+    assert "up to there the runs agree" in c.summary.lower(), c.summary
+    assert 0 < c.runs[1].ops < c.runs[0].ops
+
+
+def test_e_two_different_programs_cannot_be_aligned(tmp_path):
+    c = compare.run(f"{PY} {FIX / 'custom_op_train.py'} --steps 2", f"{PY} {FIX / 'stat_train.py'} --steps 3",
+                    tmp_path, stall_s=120)
+    assert c.status == "unaligned", c.summary
+    assert "cannot be aligned" in c.summary and c.parted is not None
+
+
+def test_f_matmuls_accumulated_in_another_order_agree_and_the_largest_rounding_is_noted(tmp_path):
+    """The CPU's stand-in for CPU against CUDA: the candidate's mm/bmm/addmm accumulate in float64 and round once
+    (another valid float32 result): rounding, amplified by 32-term reductions and an optimizer's division, is
+    not a divergence."""
+    c = compare.run([PY, str(FIX / "layers_train.py")], [PY, str(FIX / "layers_train.py"), "--accumulate", "float64"],
+                    tmp_path, stall_s=120)
+    assert c.status == "agree", c.summary
+    assert c.first_bitwise is not None and "largest rounding difference" in c.summary, c.summary
+    assert (c.table["excess"] <= 1).all() and (c.table["bitwise_equal"] == False).any()  # noqa: E712
+
+
+def test_f_a_matmul_wrong_by_1e_3_among_reordered_ones_is_still_named(tmp_path):
+    c = compare.run([PY, str(FIX / "layers_train.py")], [PY, str(FIX / "layers_train.py"), "--accumulate", "wrong"],
+                    tmp_path, stall_s=120)
+    assert c.status == "diverged", c.summary
+    fd = c.first_divergence
+    line = _line("layers_train.py", "att = torch.softmax(q @ k")
+    assert fd["op"] == "aten.bmm.default" and fd["call_site"].endswith(f"layers_train.py:{line} in forward"), c.summary
+    assert fd["pass"] == 1 and not fd["backward"] and fd["error"]["max_rel_err"] == pytest.approx(1e-3, rel=0.05)
+    assert c.replay["reference_right"] is True and c.replay["candidate_right"] is False, c.summary
+
+
+@pytest.mark.gpu
+def test_float32_cpu_and_float32_cuda_agree_on_ordinary_layers(tmp_path):
+    c = compare.run(f"{PY} {FIX / 'layers_train.py'} --device cpu", f"{PY} {FIX / 'layers_train.py'} --device cuda",
+                    tmp_path, stall_s=120)
+    assert c.status == "agree", c.summary
+
+
+@pytest.mark.gpu
+def test_a_nondeterministic_op_on_cuda_is_named_bitwise_on_a_rerun(tmp_path):
+    cmd = f"{PY} {FIX / 'nondeterministic_scatter.py'} --device cuda"
+    c = compare.run(cmd, cmd, tmp_path, stall_s=120)
+    assert c.first_bitwise is not None and c.first_bitwise["op"].startswith("aten.index_add"), c.summary
+    assert "not deterministic" in c.summary or c.status == "diverged"
