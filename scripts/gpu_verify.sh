@@ -69,6 +69,12 @@ for s in "$@"; do case $s in
   fromgpu)  step fromgpu ${FROM_LIMIT:-300} python3 -m gpulab run --from $RES/eagerhang/out --out $RES/fromgpu/outputs \
               --notebook-timeout 240 ;;   # after eagerhang: the chain on what that watch caught
   bisect)   step bisect 420 python3 benchmarks/bench_bisect.py --out $RES/bisect --parts gpu ;;
+  fp)       step fp 200 python3 benchmarks/bench_fingerprint.py --out $RES/fp --device cuda --steps 10 --warmup 3 ;;
+  compare)  step compare 300 python3 -m gpulab compare --json $RES/compare/compare.json \
+              "python3 tests/fixtures/numerics/layers_train.py --device cpu" "python3 tests/fixtures/numerics/layers_train.py --device cuda" ;;
+  numerics) step numerics 400 python3 -m pytest -q -p no:cacheprovider -rs tests/test_numerics_runs.py tests/test_numerics.py \
+              tests/test_numerics_notebook.py -m "gpu or not slow" ;;
+  chaintime) step chaintime 560 python3 benchmarks/bench_chain_time.py --out $RES/chaintime --device cuda --cases ${CASES:-builtin,healthy,failing} ;;
   seeds)    step seeds ${SEEDS_LIMIT:-580} python3 -m pytest -q -p no:cacheprovider -p no:randomly -rs \
               --basetemp=$RES/seeds/t tests/test_seeds_gpu.py ${SEEDS_K:+-k "$SEEDS_K"} ;;   # the seeds' scenarios, whole chains
   *) echo "unknown step $s" ;;

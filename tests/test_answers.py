@@ -174,6 +174,22 @@ def test_direct_evidence_is_tried_whoever_owns_the_culprit(verdict, platform, fi
     assert "apply with:" in suggest.sentence(said)
 
 
+# A fault whose owner memcheck observed: the faulting access is in the program's own kernel (its source named).
+# The program's last words say a fault happened, memcheck says whose code made it: no platform setting answers it.
+OWN_KERNEL_FAULT = {**v(status="error", cls="illegal_address", stderr="CUDA error: an illegal memory access was encountered"),
+                    "owner": {"kind": "program", "where": "kernel oob_write (ext.cu:12)",
+                              "why": "compute-sanitizer found the faulting access in kernel oob_write"},
+                    "memcheck": {"errors": [{"kernel": "oob_write", "file": "/work/ext.cu", "line": 12}]}}
+
+
+def test_an_observed_owner_outranks_the_programs_last_words():
+    assert "cpu_fallback" not in {s["fix"] for s in suggest.for_verdict(OWN_KERNEL_FAULT, platform_facts=CUDA)}
+    assert answers.ruled_out(registry.get("cpu_fallback"), [OWN_KERNEL_FAULT], CUDA) is not None
+    inferred = {k: v_ for k, v_ in OWN_KERNEL_FAULT.items() if k != "memcheck"}   # the owner read from frames only
+    assert "cpu_fallback" in {s["fix"] for s in suggest.for_verdict(inferred, platform_facts=CUDA)}
+    assert answers.brief(OWN_KERNEL_FAULT).get("owner_seen") is True
+
+
 def test_a_segfault_in_the_programs_op_gets_no_sdpa_or_dataloader_scenario():
     got = scenarios.plan(scenarios.Pointers(), [SEGFAULT_IN_OWN_OP], CPU, ("unknown",), ["baseline"])
     assert got.stages == ()

@@ -10,15 +10,16 @@ import sys
 
 import pytest
 
-from gpulab.numerics import align, figures, judge, tolerance
+from gpulab.numerics import align, figures, judge, reduction, tolerance
 from gpulab.numerics.commands import commands_of, parse_vary
 from gpulab.args import BadInput
 
 
 def rec(i, op, site="t.py:1 in f", npass=1, ins=(), value=1.0, n=4, dtype="float32", bwd=False, shape=None,
-        nan=0, inf=0, out=0):
+        nan=0, inf=0, out=0, k=1):
     sample = [value * (k + 1) for k in range(n)]
-    return {"i": i, "op": op, "site": site, "pass": npass, "bwd": bwd, "out": out, "in": list(ins), "dtype": dtype,
+    return {"i": i, "op": op, "site": site, "pass": npass, "bwd": bwd, "out": out, "in": list(ins), "k": k,
+            "dtype": dtype,
             "shape": shape or [n], "n": n, "device": "cpu", "sum": sum(sample), "asum": sum(abs(s) for s in sample),
             "amax": max(abs(s) for s in sample), "sample": sample, "ck": hash((value, dtype)) % 1000, "nan": nan,
             "inf": inf}
@@ -64,6 +65,62 @@ def test_the_verdict_names_the_op_that_introduces_the_difference_not_the_first_t
     assert fd["inputs"][0]["within_tolerance"] and not fd["error"]["within_tolerance"]
     assert "grows" in fd["then"], fd["then"]
     assert j.keep == ("numfix.fused_silu.default|t.py:9 in forward|1|0",) * 2
+
+
+def _attention(rel: float, k: int) -> tuple[list[dict], list[dict]]:
+    """q, k (max-abs 3), their scores (a k-term bmm) off by rel in the candidate, the softmax that passes it on, and
+    an output that agrees again."""
+    ref = [rec(0, "aten.randn.default", value=0.75), rec(1, "aten.randn.default", site="t.py:2 in f", value=0.75),
+           rec(2, "aten.bmm.default", site="t.py:3 in f", ins=[0, 1], value=2.3, k=k),
+           rec(3, "aten._softmax.default", site="t.py:4 in f", ins=[2], value=0.2, k=16),
+           rec(4, "aten.add.Tensor", site="t.py:5 in f", ins=[3], value=1.0)]
+    cand = [dict(r) for r in ref]
+    cand[2] = rec(2, "aten.bmm.default", site="t.py:3 in f", ins=[0, 1], value=2.3 * (1 + rel), k=k)
+    cand[3] = rec(3, "aten._softmax.default", site="t.py:4 in f", ins=[2], value=0.2 * (1 + rel), k=16)
+    return ref, cand
+
+
+def test_a_reductions_rounding_within_its_allowance_is_not_a_divergence_and_what_it_passes_on_is_not_either():
+    j = judge.judge(*_attention(4e-5, 32))     # 17x assert_close's tolerance, 0.4x a 32-term dot product's allowance
+    assert j.status == "agree", j.sentence
+    assert "largest rounding difference is at aten.bmm.default at t.py:3" in j.sentence, j.sentence
+    assert j.rounding["excess"] > 10 and "32-term reduction" in j.rounding["why"]
+    # the same difference from an elementwise op (K = 1) is held to assert_close's tolerance
+    j = judge.judge(*_attention(4e-5, 1))
+    assert j.status == "diverged" and j.first_divergence["op"] == "aten.bmm.default", j.sentence
+    # and a matmul wrong by 1e-3 is beyond its allowance
+    j = judge.judge(*_attention(1e-3, 32))
+    assert j.status == "diverged" and j.first_divergence["op"] == "aten.bmm.default", j.sentence
+    assert j.first_divergence["error"]["reduction_allowance"] > 0
+
+
+def test_an_op_a_replay_found_right_on_both_sides_is_judged_past_and_rounding_that_grows_is_said():
+    ref, cand = _attention(4e-5, 1)
+    j = judge.judge(ref, cand)
+    assert j.status == "diverged" and j.keep
+    j = judge.judge(ref, cand, rounding=(j.keep[0],))
+    assert j.status == "agree" and "replayed against float64" in j.sentence, j.sentence
+    cand[4] = rec(4, "aten.add.Tensor", site="t.py:5 in f", ins=[3], value=1.01)   # it does not fade
+    j = judge.judge(ref, cand, rounding=("aten.bmm.default|t.py:3 in f|1|0",))
+    assert j.status == "diverged" and "rounding grows past the tolerance" in j.sentence, j.sentence
+    assert j.first_divergence["op"] == "aten.bmm.default" and j.keep is None
+
+
+@pytest.mark.parametrize("name, shapes, ints, out, k", [
+    ("mm", [(8, 32), (32, 4)], [], (8, 4), 32), ("bmm", [(2, 8, 32), (2, 32, 4)], [], (2, 8, 4), 32),
+    ("addmm", [(4,), (8, 32), (32, 4)], [], (8, 4), 32), ("linear", [(2, 8, 32), (4, 32)], [], (2, 8, 4), 32),
+    ("_softmax", [(4, 16, 16)], [-1, False], (4, 16, 16), 16), ("native_layer_norm", [(4, 16, 32), (32,)], [[32]],
+                                                                 (4, 16, 32), 32),
+    ("sum", [(4, 16, 32)], [[1, 2]], (4,), 512), ("convolution", [(2, 3, 8, 8), (6, 3, 3, 3)], [], (2, 6, 6, 6), 27),
+    ("mul", [(4, 4), (4, 4)], [], (4, 4), 1),
+    ("_scaled_dot_product_flash_attention_for_cpu", [(1, 2, 16, 8), (1, 2, 16, 8), (1, 2, 16, 8)], [], (1, 2, 16, 8),
+     24)])
+def test_the_reduction_length_of_an_op_comes_from_its_shapes_and_arguments(name, shapes, ints, out, k):
+    assert reduction.length(name, shapes, ints, out) == k
+    got = reduction.allowance(f"aten.{name}.default", k, "float32", 1.3e-6, [3.0, 3.0], 5.0)
+    assert (got > 0) == (k > 1)
+    if name == "mm":   # K * max|a| * max|b| * (2 rtol + sqrt(K) eps)
+        assert got == pytest.approx(32 * 9.0 * (2 * 1.3e-6 + 32 ** 0.5 * 2.0 ** -23))
 
 
 def test_ops_only_one_side_runs_leave_gaps_and_the_runs_still_agree():

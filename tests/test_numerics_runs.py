@@ -112,7 +112,7 @@ def test_f_matmuls_accumulated_in_another_order_agree_and_the_largest_rounding_i
                     tmp_path, stall_s=120)
     assert c.status == "agree", c.summary
     assert c.first_bitwise is not None and "largest rounding difference" in c.summary, c.summary
-    assert (c.table["excess"] <= 1).all() and (c.table["bitwise_equal"] == False).any()  # noqa: E712
+    assert not c.table["bitwise_equal"].all()
 
 
 def test_f_a_matmul_wrong_by_1e_3_among_reordered_ones_is_still_named(tmp_path):

@@ -139,7 +139,16 @@ def facts(verdict: Mapping[str, Any], platform: Mapping[str, Any] | None = None)
         "stderr": str(verdict.get("stderr_tail") or ""),
         "gpu": platform.get("gpu"),
         "owner": (verdict.get("owner") or {}).get("kind") or "unknown",
+        "owner_seen": bool(verdict.get("owner_seen")) or owner_seen(verdict),
     }
+
+
+def owner_seen(verdict: Mapping[str, Any]) -> bool:
+    """Whether the owner is itself observed, not inferred: compute-sanitizer found the faulting access in a
+    kernel it named (gpulab.hang.owner). Then the owner rules fixes out even for an Answer on direct evidence:
+    the program's last words ("illegal memory access") say a fault happened, memcheck says whose code made it."""
+    mc = verdict.get("memcheck") or {}
+    return any(e.get("file") or e.get("kernel") for e in mc.get("errors") or () if isinstance(e, Mapping))
 
 
 def brief(verdict: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,6 +156,8 @@ def brief(verdict: Mapping[str, Any]) -> dict[str, Any]:
     frames of every thread travel as `native_frames`."""
     keep = ("status", "phase", "class", "in_flight_op", "host_blocked_in", "driver_call", "stderr_tail", "owner")
     out = {k: verdict.get(k) for k in keep if verdict.get(k) is not None}
+    if owner_seen(verdict):
+        out["owner_seen"] = True
     native = (verdict.get("stacks") or {}).get("native")
     if native:
         out["native_frames"] = native[:20000]
@@ -173,7 +184,8 @@ def _holds(kind: str, wanted: Sequence[str], fact: Any) -> str | None:
 
 
 def direct(answer: Answer) -> bool:
-    """Whether the Answer rests on a fact the verdict shows directly (DIRECT): its owner condition is then moot."""
+    """Whether the Answer rests on a fact the verdict shows directly (DIRECT): its owner condition is then moot,
+    unless the owner was observed too (owner_seen)."""
     return any(k in DIRECT for k in answer.conditions())
 
 
@@ -182,7 +194,7 @@ def holds(answer: Answer, evidence: Mapping[str, Any]) -> tuple[str, ...] | None
     evidence holds whoever owns the culprit (DIRECT)."""
     cited = []
     for key, wanted in answer.conditions().items():
-        if key == "owner" and direct(answer):
+        if key == "owner" and direct(answer) and not evidence.get("owner_seen"):
             continue
         got = _holds(CONDITIONS[key], wanted, evidence.get(key))
         if got is None:
