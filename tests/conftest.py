@@ -35,11 +35,12 @@ def _has_gpu() -> bool:
 # The files that take longest (test time on a 2-core CPU machine, Inductor cache cold as on CI), handed out
 # first: with `--dist loadfile` a worker takes whole files in collection order, so a long file collected last keeps one
 # worker busy after the other has finished (about 50 s of a 13-minute suite). Order only; nothing is skipped.
-LONGEST_FIRST = ("test_jobs", "test_liveness", "test_from_capture", "test_fixes", "test_oracle", "test_compiled",
-                 "test_fsdp_job", "test_ladder_bisect", "test_script_attention", "test_chain", "test_runner",
-                 "test_fix_selection", "test_watch_long", "test_faults_watch", "test_interrupts",
-                 "test_instrument_notebook", "test_chain_failing", "test_trace", "test_watch_memory", "test_lazydynamo",
-                 "test_recorder_modes", "test_champion", "test_chain_crash")
+LONGEST_FIRST = ("test_jobs", "test_liveness", "test_from_capture", "test_fixes", "test_oracle", "test_numerics_runs",
+                 "test_compiled", "test_user_project", "test_evidence_first", "test_fsdp_job", "test_ladder_bisect",
+                 "test_script_attention", "test_chain", "test_numerics_notebook", "test_nan_cause_recorded",
+                 "test_runner", "test_nan_cause_chain", "test_fix_selection", "test_watch_long", "test_faults_watch",
+                 "test_firstrun", "test_interrupts", "test_instrument_notebook", "test_chain_failing", "test_trace",
+                 "test_watch_memory", "test_lazydynamo", "test_recorder_modes", "test_champion", "test_chain_crash")
 
 
 def pytest_collection_modifyitems(config, items):
