@@ -33,6 +33,12 @@ class Parser(argparse.ArgumentParser):
         self.exit(proc.EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def split_command(argv) -> tuple[list[str], list[str] | None]:
+    """gpulab's options, then the command after '--' (None when there is no '--': a command may be empty)."""
+    raw = list(argv)
+    return (raw[:raw.index("--")], raw[raw.index("--") + 1:]) if "--" in raw else (raw, None)
+
+
 def parser(prog: str, description: str, example: str) -> argparse.ArgumentParser:
     return Parser(prog=prog, description=description, formatter_class=Formatter, epilog=f"example:\n  {example}")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gpulab import device, paramsets, proc, report, workloads
-from gpulab.args import BadInput, json_target, parser, positive, writable_dir
+from gpulab.args import BadInput, json_target, parser, positive, split_command, writable_dir
 from gpulab.fixes import matrix, outcome, scenarios, suggest
 from gpulab.fixes.target import Target
 from gpulab.hang.watchdog import watch
@@ -66,8 +66,8 @@ def _target(command: Sequence[str], overrides: Sequence[str]) -> Target:
 
 
 def main(argv: Sequence[str]) -> int:
-    raw = list(argv)
-    opts, command = (raw[:raw.index("--")], raw[raw.index("--") + 1:]) if "--" in raw else (raw, [])
+    opts, command = split_command(argv)
+    command = command or []
     args = _parser().parse_args(opts)
     try:
         if args.jobs < 0:

@@ -15,15 +15,10 @@ from pathlib import Path
 from typing import Sequence
 
 from gpulab import proc, report
-from gpulab.args import BadInput, json_target, parser, positive, writable_dir
+from gpulab.args import BadInput, json_target, parser, positive, split_command, writable_dir
 from gpulab.hang.investigation import bisect
 from gpulab.numerics import tolerance
 from gpulab.trace import liveness
-
-
-def _split(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
-    raw = list(argv)
-    return (raw[:raw.index("--")], raw[raw.index("--") + 1:]) if "--" in raw else (raw, None)
 
 
 def parse_vary(spec: str) -> tuple[str, str, str]:
@@ -70,7 +65,7 @@ def commands_of(positional: list[str], command: list[str] | None, vary: list[str
 
 
 def main(argv: Sequence[str]) -> int:
-    opts, command = _split(argv)
+    opts, command = split_command(argv)
     p = parser("gpulab compare", "Run a reference and a candidate command, each recorded with a fingerprint of "
                "every op's output (no change to the program), align them op by op and name the first op whose "
                "inputs agree and whose output does not: op, call site, pass, error figures against the "

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gpulab import device, paramsets, proc, report, workloads
-from gpulab.args import BadInput, json_target, parser, positive, writable_dir
+from gpulab.args import BadInput, json_target, parser, positive, split_command, writable_dir
 from gpulab.hang.investigation import bisect, ladder
 from gpulab.hang import faults
 from gpulab.hang.watchdog import watch
@@ -15,8 +15,8 @@ from gpulab.trace import liveness
 
 
 def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    raw = list(argv)
-    return (raw[:raw.index("--")], raw[raw.index("--") + 1:]) if "--" in raw else (raw, [])
+    opts, command = split_command(argv)
+    return opts, command or []
 
 
 def _common(p) -> None:

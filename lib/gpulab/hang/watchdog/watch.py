@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import proc, tee, trace, workloads
-from gpulab.args import BadInput, json_target, parser, positive, writable_dir
+from gpulab.args import BadInput, json_target, parser, positive, split_command, writable_dir
 from gpulab.hang import classify, faults
 from gpulab.hang.watchdog import evidence, keepstall, stalls
 from gpulab.hang.jobs import job, jobread
@@ -439,7 +439,7 @@ def main(argv: Sequence[str] | None = None,
     """`gpulab watch` without the fix suggestions; the command itself is gpulab.fixes.commands.watch_main,
     which passes `finish` (gpulab.hang cannot import gpulab.fixes)."""
     raw = list(sys.argv[1:] if argv is None else argv)
-    opts, command = (raw[:raw.index("--")], raw[raw.index("--") + 1:]) if "--" in raw else (raw, [])
+    opts, command = split_command(raw)
     args = _parser().parse_args(opts)
     command = command or list(args.command)
     if not command:
