@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 
-from gpt_step import GPT  # noqa: E402
+import gpt_step  # noqa: E402
 from gpulab.numerics import record  # noqa: E402
 
 GOAL = 1.5
@@ -40,16 +40,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tiny", action="store_true", help="a small size (the CPU's default)")
     a = ap.parse_args()
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
-    tiny = a.tiny or dev == "cpu"
-    cfg = dict(vocab=512, ctx=64, d=64, layers=2, heads=4) if tiny else dict(vocab=50304, ctx=1024, d=768, layers=12,
-                                                                               heads=12)
-    batch = 4 if tiny else 8
-    torch.manual_seed(0)
-    model = GPT(**cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev == "cuda")
-    idx = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
-    tgt = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
+    dev, model, opt, idx, tgt = gpt_step.setup(a.device, a.tiny)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     fp = record.Fingerprints(os.path.join(tempfile.mkdtemp(prefix="gpulab-fp-"), "bench.jsonl"))
@@ -83,7 +74,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratios = [r / u for r, u in zip(samples["recorded"], samples["unrecorded"])]
     res = {"device": dev, "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
-           "size": "tiny" if tiny else "gpt2-small", "batch": batch, "records_per_step": per_step,
+           "size": "tiny" if idx.shape[1] < 1024 else "gpt2-small", "batch": idx.shape[0], "records_per_step": per_step,
            "unrecorded_ms": med["unrecorded"] * 1e3, "recorded_ms": med["recorded"] * 1e3,
            "ratio": med["recorded"] / med["unrecorded"], "ratio_per_pair_median": statistics.median(ratios),
            "us_per_record": (med["recorded"] - med["unrecorded"]) / max(per_step, 1) * 1e6, "goal": GOAL,

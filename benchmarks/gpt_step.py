@@ -53,6 +53,22 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
 
 
+def setup(device: str = "auto", tiny: bool = False):
+    """(device, model, AdamW, tokens, targets): GPT-2 small (batch 8 of 1024 tokens) on a GPU, a tiny one on the
+    CPU; the benchmarks that time this step share it."""
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    tiny = tiny or dev == "cpu"
+    cfg = dict(vocab=512, ctx=64, d=64, layers=2, heads=4) if tiny else dict(vocab=50304, ctx=1024, d=768, layers=12,
+                                                                               heads=12)
+    batch = 4 if tiny else 8
+    torch.manual_seed(0)
+    model = GPT(**cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev == "cuda")
+    idx = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
+    tgt = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
+    return dev, model, opt, idx, tgt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
@@ -62,17 +78,8 @@ def main() -> None:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--tiny", action="store_true", help="a small size (the CPU's default)")
     a = ap.parse_args()
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
-    tiny = a.tiny or dev == "cpu"
-    cfg = dict(vocab=512, ctx=64, d=64, layers=2, heads=4) if tiny else dict(vocab=50304, ctx=1024, d=768, layers=12,
-                                                                               heads=12)
-    batch = 4 if tiny else 8
-    torch.manual_seed(0)
-    model = GPT(**cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev == "cuda")
+    dev, model, opt, idx, tgt = setup(a.device, a.tiny)
     fwd = torch.compile(model) if a.compile else model
-    idx = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
-    tgt = torch.randint(0, cfg["vocab"], (batch, cfg["ctx"]), device=dev)
     times, host, t_first = [], [], time.perf_counter()
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
@@ -86,7 +93,7 @@ def main() -> None:
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
             host.append(t_host - t0)
-    out = {"device": dev, "compile": a.compile, "size": "tiny" if tiny else "gpt2-small", "batch": batch,
+    out = {"device": dev, "compile": a.compile, "size": "tiny" if idx.shape[1] < 1024 else "gpt2-small", "batch": idx.shape[0],
            "step_s": times, "host_s": host, "loss": value, "finite": math.isfinite(value),
            "total_s": time.perf_counter() - t_first}
     if a.compile:
