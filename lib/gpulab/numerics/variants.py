@@ -111,6 +111,16 @@ def _program(mode: str, cfg: WorkloadConfig, has_gpu: bool) -> Variant:
                    f"(candidate)", _fill(argv, "float32"), _fill(argv, low))
 
 
+def run(v: Variant, out_dir: str, *, timeout_s: float, stall_s: float, log=print):
+    """05's comparison of the planned pair, in out_dir/compare; None when the choice does not apply."""
+    if not v.applies:
+        return None
+    from gpulab.numerics import compare
+
+    return compare.run(v.reference, v.candidate, f"{out_dir}/compare", ref_env=dict(v.ref_env),
+                       cand_env=dict(v.cand_env), timeout_s=timeout_s, stall_s=stall_s, log=log)
+
+
 def metrics(v: Variant, comparison_dict: Mapping[str, Any] | None) -> dict:
     """05's `compare` metrics: what ran, the status and the first divergence (op, call site, pass, cause).
     comparison_dict is Comparison.to_dict() (None when nothing ran)."""
