@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from gpulab import proc  # noqa: E402
+from gpulab.trace import liveness  # noqa: E402
 
 CASES = {
     "healthy": ["tests/fixtures/healthy_train.py"],
@@ -84,7 +85,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     ap.add_argument("--cases", default="healthy,failing,builtin")
-    ap.add_argument("--stall", type=float, default=30.0, help="the chain's stall_s (base.yaml's default: 30)")
+    ap.add_argument("--stall", type=float, default=liveness.STALL_S, help="the chain's stall_s (default: gpulab's window)")
     ap.add_argument("--params", action="append", default=[], help="more parameter files for every chain")
     a = ap.parse_args()
     cases = [c for c in a.cases.split(",") if c]
