@@ -1,9 +1,10 @@
 """Figure: what `gpulab compare`'s recorder costs a training step. A GPT-2-small-shaped training step
 (benchmarks/gpt_step.py's model: 12 layers, width 768, 1024 tokens, batch 8, bf16 autocast, AdamW; a tiny size
 on the CPU) timed unrecorded and recorded (gpulab.numerics.record's mode: a fingerprint of every floating
-output, queued on the device, copied to the host a block at a time), side by side in one process: the two
-variants alternate step by step after a warm-up, and each step ends at the loss on the host (the .item() a
-training loop logs). Goal: recorded / unrecorded <= 1.5 on an H100.
+output, queued on the device, copied to the host a block at a time), side by side in one process with a third
+variant, the same step under an empty Python dispatch mode (what any per-op Python recorder costs before it does
+anything: the floor of this design). The variants alternate step by step after a warm-up, and each step ends at
+the loss on the host (the .item() a training loop logs). Goal: recorded / unrecorded <= 1.5 on an H100.
 
   python benchmarks/bench_fingerprint.py --out DIR [--device auto|cpu|cuda] [--steps N] [--warmup N] [--tiny]
 
@@ -25,6 +26,7 @@ sys.path.insert(0, str(HERE.parent / "lib"))
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import gpt_step  # noqa: E402
 from gpulab.numerics import record  # noqa: E402
@@ -60,16 +62,29 @@ def main() -> None:
         with mode_cls():
             return step()
 
-    samples: dict[str, list[float]] = {"unrecorded": [], "recorded": []}
+    class Empty(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def empty_mode() -> float:
+        with Empty():
+            return step()
+
+    run = {"unrecorded": step, "empty_mode": empty_mode, "recorded": recorded}
+    samples: dict[str, list[float]] = {k: [] for k in run}
     for _ in range(a.warmup):
-        step()
-        recorded()
+        for f in run.values():
+            f()
     n0 = fp.n
     recorded()
     per_step = fp.n - n0
     for i in range(a.steps):
-        for name in (("unrecorded", "recorded") if i % 2 == 0 else ("recorded", "unrecorded")):
-            samples[name].append(step() if name == "unrecorded" else recorded())
+        for name in (list(run) if i % 2 == 0 else list(run)[::-1]):
+            samples[name].append(run[name]())
     fp.close()
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratios = [r / u for r, u in zip(samples["recorded"], samples["unrecorded"])]
@@ -77,13 +92,15 @@ def main() -> None:
            "size": "tiny" if idx.shape[1] < 1024 else "gpt2-small", "batch": idx.shape[0], "records_per_step": per_step,
            "unrecorded_ms": med["unrecorded"] * 1e3, "recorded_ms": med["recorded"] * 1e3,
            "ratio": med["recorded"] / med["unrecorded"], "ratio_per_pair_median": statistics.median(ratios),
+           "empty_mode_ms": med["empty_mode"] * 1e3, "empty_mode_ratio": med["empty_mode"] / med["unrecorded"],
            "us_per_record": (med["recorded"] - med["unrecorded"]) / max(per_step, 1) * 1e6, "goal": GOAL,
            "samples_s": samples}
     (out / "bench_fingerprint.json").write_text(json.dumps(res, indent=1))
     print(f"{'variant':<12} {'median ms':>10}")
-    for k in ("unrecorded", "recorded"):
+    for k in ("unrecorded", "empty_mode", "recorded"):
         print(f"{k:<12} {med[k] * 1e3:>10.2f}")
-    print(f"records/step {per_step}, {res['us_per_record']:.1f} us/record, ratio {res['ratio']:.3f} (goal <= {GOAL})")
+    print(f"records/step {per_step}, {res['us_per_record']:.1f} us/record, ratio {res['ratio']:.3f} (goal <= {GOAL}); "
+          f"an empty dispatch mode alone {res['empty_mode_ratio']:.3f}")
     print(json.dumps({k: v for k, v in res.items() if k != "samples_s"}))
 
 

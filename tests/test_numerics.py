@@ -170,7 +170,7 @@ def test_alignment_falls_back_to_the_op_sequence_when_no_call_site_matches():
 
 def test_the_recorder_fingerprints_outputs_with_their_producers(tmp_path):
     torch = pytest.importorskip("torch")
-    from gpulab.numerics import record
+    from gpulab.numerics import lines, record
 
     fp = record.Fingerprints(str(tmp_path / "r.jsonl"))
     with record.make_mode(fp)():
@@ -181,7 +181,7 @@ def test_the_recorder_fingerprints_outputs_with_their_producers(tmp_path):
         v = y * 3                            # reads y as the add_ made it
         w = torch.tensor([1.0, float("nan"), float("inf")]) + 1
     fp.close()
-    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    rows = [lines.decode(json.loads(line)) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     ops = [r["op"] for r in rows]
     assert ops[:5] == ["aten.randn.default", "aten.mul.Tensor", "aten.sum.default", "aten.add_.Tensor",
                        "aten.mul.Tensor"], ops
@@ -189,6 +189,7 @@ def test_the_recorder_fingerprints_outputs_with_their_producers(tmp_path):
     assert rows[3]["in"] == [1] and rows[4]["in"] == [3] and v is not None
     assert rows[0]["sum"] == pytest.approx(float(x.double().sum()))
     assert rows[0]["amax"] == pytest.approx(float(x.abs().max()))
+    assert rows[0]["sample"] == [float(v) for v in x.flatten()[::4]]      # the strided sample, exactly
     assert rows[2]["dtype"] == "bfloat16" and rows[0]["site"].endswith("in test_the_recorder_fingerprints_outputs_with_their_producers")
     last = rows[-1]
     assert (last["nan"], last["inf"]) == (1, 1) and z is not None and w is not None
@@ -248,3 +249,19 @@ def test_the_replay_says_which_run_is_right_and_the_cause_of_a_nan_or_inf(tmp_pa
     torch.save(wrong, tmp_path / "cand" / REPLAY)
     got = replay.judge(tmp_path / "ref", tmp_path / "cand")
     assert got["reference_right"] and not got["candidate_right"] and "candidate's kernel is wrong" in got["words"]
+
+
+def test_a_record_line_is_json_and_reads_back_exactly():
+    import struct
+
+    from gpulab.numerics import lines
+
+    sample = [0.1, -3.5e-8, float("nan"), 1.0 / 3]
+    text = lines.line(7, "aten.mm.default", 'a "quoted" path.py:3 in f', 2, True, 0, [5, 6], 64, "bfloat16",
+                      [2, 3], 6, "cuda:0", [float("inf"), 1.5, float("nan")], struct.pack("<4d", *sample), [-12, 1, 2])
+    r = lines.decode(json.loads(text))
+    assert (r["i"], r["op"], r["site"], r["pass"], r["bwd"], r["in"], r["k"], r["shape"], r["ck"], r["nan"]) == \
+        (7, "aten.mm.default", 'a "quoted" path.py:3 in f', 2, True, [5, 6], 64, [2, 3], -12, 1)
+    assert r["sum"] == float("inf") and math.isnan(r["amax"]) and r["asum"] == 1.5
+    assert r["sample"][:2] == sample[:2] and math.isnan(r["sample"][2]) and r["sample"][3] == 1.0 / 3
+    assert "s64" not in r

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import proc, report
 from gpulab.numerics import judge as _judge
+from gpulab.numerics import lines
 from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INSTALL
 from gpulab.trace import follow, liveness, preload
 from gpulab.trace.run import keep_followed
@@ -110,7 +111,7 @@ def read_records(folder: Path) -> tuple[dict, ...]:
         with open(p) as fh:
             for line in fh:
                 try:
-                    got.append(json.loads(line))
+                    got.append(lines.decode(json.loads(line)))
                 except ValueError:
                     break
         if len(got) > len(best):
