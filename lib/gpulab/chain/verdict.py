@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from gpulab.fixes import registry, suggest
 from gpulab.hang.classify import IN_THE_PROGRAM, program_cause
+from gpulab.numerics import variants
 
 VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted", "not_applicable")
 # The status the runner gives the notebooks of a scenario whose fix cannot apply here (their error says why),
@@ -197,7 +198,8 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
     vendor_bad = [f for f in oracle.get("failures") or () if str(f).startswith("sdpa_")]
     inst = _m(metrics, "02_instrument")
     cmp = oracle.get("compare") or {}
-    compared = cmp.get("status") == "diverged" and bool(cmp.get("first_divergence"))
+    compared = (cmp.get("status") == "diverged" and bool(cmp.get("first_divergence"))
+                and not variants.precision_only(cmp))
     if vendor_bad or inst.get("first_nonfinite_op") or compared:
         if vendor_bad:
             evidence = f"{', '.join(map(str, vendor_bad))} fail(s) the attention oracle: {_h(metrics, '05_oracle')}"
