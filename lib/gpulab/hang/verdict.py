@@ -71,6 +71,9 @@ class Verdict:
     # "capture"}), bounded (gpulab.hang.watchdog.stalls.kept); and a signal the watchdog passed on to the job
     stalls: tuple[dict, ...] = ()
     interrupted: dict | None = None
+    # `gpulab watch --mode stats`: the first NaN/Inf an op made ({"op", "call_site", "pass", "backward", "cause",
+    # "sentence", "next_step"}, gpulab.trace.firstnan), whatever the status
+    first_nonfinite: dict | None = None
 
     @property
     def drill(self) -> bool:

@@ -92,13 +92,24 @@ def make_mode(fp: Fingerprints):
     names: dict = {}                     # op -> (its base name, its full name)
     current_node = torch._C._current_autograd_node
 
+    lines: dict[tuple, str] = {}         # (code, line) -> its call site's text
+
     def site(depth: int) -> str:
         f = sys._getframe(depth)
-        while f is not None and not _user_code(f.f_code, codes):
+        get = codes.get
+        while f is not None:
+            code = f.f_code
+            hit = get(code)
+            if hit is None:
+                hit = _user_code(code, codes)
+            if hit:
+                key = (code, f.f_lineno)
+                text = lines.get(key)
+                if text is None:
+                    text = lines[key] = f"{code.co_filename}:{key[1]} in {code.co_name}"
+                return text
             f = f.f_back
-        if f is None:
-            return "?"
-        return f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+        return "?"
 
     def count(key: tuple) -> int:
         n = passes.get(key, 0) + 1

@@ -24,7 +24,7 @@ from gpulab import report
 from gpulab.args import BadInput
 from gpulab.hang.jobs import merge
 from gpulab.hang.verdict import Verdict, headline
-from gpulab.trace import follow, ring
+from gpulab.trace import firstnan, follow, ring
 from gpulab.trace.liveness import STATUSES
 
 COPY = "caught"              # the run folder's copy of what was used
@@ -261,6 +261,10 @@ def recording(dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -> 
         shutil.copyfile(log, dest)
         _shrink(dest)
         snap = ring.read(dest)
+        nan = firstnan.path(log)   # a watch in stats mode: the first NaN/Inf and its cause, beside its log
+        firstnan.path(dest).unlink(missing_ok=True)
+        if nan.is_file():
+            shutil.copyfile(nan, firstnan.path(dest))
     n_procs, n_ops = 0, 0
     for x in srcs:
         folder = x.chosen / "procs"
@@ -294,12 +298,14 @@ def _done(value: Any) -> Future:
 
 
 def no_reruns(rec: Any) -> Any:
-    """02's follow-up runs (GPU times, the stats-mode NaN/Inf check), not run: the job is not run again."""
+    """02's follow-up runs (GPU times, the stats-mode NaN/Inf check), not run: the job is not run again. A watch
+    in stats mode (`gpulab watch --mode stats`) checked every output already: its recording is the check."""
     from gpulab.trace.followups import FollowUps
 
     why = "this is what a watch caught (gpulab run --from); the job is not run again"
-    return FollowUps(_done((None, f"**GPU times not measured:** {why}.")),
-                     _done((None, f"**NaN/Inf not checked:** {why} (a stats-mode rerun would be one).")))
+    stats = (rec, "(what `gpulab watch --mode stats` recorded)") if getattr(rec.snapshot, "mode", None) == "stats" \
+        else (None, f"**NaN/Inf not checked:** {why} (`gpulab watch --mode stats` would check every output).")
+    return FollowUps(_done((None, f"**GPU times not measured:** {why}.")), _done(stats))
 
 
 def no_overhead() -> tuple[None, str]:

@@ -49,7 +49,7 @@ from gpulab.hang.watchdog.launch import (FIXES_VAR, Launch, check_command, launc
                                 program_sources, python_command)                        # names, as before
 from gpulab.hang.verdict import EXIT_CODES, Verdict
 from gpulab.report import write_json
-from gpulab.trace import follow, liveness
+from gpulab.trace import firstnan, follow, liveness
 from gpulab.trace.liveness import POLL_S, STALL_S, Progress  # noqa: F401 - watch.Progress, as before
 from gpulab.trace.run import keep_followed, keep_recorded
 
@@ -342,6 +342,10 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
                         else f"the job did not end within {interrupted['grace_s']:g} s and was stopped"))
         if ended_by_us:
             changes.update(status="interrupted", signal=None, cls=None)
+    nan = first_nonfinite(launch) if launch.recorded and mode == "stats" else None
+    if nan:
+        extra.append(f"first NaN/Inf: {nan['sentence']}")
+        changes["first_nonfinite"] = nan
     v = dataclasses.replace(v, evidence=tuple(v.evidence) + tuple(extra), **changes)
     if v.status not in ("ok", "interrupted"):   # whose bug, on all that was gathered (the job's finding too)
         v = _attributed(v, command, launch, out, timeout_s=min(timeout_s or memcheck.TIMEOUT_S, memcheck.TIMEOUT_S),
@@ -353,6 +357,20 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
     say(f"{v.status}" + (f" ({v.cls})" if v.cls else "") + (f" in {v.in_flight_op['name']}" if v.in_flight_op
                                                             else "") + f"; verdict {out / 'verdict.json'}")
     return v
+
+
+def first_nonfinite(launch: Launch) -> dict | None:
+    """The first NaN/Inf a recorded process made (stats mode writes it beside its op log): the main process's,
+    else the first followed process's that has one, in the verdict's words; None when none."""
+    found = [launch.log, *sorted(launch.procs.glob("*.log"))] if launch.procs.is_dir() else [launch.log]
+    recs = [r for r in (firstnan.read(p) for p in found) if r]
+    if not recs:
+        return None
+    rec = recs[0]
+    cause = rec.get("cause") or {}
+    return {"op": rec.get("op"), "call_site": rec.get("call_site"), "pass": rec.get("pass"),
+            "backward": bool(rec.get("backward")), "cause": cause.get("words"), "sentence": firstnan.sentence(rec),
+            "next_step": firstnan.next_step(rec)}
 
 
 def exit_code(v: Verdict) -> int:
@@ -425,7 +443,8 @@ def _parser():
     p.add_argument("--quiet", action="store_true", help="do not show the job's output here (OUT keeps its tail)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the verdict here")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="products folder (default: a new temp dir)")
-    p.add_argument("--mode", default="auto", choices=MODES, help="op recording mode of gpulab.trace (auto: ops, plus GPU completion tracking once CUDA is up)")
+    p.add_argument("--mode", default="auto", choices=MODES, help="op recording mode of gpulab.trace (auto: ops, plus GPU completion tracking once CUDA is up; "
+                   "stats: also each op's output statistics, and the first NaN/Inf with its op, line, pass and cause)")
     p.add_argument("--fault", default=None, metavar="SPEC", help="plant a real fault (a self-test; see gpulab.hang.faults)")
     p.add_argument("--no-record", action="store_true", help="run a Python command as is (no op log)")
     p.add_argument("--cuda-gdb", action="store_true", help="attach cuda-gdb on a hang (~12 s, pauses the process)")
@@ -480,6 +499,8 @@ def main(argv: Sequence[str] | None = None,
         print(f"  - {fact}")
     # the chain's own next step (gpulab.chain.verdict): a failure of the program's training loop names its remedy
     step = classify.program_cause(v.cls, v.culprit, v.processes, v.owner) or owner.next_step(v.owner)
+    if not step and v.first_nonfinite:
+        step = v.first_nonfinite["next_step"]
     if step:
         print(f"next step: {step}")
     print(Path(v.log["dir"]) / v.log["verdict"])

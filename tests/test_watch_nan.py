@@ -1,0 +1,47 @@
+"""`gpulab watch --mode stats` on a real training loop whose loss turns NaN (a per-row std that is 0 in one
+batch): the verdict names the first NaN's op, line, pass and cause and the next step says where to fix it;
+`gpulab run --from` that capture answers wrong_numbers with the same line, without running the loop again. In
+the default mode nothing reads the outputs, and the verdict says nothing of NaN."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOOP = ROOT / "tests" / "fixtures" / "nan" / "div_std.py"
+
+
+def _gpulab(args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpulab", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def test_watch_in_stats_mode_names_the_first_nan_and_the_chain_reads_it_from_the_capture(tmp_path):
+    cap = tmp_path / "cap"
+    r = _gpulab(["watch", "--mode", "stats", "--quiet", "--status-every", "0", "--out", str(cap), "--",
+                 "python", str(LOOP)], timeout=180)
+    assert r.returncode == 0, r.stderr            # the loop itself ends well: its numbers are what is wrong
+    v = json.loads((cap / "verdict.json").read_text())
+    nan = v["first_nonfinite"]
+    assert (nan["op"], nan["call_site"], nan["pass"]) == ("aten.div.Tensor", "nan/div_std.py:21 in main", 5), nan
+    assert "divisor holds zeros" in nan["cause"]
+    assert any(e.startswith("first NaN/Inf: NaN first made by aten.div.Tensor at nan/div_std.py:21") for e in
+               v["evidence"]), v["evidence"]
+    assert "next step: fix the program's line nan/div_std.py:21 in main" in r.stdout, r.stdout
+
+    out = tmp_path / "o"
+    r = _gpulab(["run", "--from", str(cap), "--only", "02", "--out", str(out)], timeout=300)
+    assert r.returncode == 0 and "verdict: baseline wrong_numbers" in r.stderr, r.stderr
+    run = json.loads(((out / "latest").resolve() / "run.json").read_text())
+    sc = run["scenarios"][0]
+    assert "aten.div.Tensor at nan/div_std.py:21 in main (pass 5)" in json.dumps(sc), sc
+
+
+def test_watch_in_its_default_mode_reads_no_output_and_says_nothing_of_nan(tmp_path):
+    r = _gpulab(["watch", "--quiet", "--status-every", "0", "--out", str(tmp_path / "cap"), "--",
+                 "python", str(LOOP)], timeout=180)
+    v = json.loads((tmp_path / "cap" / "verdict.json").read_text())
+    assert r.returncode == 0 and v["status"] == "ok" and v["first_nonfinite"] is None
+    assert not any("NaN" in e for e in v["evidence"])
