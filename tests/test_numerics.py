@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +266,41 @@ def test_a_record_line_is_json_and_reads_back_exactly():
     assert r["sum"] == float("inf") and math.isnan(r["amax"]) and r["asum"] == 1.5
     assert r["sample"][:2] == sample[:2] and math.isnan(r["sample"][2]) and r["sample"][3] == 1.0 / 3
     assert "s64" not in r
+
+
+def test_a_run_whose_only_block_is_written_at_exit_by_the_writer_thread_keeps_its_records(tmp_path):
+    """A GPU run's blocks go through a writer thread; a short run's only block is written at interpreter exit,
+    when Python starts no new thread: the thread started with the first GPU record writes it (here forced on
+    the CPU), and the child exits without closing anything itself."""
+    out = tmp_path / "r.jsonl"
+    code = (f"import atexit, sys; sys.path.insert(0, {str(Path(__file__).parents[1] / 'lib')!r})\n"
+            "import torch\n"
+            "from gpulab.numerics import fingerprints, record\n"
+            f"fp = fingerprints.Fingerprints({str(out)!r}, background=True)\n"
+            "atexit.register(fp.close)\n"
+            "record.make_mode(fp)().__enter__()\n"
+            "x = torch.randn(10)\n"
+            "y = (x * 2).sum()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "not written" not in p.stderr, p.stderr
+    ops = [json.loads(line)["op"] for line in out.read_text().splitlines()]
+    assert ops == ["aten.randn.default", "aten.mul.Tensor", "aten.sum.default"], (ops, p.stderr)
+
+
+def test_closing_while_the_mode_is_still_on_records_none_of_the_recorders_own_ops(tmp_path):
+    """At exit the recorder's mode is still on when its last block is written: the copies and kernels of that
+    write must not be recorded (on CUDA they were batched while the batch was being launched)."""
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import lines, record
+
+    fp = record.Fingerprints(str(tmp_path / "r.jsonl"))
+    mode = record.make_mode(fp)()
+    mode.__enter__()
+    try:
+        y = torch.randn(6) * 2
+        fp.close()                          # as atexit does, the mode on
+    finally:
+        mode.__exit__(None, None, None)
+    rows = [lines.decode(json.loads(line)) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [r["op"] for r in rows] == ["aten.randn.default", "aten.mul.Tensor"] and y is not None
+    assert fp.n == 2

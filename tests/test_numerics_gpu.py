@@ -59,4 +59,4 @@ def test_eager_and_torch_compile_on_cuda_agree(tmp_path):
     cmd = [PY, str(FIX / "compiled_mlp.py"), "--device", "cuda"]
     c = compare.run(cmd, [*cmd, "--compile"], tmp_path, stall_s=240)
     assert c.status == "agree", c.summary
-    assert c.aligned["candidate_ops"] < c.aligned["reference_ops"]   # the compiled region's inside is not seen
+    assert c.aligned["aligned"] > 0 and "within tolerance" in c.summary, c.aligned

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from gpulab.numerics import fused, lines
 
@@ -148,7 +150,7 @@ def _lines(meta: list, host: dict) -> str:
 class Fingerprints:
     """The device buffers of one run and their records' metadata, written out a block at a time."""
 
-    def __init__(self, path: str, keep: str | None = None):
+    def __init__(self, path: str, keep: str | None = None, background: bool = False):
         self.path, self.keep = path, keep
         self.fh = open(path, "w", buffering=1 << 16)
         self.meta: list[list] = []            # per pending record: its fields, its device, its row
@@ -160,8 +162,11 @@ class Fingerprints:
         self.lock = threading.RLock()
         self.kept = False
         self.failures = 0
-        self.writer: queue.Queue | None = None   # set once a GPU block is queued: a thread writes the lines
+        self.writer: queue.Queue | None = None   # a thread writes the lines once a GPU records
         self.thread: threading.Thread | None = None
+        self.unwritten = 0                         # blocks that could not be written (said once on stderr)
+        if background:
+            self._start_writer()
 
     def _sink(self, device: torch.device):
         got = self.by_device.get(device)
@@ -173,6 +178,8 @@ class Fingerprints:
                     self.block = CAP   # a GPU block is written once per CAP records
                 got = self.sinks[key] = (_FusedSink if device.type == "cuda" and fused.triton is not None
                                          else _AtenSink)(device, self._index)
+                if isinstance(got, _FusedSink):
+                    self._start_writer()
             self.by_device[device] = got
         return got
 
@@ -205,14 +212,14 @@ class Fingerprints:
             s.settle()
 
     def flush(self) -> None:
-        """Hand the queued block to be written: at once on the CPU, by the writer thread once a GPU is in it."""
+        """Hand the queued block to be written: by the writer thread once a GPU records, else at once."""
         with self.lock:
             if not self.meta:
                 return
             meta, self.meta = self.meta, []
             hosts = {k: s.take() for k, s in self.sinks.items() if s.row}
-            if any(isinstance(s, _FusedSink) for s in self.sinks.values()):
-                self._queue().put((meta, hosts))
+            if self.thread is not None and self.thread.is_alive():
+                self.writer.put((meta, hosts))
             else:
                 self._write(meta, hosts)
 
@@ -222,23 +229,36 @@ class Fingerprints:
             self.fh.flush()
         except (OSError, ValueError):
             pass   # the folder is gone: the run is being stopped
+        except Exception as exc:  # noqa: BLE001 - the program runs on; the comparison then says what is missing
+            self.unwritten += 1
+            if self.unwritten == 1:
+                print(f"[gpulab compare] fingerprints not written: {type(exc).__name__}: {exc}", file=sys.stderr)
 
-    def _queue(self) -> queue.Queue:
-        if self.writer is None:
-            self.writer = queue.Queue()
-            self.thread = threading.Thread(target=self._drain, name="gpulab-fingerprints", daemon=True)
-            self.thread.start()
-        return self.writer
+    def _start_writer(self) -> None:
+        """The writer thread, started with the first GPU record and never later: Python refuses a new thread at
+        interpreter shutdown, which is when a short run's only block is written."""
+        if self.thread is not None:
+            return
+        writer = queue.Queue()
+        thread = threading.Thread(target=self._drain, args=(writer,), name="gpulab-fingerprints", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:   # at shutdown already: blocks are written where they end
+            return
+        self.writer, self.thread = writer, thread
 
-    def _drain(self) -> None:
+    def _drain(self, writer: queue.Queue) -> None:
         while True:
-            item = self.writer.get()
+            item = writer.get()
             if item is None:
                 return
             self._write(*item)
 
     def close(self) -> None:
-        self.flush()
+        """The last block written. Its copies and kernels run with every dispatch mode off: at exit the
+        recorder's own mode is still on, and would record (and batch) the recorder's own ops."""
+        with _disable_current_modes():
+            self.flush()
         if self.thread is not None:
             self.writer.put(None)
             self.thread.join()
