@@ -211,3 +211,19 @@ def test_nan_from_the_data_points_at_the_data_and_a_nan_the_program_passes_at_it
     passed = _rec(op="aten.fill_.Scalar", inputs=[None, {"scalar": float("nan"), "nan": 1}],
                   cause={"kind": "input_nan", "input": 1, "words": "input 1 is the number NaN: the program passed it"})
     assert firstnan.whose(passed).startswith("the program's line: fix it there")
+
+
+def test_a_first_nan_read_after_compiled_code_ran_is_never_blamed_on_the_data_alone():
+    """torch.compile'd code runs unrecorded: an input NaN no recorded op made may have been made in its graph.
+    The verdict says both, and how to tell them apart (an eager run recorded the same way)."""
+    c = nancause.cause("aten.mean.default", [f32(nan=4, min=-1.0, max=1.0)], out(nan=1), first=True, compiled=True)
+    assert c.kind == "input_nan" and "made inside a torch.compile'd graph" in c.words and "data" in c.words
+    rec = _rec(op="aten.mean.default", inputs=[{"scalar": None, "nan": 4}], compiled=True,
+               cause={"kind": "input_nan", "input": 0, "words": c.words})
+    assert firstnan.whose(rec).startswith("a torch.compile'd graph or the data, unknown which")
+    step = firstnan.next_step(rec)
+    assert step.startswith("run it eager (TORCHDYNAMO_DISABLE=1) under `gpulab watch --mode stats`")
+    assert "check the data" not in firstnan.whose(rec) and "check the data" in step   # second, if eager says so
+    plain = _rec(op="aten.mean.default", inputs=[{"scalar": None, "nan": 4}], compiled=False,
+                 cause={"kind": "input_nan", "input": 0, "words": "w"})
+    assert firstnan.whose(plain).startswith("the data")

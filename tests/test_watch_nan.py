@@ -45,3 +45,27 @@ def test_watch_in_its_default_mode_reads_no_output_and_says_nothing_of_nan(tmp_p
     v = json.loads((tmp_path / "cap" / "verdict.json").read_text())
     assert r.returncode == 0 and v["status"] == "ok" and v["first_nonfinite"] is None
     assert not any("NaN" in e for e in v["evidence"])
+
+
+def test_a_nan_made_inside_a_compiled_graph_is_not_blamed_on_the_data_and_eager_names_its_op(tmp_path):
+    """The recorder does not see inside torch.compile'd graphs: the first op to read their NaN is not where it
+    was made, and the data is not to blame either. The verdict says so and how to tell; run eager as it says,
+    the op itself (the log at its line) is named."""
+    loop = ROOT / "tests" / "fixtures" / "nan" / "compiled_log.py"
+    r = _gpulab(["watch", "--mode", "stats", "--quiet", "--status-every", "0", "--out", str(tmp_path / "c"), "--",
+                 "python", str(loop)], timeout=300)
+    nan = json.loads((tmp_path / "c" / "verdict.json").read_text())["first_nonfinite"]
+    assert nan["op"] == "aten.mean.default" and "made inside a torch.compile'd graph" in nan["cause"], nan
+    assert nan["next_step"].startswith("run it eager (TORCHDYNAMO_DISABLE=1)"), nan
+    assert "the data: the batch" not in nan["sentence"] and "check the data where it is loaded" not in r.stdout, r.stdout
+
+    import os
+    env = {**os.environ, "TORCHDYNAMO_DISABLE": "1"}
+    p = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--mode", "stats", "--quiet", "--status-every", "0",
+                        "--out", str(tmp_path / "e"), "--", "python", str(loop)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env=env)
+    eager = json.loads((tmp_path / "e" / "verdict.json").read_text())["first_nonfinite"]
+    line = next(n for n, text in enumerate(loop.read_text().splitlines(), 1) if "torch.log(h)" in text)
+    assert eager["op"] == "aten.log.default" and eager["call_site"].endswith(f"compiled_log.py:{line} in forward"), (
+        eager, p.stderr)
+    assert "log" in eager["cause"] and "<= 0" in eager["cause"], eager

@@ -98,15 +98,29 @@ def where(rec: Mapping[str, Any]) -> str:
     return f"{rec['op']}{at}{step}"
 
 
-def _from_data(rec: Mapping[str, Any]) -> bool:
+def _unseen(rec: Mapping[str, Any]) -> bool:
     """The first NaN/Inf came in through a tensor no recorded op made (the recorder's first: none made one
-    before): the data, not a line of code. A NaN the program passes as a number is its line's."""
+    before). A NaN the program passes as a number is its line's."""
     cause = rec.get("cause") or {}
     if cause.get("kind") not in ("input_nan", "input_inf"):
         return False
     ins = rec.get("inputs") or []
     i = cause.get("input")
     return not (isinstance(i, int) and i < len(ins) and (ins[i] or {}).get("scalar") is not None)
+
+
+def _from_data(rec: Mapping[str, Any]) -> bool:
+    """Made by no op: the data, not a line of code (when no compiled code ran, which the recorder cannot see)."""
+    return _unseen(rec) and not rec.get("compiled")
+
+
+def _from_compiled_or_data(rec: Mapping[str, Any]) -> bool:
+    """Made by no op the recorder saw while torch.compile'd code ran: a compiled graph or the data; which one,
+    only an eager run (TORCHDYNAMO_DISABLE=1) recorded the same way can tell."""
+    return _unseen(rec) and bool(rec.get("compiled"))
+
+
+EAGER = "run it eager (TORCHDYNAMO_DISABLE=1) under `gpulab watch --mode stats` (or 02's trace_mode=stats)"
 
 
 def _fix(rec: Mapping[str, Any]) -> str | None:
@@ -121,6 +135,9 @@ def whose(rec: Mapping[str, Any]) -> str:
         n = rec.get("pass")
         return (f"the data: the batch of pass {n} already holds it; check it where it is loaded" if n else
                 "the data: check the inputs where they are loaded")
+    if _from_compiled_or_data(rec):
+        return (f"a torch.compile'd graph or the data, unknown which: {EAGER} to name the op (eager, every op the "
+                f"graph ran is recorded)")
     who, lib = owner(rec.get("file"))
     fix = _fix(rec)
     if who == "program":
@@ -140,6 +157,9 @@ def next_step(rec: Mapping[str, Any]) -> str:
                 f"(the first op to read it: {rec.get('op')} at {site})" if n else
                 f"check the data where it is loaded: it already holds {made(rec)} (the first op to read it: "
                 f"{rec.get('op')})")
+    if _from_compiled_or_data(rec):
+        return (f"{EAGER} to name the op inside the compiled graph that makes {made(rec)} (here the first op to "
+                f"read it is {rec.get('op')} at {site}); if the eager run's first op still reads it, check the data")
     who, lib = owner(rec.get("file"))
     fix = _fix(rec) or "read the op's inputs in 02 (stats.firstnan.json: NaN/Inf counts, min, max, zeros of each)"
     if who == "program":

@@ -174,18 +174,21 @@ def _products_overflow(base: str, ins: Sequence[TensorFacts | None], top: float 
 
 
 def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dtype_max: float | None = None,
-          first: bool = False) -> Cause:
+          first: bool = False, compiled: bool = False) -> Cause:
     """Why `op` (a name as PyTorch prints it: `aten.div.Tensor`) made NaN/+Inf in `output`, given its inputs'
     facts in argument order (None for an argument that is no tensor or number, or one the op overwrote).
     dtype_max: the output dtype's largest finite value, when its name is not in DTYPE_MAX. first: no earlier
     recorded op made NaN/+Inf (a recorder's first), so an input that holds one came from outside the ops: the
-    data, or a tensor built without an op (torch.from_numpy, a file)."""
+    data, or a tensor built without an op (torch.from_numpy, a file). compiled: torch.compile'd code ran in the
+    process before it, whose inside the recorder does not see: such an input may as well have been made there."""
     base = base_name(op)
     ins = list(inputs)
     given = [(i, f) for i, f in enumerate(ins) if f is not None]
     made = "NaN" if output.nan else "+Inf" if output.posinf else "NaN/Inf"
     top = _dmax(output.dtype, dtype_max)
-    came = ("no earlier op made it: it came in with the data" if first else "it was made earlier")
+    came = ("no op the recorder saw made it: it was made inside a torch.compile'd graph (compiled code ran before "
+            "it, and the recorder does not see inside it) or it came in with the data" if first and compiled else
+            "no earlier op made it: it came in with the data" if first else "it was made earlier")
     for i, f in given:
         if f.nan and f.scalar is not None:
             return Cause("input_nan", f"input {i} is the number NaN: the program passed it", i)

@@ -54,6 +54,18 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
 _FWD_MAX = 1 << 18   # forward nodes remembered for backward (a step's graph; older ones are dropped)
 
 
+def _compiled_ran() -> bool:
+    """Whether torch.compile compiled a graph in this process (its code runs unrecorded inside): dynamo's own
+    count, read only where the program imported dynamo."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return bool(utils is not None and utils.counters["stats"]["unique_graphs"] > 0)
+    except Exception:  # noqa: BLE001 - another torch's counters: unknown, said as not compiled
+        return False
+
+
 def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     """The stats mode's memory of where each op ran, for the one op that makes the first NaN/+Inf:
     `note(func)` after every op counts its calls per (op, caller's code, instruction) (the op's pass: which
@@ -134,9 +146,11 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
             top = float(torch.finfo(getattr(torch, o.dtype)).max)
         except (AttributeError, TypeError):
             top = None
-        why = nancause.cause(str(func), ins, o, top, first=True)
+        compiled = _compiled_ran()
+        why = nancause.cause(str(func), ins, o, top, first=True, compiled=compiled)
         rec = {"seq": seq, "op": str(func), "cause": why.to_dict(), "inputs": [f.to_dict() if f else None for f in ins],
-               "written": sorted(written), "output": o.to_dict(), "backward": node is not None}
+               "written": sorted(written), "output": o.to_dict(), "backward": node is not None,
+               "compiled": compiled}
         if node is None:
             f = caller()
             key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
