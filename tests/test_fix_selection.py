@@ -73,17 +73,17 @@ def test_an_interrupted_matrix_keeps_the_json_it_was_asked_for(tmp_path):
 def test_the_baseline_comes_from_03s_ladder_when_it_ran_the_same_trials(tmp_path):
     prog = tmp_path / "ok.py"
     prog.write_text("print('fine')\n")
-    cfg = matrix.MatrixConfig("baseline", repeats=2, jobs=1, stall_s=5.0, timeout_s=60, cost_rounds=0)
+    cfg = matrix.MatrixConfig("baseline", repeats=1, jobs=1, stall_s=5.0, timeout_s=60, cost_rounds=0)
     target = Target(command=(sys.executable, str(prog)))
-    lad = ladder.run(target.rungs({}), repeats=2, jobs=1, stall_s=5.0, timeout_s=60, out_dir=tmp_path / "ladder",
+    lad = ladder.run(target.rungs({}), repeats=1, jobs=1, stall_s=5.0, timeout_s=60, out_dir=tmp_path / "ladder",
                      mode=cfg.mode, progress=lambda s: None)
     assert lad.passed
     m = matrix.run(target, cfg, tmp_path / "fixes", progress=lambda s: None, reuse_ladder=tmp_path / "ladder")
-    assert m.baseline.reused == "03's ladder" and m.baseline.trials == 2
+    assert m.baseline.reused == "03's ladder" and m.baseline.trials == 1
     assert not (tmp_path / "fixes" / "baseline").exists()              # no workload child ran for it
-    other = matrix.MatrixConfig("baseline", repeats=3, jobs=1, stall_s=5.0, timeout_s=60, cost_rounds=0)
+    other = matrix.MatrixConfig("baseline", repeats=2, jobs=1, stall_s=5.0, timeout_s=60, cost_rounds=0)
     m3 = matrix.run(target, other, tmp_path / "fixes3", progress=lambda s: None, reuse_ladder=tmp_path / "ladder")
-    assert not m3.baseline.reused and m3.baseline.trials == 3         # other repeats: run again
+    assert not m3.baseline.reused and m3.baseline.trials == 2         # other repeats: run again
 
 
 def test_04_tries_fixes_on_03s_smallest_failing_configuration_then_confirms_on_the_configured_one(tmp_path):
