@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -45,7 +46,8 @@ def main() -> None:
     dev, model, opt, idx, tgt = gpt_step.setup(a.device, a.tiny)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    fp = record.Fingerprints(os.path.join(tempfile.mkdtemp(prefix="gpulab-fp-"), "bench.jsonl"))
+    scratch = tempfile.mkdtemp(prefix="gpulab-fp-")   # the records themselves are not the figure: removed after
+    fp = record.Fingerprints(os.path.join(scratch, "bench.jsonl"))
     mode_cls = record.make_mode(fp)
 
     def step() -> float:
@@ -86,6 +88,7 @@ def main() -> None:
         for name in (list(run) if i % 2 == 0 else list(run)[::-1]):
             samples[name].append(run[name]())
     fp.close()
+    shutil.rmtree(scratch, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratios = [r / u for r, u in zip(samples["recorded"], samples["unrecorded"])]
     res = {"device": dev, "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
