@@ -64,7 +64,7 @@ def test_the_verdict_names_the_op_that_introduces_the_difference_not_the_first_t
     fd = j.first_divergence
     assert (fd["op"], fd["call_site"], fd["pass"]) == ("numfix.fused_silu.default", "t.py:9 in forward", 1)
     assert fd["inputs"][0]["within_tolerance"] and not fd["error"]["within_tolerance"]
-    assert "grows" in fd["then"], fd["then"]
+    assert "grows" in fd["then"] and fd["trend"] == "grows", fd["then"]
     assert j.keep == ("numfix.fused_silu.default|t.py:9 in forward|1|0",) * 2
 
 

@@ -214,19 +214,21 @@ def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | No
     peak = max(later, default=0.0)
     end = max(later[-max(1, len(later) // 10):], default=0.0)
     if not later:
-        then = "it is the last op compared"
+        trend, then = "last", "it is the last op compared"
     elif math.isinf(fig.excess) or math.isinf(peak):
         nf = next((x for x in rows[n + 1:] if math.isinf(x["excess"])), None)
-        then = ("it then spreads: NaN/Inf from " + f"{nf['op']} at {nf['call_site']} (pass {nf['pass']})"
+        trend = "spreads"
+        then = (f"it then spreads: NaN/Inf from {nf['op']} at {nf['call_site']} (pass {nf['pass']})"
                 if nf and not math.isinf(fig.excess) else "its NaN/Inf difference stays in the ops after it")
     elif peak >= GROWS * max(fig.excess, 1.0):
-        then = f"it then grows, to {peak:.3g}x the tolerance (at the end of the run: {end:.3g}x)"
+        trend, then = "grows", f"it then grows, to {peak:.3g}x the tolerance (at the end of the run: {end:.3g}x)"
     elif end <= 1.0:
+        trend = "fades"
         then = f"it then fades: by the end of the run the outputs are within tolerance again ({end:.3g}x)"
     elif end * GROWS < fig.excess:
-        then = f"it then shrinks but stays beyond tolerance ({end:.3g}x at the end of the run)"
+        trend, then = "shrinks", f"it then shrinks but stays beyond tolerance ({end:.3g}x at the end of the run)"
     else:
-        then = f"it then stays about the same ({end:.3g}x the tolerance at the end of the run)"
+        trend, then = "stays", f"it then stays about the same ({end:.3g}x the tolerance at the end of the run)"
     words = (f"its output differs by {fig.excess:.3g}x the tolerance ({fig.why}; max relative error "
              f"{fig.max_rel_err:.3g} on the sample, {fig.tol.words() if fig.tol else ''})")
     if via is None:
@@ -239,6 +241,7 @@ def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | No
     out = {**_op(r), "error": fig.to_dict(), "tolerance": fig.tol.to_dict() if fig.tol else None,
            "inputs": [f.to_dict() if f else None for _, _, f in ins],
            "run": side, "other_run": _op(c), "candidate": _op(c) if side == "reference" else _op(r), "then": then,
+           "trend": trend,
            "nan_inf": fig.nonfinite[0] != fig.nonfinite[1] or fig.nonfinite[2] != fig.nonfinite[3],
            "words": words, "seen_first_at": _op(via[0]) if via else None}
     return out, (key(r), key(c)) if via is None else None
