@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 def _records(tensors, path, force_aten: bool):
     fp = fingerprints.Fingerprints(str(path))
     if force_aten:
-        fp.sinks["cuda:0"] = fingerprints._AtenSink(torch.device("cuda:0"), fp._index)
+        fp.sinks[torch.device("cuda:0")] = fingerprints._AtenSink(torch.device("cuda:0"), fp._index)
         fp.block = fingerprints.CAP
     for t in tensors:
         fp.add(t, ["op", "site", 1, False, 0, [], 1])

@@ -154,8 +154,7 @@ class Fingerprints:
         self.path, self.keep = path, keep
         self.fh = open(path, "w", buffering=1 << 16)
         self.meta: list[list] = []            # per pending record: its fields, its device, its row
-        self.sinks: dict[str, _AtenSink | _FusedSink] = {}
-        self.by_device: dict[torch.device, _AtenSink | _FusedSink] = {}
+        self.sinks: dict[torch.device, _AtenSink | _FusedSink] = {}   # each names itself in the lines (.key)
         self.n = 0                             # records written or pending
         self.block = CPU_BLOCK
         self.samples: dict[tuple[int, str], torch.Tensor] = {}
@@ -169,18 +168,14 @@ class Fingerprints:
             self._start_writer()
 
     def _sink(self, device: torch.device):
-        got = self.by_device.get(device)
+        got = self.sinks.get(device)
         if got is None:
-            key = str(device)
-            got = self.sinks.get(key)
-            if got is None:
-                if device.type != "cpu":
-                    self.block = CAP   # a GPU block is written once per CAP records
-                got = self.sinks[key] = (_FusedSink if device.type == "cuda" and fused.triton is not None
-                                         else _AtenSink)(device, self._index)
-                if isinstance(got, _FusedSink):
-                    self._start_writer()
-            self.by_device[device] = got
+            if device.type != "cpu":
+                self.block = CAP   # a GPU block is written once per CAP records
+            got = self.sinks[device] = (_FusedSink if device.type == "cuda" and fused.triton is not None
+                                        else _AtenSink)(device, self._index)
+            if isinstance(got, _FusedSink):
+                self._start_writer()
         return got
 
     def _index(self, n: int, device: torch.device) -> torch.Tensor:
@@ -217,7 +212,7 @@ class Fingerprints:
             if not self.meta:
                 return
             meta, self.meta = self.meta, []
-            hosts = {k: s.take() for k, s in self.sinks.items() if s.row}
+            hosts = {s.key: s.take() for s in self.sinks.values() if s.row}
             if self.thread is not None and self.thread.is_alive():
                 self.writer.put((meta, hosts))
             else:
@@ -272,5 +267,5 @@ class Fingerprints:
         """In a fork() child (a DataLoader worker): nothing pending, nothing written, no writer thread."""
         self.meta.clear()
         self.writer = self.thread = None
-        self.sinks, self.by_device = {}, {}
+        self.sinks = {}
         self.fh = open(os.devnull, "w")

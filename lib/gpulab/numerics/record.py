@@ -86,7 +86,7 @@ def make_mode(fp: Fingerprints):
     # id(tensor) -> (a weak reference to it, its record, its version then, made in place): a tensor's producer,
     # valid while the reference still points at it (torch's WeakTensorKeyDictionary cost several times more)
     producer: dict[int, tuple] = {}
-    grown = [0]
+    grown = 0                            # producers set since the last sweep of the dead ones
     passes: dict[tuple, int] = {}
     codes: dict = {}
     names: dict = {}                     # op -> (its base name, its full name)
@@ -132,10 +132,11 @@ def make_mode(fp: Fingerprints):
         return got[1] if v == got[2] or v < 0 or (got[3] and v == got[2] + 1) else None
 
     def made(o: torch.Tensor, i: int, mutable: bool) -> None:
+        nonlocal grown
         producer[id(o)] = (weakref.ref(o), i, version(o), mutable)
-        grown[0] += 1
-        if grown[0] >= 1 << 16:   # forget the tensors gone since
-            grown[0] = 0
+        grown += 1
+        if grown >= 1 << 16:   # forget the tensors gone since
+            grown = 0
             for key in [k for k, v in producer.items() if v[0]() is None]:
                 del producer[key]
 
