@@ -227,3 +227,24 @@ def test_a_first_nan_read_after_compiled_code_ran_is_never_blamed_on_the_data_al
     plain = _rec(op="aten.mean.default", inputs=[{"scalar": None, "nan": 4}], compiled=False,
                  cause={"kind": "input_nan", "input": 0, "words": "w"})
     assert firstnan.whose(plain).startswith("the data")
+
+
+def test_of_a_jobs_processes_the_one_where_an_op_made_the_nan_is_chosen(tmp_path):
+    """A rank whose NaN came in from outside (another rank's, through a collective) wrote its record first;
+    the rank whose op made it is still the one named; among equals, the first written."""
+    import os
+    import time
+
+    outside = _rec(op="aten.as_strided.default", cause={"kind": "input_nan", "input": 0, "words": "w"},
+                   inputs=[{"scalar": None, "nan": 9}])
+    made = _rec()
+    firstnan.write(tmp_path / "0.log", outside)
+    firstnan.write(tmp_path / "1.log", made)
+    old = time.time() - 60
+    os.utime(firstnan.path(tmp_path / "0.log"), (old, old))
+    log, rec = firstnan.first_of_job([tmp_path / "0.log", tmp_path / "1.log", tmp_path / "2.log"])
+    assert log.name == "1.log" and rec["op"] == "aten.div.Tensor"
+    firstnan.write(tmp_path / "3.log", made)
+    os.utime(firstnan.path(tmp_path / "3.log"), (old, old))
+    assert firstnan.first_of_job([tmp_path / "1.log", tmp_path / "3.log"])[0].name == "3.log"
+    assert firstnan.first_of_job([tmp_path / "2.log"]) is None

@@ -69,3 +69,25 @@ def test_a_nan_made_inside_a_compiled_graph_is_not_blamed_on_the_data_and_eager_
     assert eager["op"] == "aten.log.default" and eager["call_site"].endswith(f"compiled_log.py:{line} in forward"), (
         eager, p.stderr)
     assert "log" in eager["cause"] and "<= 0" in eager["cause"], eager
+
+
+def test_in_a_ddp_job_the_rank_whose_op_made_the_nan_is_named_not_the_rank_it_reached(tmp_path):
+    """Under torchrun each rank records; rank 0's first NaN came through DDP's all-reduce (no op of rank 0 made
+    it), rank 1's was made by its division. Watch and the chain on the capture name rank 1's line and pass."""
+    job = ROOT / "tests" / "fixtures" / "nan" / "ddp_div.py"
+    cap = tmp_path / "cap"
+    r = _gpulab(["watch", "--mode", "stats", "--quiet", "--status-every", "0", "--out", str(cap), "--",
+                 sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(job)],
+                timeout=300)
+    assert r.returncode == 0, r.stderr
+    nan = json.loads((cap / "verdict.json").read_text())["first_nonfinite"]
+    line = next(n for n, text in enumerate(job.read_text().splitlines(), 1) if "x = x / scale" in text)
+    assert (nan["rank"], nan["op"], nan["call_site"], nan["pass"]) == (1, "aten.div.Tensor",
+                                                                      f"nan/ddp_div.py:{line} in main", 3), nan
+    assert "divisor holds zeros" in nan["cause"]
+
+    out = tmp_path / "o"
+    r = _gpulab(["run", "--from", str(cap), "--only", "02", "--out", str(out)], timeout=300)
+    sc = json.loads(((out / "latest").resolve() / "run.json").read_text())["scenarios"][0]
+    assert sc["verdict"] == "wrong_numbers" and f"aten.div.Tensor at nan/ddp_div.py:{line} in main (pass 3)" in \
+        sc["evidence"], sc["evidence"]

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 # what to change at the line, by cause (nancause.KINDS); the program's line is where it is fixed
 REMEDY = {
@@ -55,6 +55,26 @@ def read(log: str | os.PathLike | None) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("op") else None
+
+
+def first_of_job(logs: Sequence[str | os.PathLike]) -> tuple[Path, dict] | None:
+    """Of a job's processes (their op logs), the one whose record says where the NaN/Inf was made, and that
+    record: a process where an op made it before one where it came in from outside (in a job, from another
+    process through a collective as well as from the data: a DDP rank's gradients hold the NaN another rank's
+    op made), then the one that wrote it first."""
+    found = []
+    for log in logs:
+        rec = read(log)
+        if rec:
+            try:
+                when = path(log).stat().st_mtime
+            except OSError:
+                when = float("inf")
+            found.append((_unseen(rec), when, str(log), rec))
+    if not found:
+        return None
+    _, _, log, rec = min(found, key=lambda x: x[:3])
+    return Path(log), rec
 
 
 def owner(file: str | None) -> tuple[str, str]:

@@ -218,7 +218,8 @@ def finding(dirs: Sequence[str | os.PathLike], v: Verdict, rep: Any, workload: s
 # ------------------------------------------------------------------------------------ 02: the recording
 
 def _log_of(folder: Path, v: dict) -> Path | None:
-    """The op log 02 shows: the root's when it recorded ops, else the culprit's, else the busiest process's."""
+    """The op log 02 shows: the root's when it recorded ops, else the culprit's, else that of the process where
+    the first NaN/Inf was made (a watch in stats mode), else the busiest process's."""
     root = folder / "ops.log"
     try:
         if root.is_file() and ring.progress(root).started > 0:
@@ -231,8 +232,12 @@ def _log_of(folder: Path, v: dict) -> Path | None:
     row = next((r for r in v.get("processes") or () if r.get("role") == culprit), None) if culprit else None
     if row and row.get("log") and (folder / "procs" / Path(row["log"]).name).is_file():
         return folder / "procs" / Path(row["log"]).name
+    logs = follow.child_logs(folder / "procs")
+    nan = firstnan.first_of_job(logs)   # a job in stats mode: the process where an op first made NaN/Inf
+    if nan is not None:
+        return nan[0]
     best, most = None, -1
-    for log in follow.child_logs(folder / "procs"):
+    for log in logs:
         try:
             n = ring.progress(log).started
         except (OSError, ValueError):

@@ -342,7 +342,7 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
                         else f"the job did not end within {interrupted['grace_s']:g} s and was stopped"))
         if ended_by_us:
             changes.update(status="interrupted", signal=None, cls=None)
-    nan = first_nonfinite(launch) if launch.recorded and mode == "stats" else None
+    nan = first_nonfinite(launch) if mode == "stats" else None
     if nan:
         extra.append(f"first NaN/Inf: {nan['sentence']}")
         changes["first_nonfinite"] = nan
@@ -360,16 +360,21 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
 
 
 def first_nonfinite(launch: Launch) -> dict | None:
-    """The first NaN/Inf a recorded process made (stats mode writes it beside its op log): the main process's,
-    else the first followed process's that has one, in the verdict's words; None when none."""
-    found = [launch.log, *sorted(launch.procs.glob("*.log"))] if launch.procs.is_dir() else [launch.log]
-    recs = [r for r in (firstnan.read(p) for p in found) if r]
-    if not recs:
+    """The run's first NaN/Inf (stats mode writes it beside each process's op log) in the verdict's words; in a
+    job, the process where an op made it (gpulab.trace.firstnan.first_of_job) and its rank. None when none."""
+    logs = [launch.log] if launch.recorded else []
+    if launch.procs.is_dir():
+        logs += sorted(launch.procs.glob("*.log"))
+    got = firstnan.first_of_job(logs)
+    if got is None:
         return None
-    rec = recs[0]
+    log, rec = got
+    meta = follow.metas(launch.procs).get(int(log.stem)) if log.parent == launch.procs and log.stem.isdigit() else None
+    rank = (meta or {}).get("rank")
     cause = rec.get("cause") or {}
     return {"op": rec.get("op"), "call_site": rec.get("call_site"), "pass": rec.get("pass"),
-            "backward": bool(rec.get("backward")), "cause": cause.get("words"), "sentence": firstnan.sentence(rec),
+            "backward": bool(rec.get("backward")), "cause": cause.get("words"), "rank": rank,
+            "sentence": (f"rank {rank}: " if rank is not None else "") + firstnan.sentence(rec),
             "next_step": firstnan.next_step(rec)}
 
 
