@@ -5,6 +5,7 @@ the default mode nothing reads the outputs, and the verdict says nothing of NaN.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,6 @@ def test_a_nan_made_inside_a_compiled_graph_is_not_blamed_on_the_data_and_eager_
     assert nan["next_step"].startswith("run it eager (TORCHDYNAMO_DISABLE=1)"), nan
     assert "the data: the batch" not in nan["sentence"] and "check the data where it is loaded" not in r.stdout, r.stdout
 
-    import os
     env = {**os.environ, "TORCHDYNAMO_DISABLE": "1"}
     p = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--mode", "stats", "--quiet", "--status-every", "0",
                         "--out", str(tmp_path / "e"), "--", "python", str(loop)], capture_output=True, text=True,
@@ -91,3 +91,17 @@ def test_in_a_ddp_job_the_rank_whose_op_made_the_nan_is_named_not_the_rank_it_re
     sc = json.loads(((out / "latest").resolve() / "run.json").read_text())["scenarios"][0]
     assert sc["verdict"] == "wrong_numbers" and f"aten.div.Tensor at nan/ddp_div.py:{line} in main (pass 3)" in \
         sc["evidence"], sc["evidence"]
+
+
+def test_02_on_a_torchrun_job_names_the_rank_whose_op_made_the_nan(tmp_path, monkeypatch):
+    """The chain's own stats-mode run of a launched job: 02 reads the rank where an op made the NaN, not the
+    busiest rank (rank 0, where the all-reduce brought it and no op made it)."""
+    from chainrun import chain
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    job = ROOT / "tests" / "fixtures" / "nan" / "ddp_div.py"
+    res, run, _ = chain(ROOT, tmp_path, f"torchrun --standalone --nproc-per-node 2 {job}", only=("02",))
+    sc = run["scenarios"][0]
+    line = next(n for n, text in enumerate(job.read_text().splitlines(), 1) if "x = x / scale" in text)
+    assert sc["verdict"] == "wrong_numbers" and f"aten.div.Tensor at nan/ddp_div.py:{line} in main (pass 3)" in \
+        sc["evidence"], (sc["evidence"], res.stderr[-2000:])

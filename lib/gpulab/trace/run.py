@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpulab import proc, report
-from gpulab.trace import follow, liveness, native
+from gpulab.trace import firstnan, follow, liveness, native
 from gpulab.trace.ring import _check_mode, read, shrink, trim
 from gpulab.trace.ring import progress as log_progress
 from gpulab.workloads import WorkloadConfig, cli_args, command
@@ -171,13 +171,15 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     ops = {x: _started(x) for x in follow.child_logs(procs, children)}   # each header read once
     shown, shown_log = "", log
     if (snap is None or snap.started == 0) and ops:
-        # a launcher (torchrun's agent, mp.spawn's parent) runs no op of its own: show the busiest process
-        busiest = max(ops, key=ops.get)
-        if ops[busiest] > 0:
-            meta = next((m for m in children if Path(procs) / m.get("log", "") == busiest), {})
+        # a launcher (torchrun's agent, mp.spawn's parent) runs no op of its own: show the busiest process, or
+        # in stats mode the one where an op made the first NaN/Inf (another rank may only have received it)
+        nan = firstnan.first_of_job(list(ops)) if mode == "stats" else None
+        pick = nan[0] if nan is not None else max(ops, key=ops.get)
+        if ops.get(pick, 0) > 0:
+            meta = next((m for m in children if Path(procs) / m.get("log", "") == pick), {})
             shown = (f"process {meta.get('pid')}" + (f" (rank {meta['rank']})" if meta.get("rank") is not None
-                                                    else "")) if meta else busiest.stem
-            shown_log, snap = busiest, read(busiest)
+                                                    else "")) if meta else pick.stem
+            shown_log, snap = pick, read(pick)
     return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(shown_log), tuple(cmd), tail,
                      end.status, stall_s, len(children), sum(ops.values()), shown)
 
