@@ -95,9 +95,10 @@ def test_a_caught_two_rank_job_gives_the_cross_rank_verdict_gpulab_merge_gives(t
 
 def test_a_stall_that_never_recovers_under_keep_is_the_evidence_read(tmp_path):
     """--on-stall keep with a timeout: the checkpoint never ends, the stall is captured in captures/01 and the
-    watch goes on until the timeout; --from reads that capture (the job at the stall), not the timeout's end."""
+    watch goes on until the timeout; --from reads that capture (the job at the stall), not the timeout's end. The
+    timeout leaves room for a start that takes 20 s on a loaded 2-core CI (the watch then sleeps, costing no CPU)."""
     cap = tmp_path / "cap"
-    r = _gpulab(["watch", "--stall", "1.5", "--on-stall", "keep", "--timeout", "20", "--quiet", "--out", str(cap),
+    r = _gpulab(["watch", "--stall", "1.5", "--on-stall", "keep", "--timeout", "45", "--quiet", "--out", str(cap),
                  "--", "python", str(FIX / "checkpoint_pause.py"), "--steps", "40", "--at", "3", "--pause", "120"],
                 timeout=180)
     assert r.returncode == 3, r.stderr

@@ -59,12 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     ring.create(ns.log, ns.mode, **kw)
     fh = None
     if ns.faulthandler:
-        import faulthandler
-        import signal
+        from gpulab.trace import stackdump
 
         fh = open(ns.faulthandler, "w")
-        faulthandler.enable(file=fh)
-        faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
+        stackdump.install(fh)
     if ns.dynamo == "lazy":
         lazydynamo.defer()
     preload.run()  # what the parent named ($GPULAB_PRELOAD): a planted fault, then the scenario's fixes; below the recorder

@@ -195,8 +195,7 @@ def _cwd() -> str | None:
 # ------------------------------------------------------------------------------------ starting
 
 def _open_files(folder: Path, how: str) -> None:
-    import faulthandler
-    import signal
+    from gpulab.trace import stackdump
 
     f = files(folder, os.getpid())
     _state["meta"] = _meta(how, {k: f[k].name for k in ("log", "beat", "faulthandler")})
@@ -204,8 +203,7 @@ def _open_files(folder: Path, how: str) -> None:
     beat.start(f["beat"])
     fh = open(f["faulthandler"], "w")
     _state["faulthandler"] = fh
-    faulthandler.enable(file=fh)
-    faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
+    stackdump.install(fh)
     ring.create(f["log"], _state["mode"])
     _answer_asks(folder, f["collectives"])
 
