@@ -279,3 +279,20 @@ def test_a_shell_wrapper_that_prints_while_its_ranks_are_stuck_is_no_progress(tm
     assert v.status == "hang", v.evidence
     assert time.monotonic() - t0 < 40
     assert (tmp_path / "w" / "stdout.txt").read_text().count("waiting") > 5 * STALL   # it printed all along
+
+
+def test_descendants_from_one_scan_are_the_process_tree():
+    """The one /proc scan a poll shares (liveness.descendants) finds what psutil's per-process walk finds: a shell's
+    children and grandchildren, nothing else on the machine."""
+    import psutil
+
+    with proc.Child(["sh", "-c", "sh -c 'sleep 30' & sleep 30 & wait"], label="tree") as child:
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(child.pid).children(recursive=True)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        liveness._TREE["at"] = -1.0   # a fresh scan, not one cached by an earlier test's poll
+        got = liveness.descendants(child.pid)
+        want = [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
+        assert sorted(got) == sorted(want) and len(got) == 3, (got, want)
+        assert child.pid not in got and os.getpid() not in got
+        child.stop()

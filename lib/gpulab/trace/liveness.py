@@ -55,6 +55,39 @@ def main_thread_cpu(pid: int) -> float:
             return 0.0
 
 
+_TREE: dict[str, Any] = {"at": -1.0, "kids": {}}   # the last scan of /proc's parent links, shared by every Progress
+
+
+def descendants(pid: int, max_age_s: float = POLL_S / 2) -> list[int]:
+    """pid's descendant processes, from one scan of /proc's parent links shared by the Progress objects of a poll
+    (a job's processes are polled one after another within milliseconds).
+
+    Why shared: psutil's children(recursive=True) reads every process's stat file on the machine; called per
+    followed process and per poll (10 a second), it was most of a watchdog's own CPU on a busy host, and this
+    kernel has no /proc/PID/task/TID/children to ask for the tree alone."""
+    now = time.monotonic()
+    if now - _TREE["at"] > max_age_s:
+        kids: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    ppid = int(fh.read().rsplit(b")", 1)[1].split(None, 2)[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(name))
+        _TREE["at"], _TREE["kids"] = time.monotonic(), kids
+    kids, out, seen, todo = _TREE["kids"], [], {pid}, [pid]
+    while todo:
+        for child in kids.get(todo.pop(), ()):
+            if child not in seen:   # a pid reused within the scan cannot make a cycle of it
+                seen.add(child)
+                out.append(child)
+                todo.append(child)
+    return out
+
+
 class Progress:
     """Decides, poll by poll, whether the child advanced (the rules are in the module docstring).
 
@@ -77,11 +110,8 @@ class Progress:
     def _cpu_grew(self, which: str) -> bool:
         """Did the main threads of the tree (or of the child's children only) burn CPU since the last poll?
         A followed process of the job is left out: its own beat and op log say whether it progresses."""
-        try:
-            procs = self.ps.children(recursive=True) + ([self.ps] if which == "tree" else [])
-        except psutil.Error:
-            procs = []
-        cpu = sum(main_thread_cpu(p.pid) for p in procs if p.pid not in self.followed)
+        pids = descendants(self.ps.pid) + ([self.ps.pid] if which == "tree" else [])
+        cpu = sum(main_thread_cpu(pid) for pid in pids if pid not in self.followed)
         grew, self.cpu_prev[which] = cpu > self.cpu_prev[which], cpu
         return grew
 
@@ -116,15 +146,19 @@ class Progress:
         return cpu - before >= SPIN_SHARE * (now - then)
 
     def advanced(self) -> int:
-        """STRONG, WEAK or NONE progress since the last poll."""
-        idle, working = self._python_progress()
+        """STRONG, WEAK or NONE progress since the last poll. Ops that completed settle it: the beat and the CPU of
+        the process tree are read only when they do not (a running job's usual poll reads one log header)."""
         counters = self._counters()
         if counters is not None and counters[0] > 0:
             started, completed, gpu_done = counters
             advanced = (completed, gpu_done) != self.last_ops   # newly completed records (host or GPU)
             self.last_ops = (completed, gpu_done)
+            if advanced:
+                return STRONG
+            idle, working = self._python_progress()
             between_ops = started == completed and (gpu_done < 0 or gpu_done >= completed)
-            return STRONG if advanced or working else idle if between_ops else NONE
+            return STRONG if working else idle if between_ops else NONE
+        idle, _ = self._python_progress()
         size = sum(p.stat().st_size for p in self.outputs if p.exists())
         grew, self.last_size = size != self.last_size, size
         return STRONG if grew else idle
