@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpulab.numerics import reduction, replay
 from gpulab.numerics.fingerprints import Fingerprints
 from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INPUT
+from gpulab.trace import lazydynamo
 
 # ops whose output holds the values of an input, as they are or only re-typed: no record of their own, their
 # output's producer is that input's (a view, a copy, a cast: what legitimately differs between backends)
@@ -237,6 +238,10 @@ def install() -> None:
     folder = os.environ.get(ENV_DIR)
     if not folder or _state["fp"] is not None:
         return
+    # the mode's class made unwrapped until the program imports torch._dynamo, as the op recorder's: its first op
+    # would otherwise import dynamo for the wrapper (~2 CPU-s of each compared run); the site walk skips the
+    # wrapper's frames, being by code object
+    lazydynamo.defer()
     fp = Fingerprints(os.path.join(folder, f"{os.getpid()}.jsonl"), os.environ.get(ENV_KEEP) or None)
     mode = make_mode(fp)()
     mode.__enter__()
