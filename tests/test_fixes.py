@@ -544,6 +544,7 @@ def test_the_chain_runs_once_per_scenario_with_its_fixes_in_every_child(extra_pa
     """Three scenarios side by side (jobs=2) on a throwaway project: each notebook's child gets its fixes."""
     extra_patches(probe=PROBE)
     proj = project(tmp_path / "proj", {"01_probe": notebook("Probe", "", CHAIN_NB)},
+                   base="device: cpu\n",   # no device=auto question (a torch child per environment; test_runner's)
                    scenarios={"baseline": "description: plain\n", "probe": "description: p\nfixes: [probe]\n",
                               "probe_too": "description: p2\nfixes: [probe, omp_single_thread]\n"})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")       # two GPUs to spread parallel scenarios over

@@ -46,7 +46,7 @@ def test_signal_to_gpulab_run_mid_notebook(tmp_path, sig):
     nbs = {"01_first": notebook("First", "", RECORD.format(name="01_first", headline="first done")),
            "02_busy": notebook("Busy", "", BUSY_CELL),
            "03_later": notebook("Later", "", RECORD.format(name="03_later", headline="later"))}
-    proj = project(tmp_path / "proj", nbs)
+    proj = project(tmp_path / "proj", nbs, base="device: cpu\n")   # no device=auto child (test_runner's)
     name, mark = new_marker()
     p = subprocess.Popen([sys.executable, "-m", "gpulab", "run", "--out", str(tmp_path / "out")], cwd=proj,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path, name, mark))

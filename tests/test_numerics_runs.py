@@ -32,7 +32,7 @@ def _gpulab(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_a_custom_op_wrong_on_one_side_is_named_with_its_line_and_pass_and_the_replay_says_who_is_right(tmp_path):
     js = tmp_path / "c.json"
     p = _gpulab("--json", str(js), "--out", str(tmp_path / "out"), "--stall", "120", "--vary", "impl=good,bad",
-                "--", PY, str(FIX / "custom_op_train.py"), "--impl", "{impl}", cwd=tmp_path)
+                "--", PY, str(FIX / "custom_op_train.py"), "--impl", "{impl}", "--steps", "3", cwd=tmp_path)
     assert p.returncode == 1, p.stderr
     v = json.loads(js.read_text())
     fd = v["first_divergence"]
@@ -88,8 +88,8 @@ def test_e_a_command_that_does_not_start_gets_a_verdict_and_exit_127(tmp_path):
 
 
 def test_e_a_run_that_crashes_midway_says_which_where_and_how_far_they_agree(tmp_path):
-    c = compare.run(f"{PY} {FIX / 'custom_op_train.py'} --steps 4",
-                    f"{PY} {FIX / 'custom_op_train.py'} --steps 4 --crash-at 2", tmp_path, stall_s=120)
+    c = compare.run(f"{PY} {FIX / 'custom_op_train.py'} --steps 3",
+                    f"{PY} {FIX / 'custom_op_train.py'} --steps 3 --crash-at 2", tmp_path, stall_s=120)
     assert c.status == "failed", c.summary
     assert c.runs[1].status == "error" and c.runs[0].status == "ok"
     assert "The candidate run exited with code 1" in c.summary and "the data loader failed at step 2" in c.summary
@@ -116,8 +116,8 @@ def test_f_matmuls_accumulated_in_another_order_agree_and_the_largest_rounding_i
 
 
 def test_f_a_matmul_wrong_by_1e_3_among_reordered_ones_is_still_named(tmp_path):
-    c = compare.run([PY, str(FIX / "layers_train.py")], [PY, str(FIX / "layers_train.py"), "--accumulate", "wrong"],
-                    tmp_path, stall_s=120)
+    c = compare.run([PY, str(FIX / "layers_train.py"), "--steps", "1"],   # it diverges in step 1's forward
+                    [PY, str(FIX / "layers_train.py"), "--steps", "1", "--accumulate", "wrong"], tmp_path, stall_s=120)
     assert c.status == "diverged", c.summary
     fd = c.first_divergence
     line = _line("layers_train.py", "att = torch.softmax(q @ k")

@@ -16,6 +16,9 @@ from nbfactory import RECORD, notebook, project
 LIB = str(Path(__file__).resolve().parents[1] / "lib")
 # A notebook with enough output that its HTML rendering (~0.3 MB of nbconvert's CSS alone) needs space.
 PLOT = "import matplotlib.pyplot as plt; plt.plot(range(100)); plt.show()"
+# device=cpu: the notebook uses no device, and device=auto would have the runner ask torch in a child (a torch
+# import: a few CPU-seconds a run)
+RUN = [sys.executable, "-m", "gpulab", "run", "-p", "device=cpu"]
 
 
 def _proj(tmp_path):
@@ -25,7 +28,7 @@ def _proj(tmp_path):
 
 def test_products_are_readable_by_the_team(tmp_path):
     proj = _proj(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "gpulab", "run", "--out", str(tmp_path / "out")], cwd=proj,
+    r = subprocess.run([*RUN, "--out", str(tmp_path / "out")], cwd=proj,
                        capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": LIB},
                        preexec_fn=lambda: os.umask(0o022))
     assert r.returncode == 0, r.stderr
@@ -55,7 +58,7 @@ def test_full_disk_is_a_failure_with_no_tmp_files_left(tmp_path, how):
     else:
         pre = _limit_file_size
     try:
-        r = subprocess.run([sys.executable, "-m", "gpulab", "run", "--out", str(out)], cwd=proj,
+        r = subprocess.run([*RUN, "--out", str(out)], cwd=proj,
                            capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": LIB},
                            preexec_fn=pre)
         assert r.returncode == 1, r.stderr

@@ -123,8 +123,9 @@ def test_a_running_chain_says_running_and_gives_no_verdict_until_it_has_run(tmp_
     seen: list[dict] = []
     pages: list[str] = []
     t0 = time.monotonic()
-    with proc.Child([sys.executable, "-m", "gpulab", "run", "--out", str(out)], cwd=proj, env=env,
-                    stdout=tmp_path / "run.out", stderr=tmp_path / "run.err", label="gpulab-run") as child:
+    # device=cpu: these notebooks use no device (auto has the runner ask torch in a child: a torch import)
+    with proc.Child([sys.executable, "-m", "gpulab", "run", "-p", "device=cpu", "--out", str(out)], cwd=proj,
+                    env=env, stdout=tmp_path / "run.out", stderr=tmp_path / "run.err", label="gpulab-run") as child:
         while child.wait(timeout=0.2) is None:
             assert time.monotonic() - t0 < 90, "the run took too long"
             runs = [p for p in out.glob("2*") if p.is_dir()]
@@ -159,3 +160,24 @@ def test_a_running_chain_says_running_and_gives_no_verdict_until_it_has_run(tmp_
     assert [n["status"] for n in sc["notebooks"]] == ["ok", "ok"]
     assert final["folder"]["files"] > 5 and final["folder"]["bytes"] > 0
     assert "What this folder holds" in (next(out.glob("2*")) / "index.html").read_text()
+
+
+def test_a_run_on_the_cpu_asks_torch_nothing_for_its_device():
+    """device=cpu resolves without torch: the runner starts no device=auto question for it (a child importing
+    torch, a few CPU-seconds on every run on a CPU) and hands its kernels no stale answer; device=auto asks."""
+    from types import SimpleNamespace
+
+    from gpulab.chain import runner
+    from gpulab.chain.autodevice import AutoDevice
+    from gpulab.device import AUTO_ENV
+
+    run = SimpleNamespace(auto=AutoDevice())
+    env = {"PATH": "/usr/bin", AUTO_ENV: "cuda"}   # an answer found in another environment
+    try:
+        assert runner._device_env(run, env, {"device": "cpu"}) == {"PATH": "/usr/bin"}
+        assert not runner._asks_device({"device": " CPU "}) and runner._asks_device({"device": "cuda:1"})
+        assert run.auto._answers == {}   # no question started
+        runner._device_env(run, env, {"device": "auto"})
+        assert len(run.auto._answers) == 1
+    finally:
+        run.auto.close()   # the auto question's child is not left running

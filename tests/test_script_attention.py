@@ -34,17 +34,15 @@ def _record(script: Path, out_dir: Path) -> trace.Recording:
 
 
 @pytest.fixture(scope="module")
-def logs(tmp_path_factory) -> dict[str, Path]:
-    """out_dirs holding 02's products for: the attention program, one without attention, one that exits 3
-    before any attention call."""
+def logs(chains, tmp_path_factory) -> dict[str, Path]:
+    """out_dirs holding 02's products for: the attention program and one without attention (the folders of the
+    chains below: their notebook 02 recorded these programs, which are not recorded twice), and one that exits
+    3 before any attention call."""
     base = tmp_path_factory.mktemp("recorded")
     crash = base / "crash_before.py"
     crash.write_text(CRASH_BEFORE)
-    out = {}
-    for name, script in (("sdpa", SDPA_SCRIPT), ("none", NO_ATTENTION), ("crash", crash)):
-        out[name] = base / name
-        _record(script, out[name])
-    return out
+    _record(crash, base / "crash")
+    return {"sdpa": chains["sdpa"][3], "none": chains["none"][3], "crash": base / "crash"}
 
 
 def _calls(out_dir: Path) -> tuple[recorded.RecordedCall, ...]:
@@ -214,8 +212,9 @@ def _chain(tmp: Path, script: Path, only: list[str]) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def chains(tmp_path_factory) -> dict[str, tuple[int, dict, str]]:
-    """The chain on the attention program (02, 06) and on the one without (02, 05, 06), side by side."""
+def chains(tmp_path_factory) -> dict[str, tuple[int, dict, str, Path]]:
+    """The chain on the attention program (02, 06) and on the one without (02, 05, 06), side by side: (exit
+    code, run.json, index.html, the scenario's folder)."""
     tmp = tmp_path_factory.mktemp("chains")
     procs = {"sdpa": _chain(tmp / "sdpa", SDPA_SCRIPT, ["02", "06"]),
              "none": _chain(tmp / "none", NO_ATTENTION, ["02", "05", "06"])}
@@ -224,12 +223,13 @@ def chains(tmp_path_factory) -> dict[str, tuple[int, dict, str]]:
         stdout, stderr = p.communicate(timeout=300)
         index = Path(stdout.strip().splitlines()[-1]) if stdout.strip() else None
         assert index is not None, stderr[-3000:]
-        out[name] = (p.returncode, json.loads((index.parent / "run.json").read_text()), index.read_text())
+        out[name] = (p.returncode, json.loads((index.parent / "run.json").read_text()), index.read_text(),
+                     index.parent / "baseline")
     return out
 
 
 def test_chain_benchmarks_the_programs_recorded_call(chains):
-    rc, run, _ = chains["sdpa"]
+    rc, run, _, _ = chains["sdpa"]
     assert rc == 0 and run["status"] == "ok"
     sc = run["scenarios"][0]
     assert [nb["status"] for nb in sc["notebooks"]] == ["ok", "ok"]
@@ -241,7 +241,7 @@ def test_chain_benchmarks_the_programs_recorded_call(chains):
 
 
 def test_chain_says_05_and_06_do_not_apply_to_a_program_without_attention(chains):
-    rc, run, html = chains["none"]
+    rc, run, html, _ = chains["none"]
     assert rc == 0 and run["status"] == "ok"   # not applying is not a failure
     sc = run["scenarios"][0]
     assert [nb["status"] for nb in sc["notebooks"]] == ["ok", "ok", "ok"]

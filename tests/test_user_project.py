@@ -72,15 +72,15 @@ def test_gpulab_root_must_be_a_project(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_run_from_the_users_folder_runs_the_workload_there(user_folder, tmp_path):
-    """The whole chain with smoke's sizes (gpulab's params/smoke.yaml, named from the user's folder), started
-    from the user's folder with a relative script path and its arguments in one quoted value: the script finds
-    its data, its helper and the caller's PYTHONPATH, and the index says healthy; the run folder is
-    ./gpulab-runs/<run-id>."""
+    """The whole chain with smoke's sizes (gpulab's params/smoke.yaml, named from the user's folder; one trial
+    per rung: 03 takes 02's run of the script as its trial), started from the user's folder with a relative
+    script path and its arguments in one quoted value: the script finds its data, its helper and the caller's
+    PYTHONPATH, and the index says healthy; the run folder is ./gpulab-runs/<run-id>."""
     env = proc.python_env()
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(tmp_path / "team")])
     env.pop(project.ENV_ROOT, None)
     argv = [sys.executable, "-m", "gpulab", "run", "--params", "params/smoke.yaml",   # gpulab's own, found from here
-            "-p", "workload=script:train.py --steps 3 --tag quoted", "--notebook-timeout", "400"]
+            "-p", "workload=script:train.py --steps 3 --tag quoted", "-p", "repeats=1", "--notebook-timeout", "400"]
     r = proc.run(argv, timeout_s=900, cwd=user_folder, env=env, capture=True, label="gpulab-run-user")
     assert r.returncode == 0, r.stderr[-4000:]
     index = Path(r.stdout.strip().splitlines()[-1])

@@ -26,6 +26,7 @@ import yaml
 from gpulab import paramsets, proc, project, report
 from gpulab.chain import notebook, params, verdict
 from gpulab.chain.state import NotebookResult, RunState, ScenarioResult, follow, rel
+from gpulab.device import AUTO_ENV
 from gpulab.fixes import scenario_env
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
@@ -157,6 +158,19 @@ def _ahead(run: RunState, scen: str, sc_dir: Path, nb_path: Path, pfile: Path, e
                           log=sc_dir / "logs" / f"{nb_path.stem}.log", env=dict(env))
 
 
+def _asks_device(values: Mapping[str, Any]) -> bool:
+    """Whether the scenario's kernels need device=auto's answer: device=cpu needs no torch to resolve, and the
+    question imports torch in a child (a few CPU-seconds on every run on a CPU)."""
+    return str(values.get("device", "auto")).strip().lower().split(":", 1)[0] != "cpu"
+
+
+def _device_env(run: RunState, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, str]:
+    """A notebook kernel's environment: `env` with device=auto's answer when it is in (none asked for cpu)."""
+    if _asks_device(values):
+        return run.auto.env_for(env)
+    return {k: v for k, v in env.items() if k != AUTO_ENV}
+
+
 class _NextUp:
     """The next notebook's papermill child, started while this one runs (gpulab.chain.ahead) as soon as the
     device answer its kernel would otherwise find itself is in (gpulab.chain.autodevice): its papermill
@@ -171,14 +185,16 @@ class _NextUp:
 
     def _start(self, run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict) -> None:
         base = dict(_scenario_env(scen, run) or os.environ)   # a copy: os.environ changes as children start
-        run.auto.env_for(base)   # the question, if this environment has none yet
-        while not run.auto.ready(base) and not self._now.wait(0.1):
+        asks = _asks_device(values)
+        if asks:
+            run.auto.env_for(base)   # the question, if this environment has none yet
+        while asks and not run.auto.ready(base) and not self._now.wait(0.1):
             pass
         if self._now.is_set() or run.stopping.is_set():
             return
         with contextlib.suppress(Exception):   # no head start (a full disk, no process left): it starts in turn
             self.ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
-                                run.auto.env_for(base))
+                                _device_env(run, base, values))
 
     def take(self) -> notebook.Ahead | None:
         """The started child (None: it had not started yet, and will not)."""
@@ -192,7 +208,7 @@ def _run_notebook(run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema:
     cfg, name = run.cfg, nb_path.stem
     if ahead is None:
         ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
-                       run.auto.env_for(_scenario_env(scen, run) or os.environ))
+                       _device_env(run, _scenario_env(scen, run) or os.environ, values))
     out_ipynb = ahead.out_ipynb
     run.say(f"[{scen}] {name}: running")
     run.begin(scen, name, out_ipynb)
