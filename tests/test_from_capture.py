@@ -15,6 +15,9 @@ from gpulab.hang.jobs import merge
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures"
+# `gpulab run --from` on the device the CPU programs ran on: cpu resolves without torch, while auto has the runner
+# ask torch in a child (a torch import, ~3 CPU-s)
+CPU = ("-p", "device=cpu")
 
 
 def _gpulab(args, timeout=300):
@@ -59,7 +62,7 @@ def test_a_caught_hang_gets_the_index_verdict_and_next_step_without_rerunning_th
     cap = tmp_path / "cap"
     job = ["python", str(FIX / "custom_op_deadlock.py"), "--gil", "released"]
     assert _watch(cap, "--", *job).returncode == 3
-    r = _gpulab(["run", "--from", str(cap), "--only", "02,03,04,05", "--out", str(tmp_path / "o"),
+    r = _gpulab(["run", "--from", str(cap), "--only", "02,03,04,05", "--out", str(tmp_path / "o"), *CPU,
                  "-p", f"repro={' '.join(job)}",
                  "-p", "repeats=1", "-p", "cost_rounds=0", "-p", "fix_budget_s=10"], timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]   # its time: benchmarks/bench_run_from.py
@@ -84,7 +87,7 @@ def test_a_caught_two_rank_job_gives_the_cross_rank_verdict_gpulab_merge_gives(t
     cap = tmp_path / "cap"
     assert _watch(cap, "--", "python", str(FIX / "dist_job.py"), "skip", "--world", "2", stall="3").returncode == 3
     _, found = merge.merge([cap])
-    r = _gpulab(["run", "--from", str(cap), "--only", "03", "--out", str(tmp_path / "o")], timeout=240)
+    r = _gpulab(["run", "--from", str(cap), "--only", "03", "--out", str(tmp_path / "o"), *CPU], timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     m03 = _metrics(tmp_path / "o")["03_bisect_hang"]["metrics"]
     assert (m03["status"], m03["class"], m03["culprit"]) == ("hang", found.cls, found.culprit)

@@ -12,6 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOP = ROOT / "tests" / "fixtures" / "nan" / "div_std.py"
+# `gpulab run --from` on the device the CPU programs ran on: cpu resolves without torch, while auto has the runner
+# ask torch in a child (a torch import, ~3 CPU-s)
+CPU = ("-p", "device=cpu")
 
 
 def _gpulab(args, timeout=300) -> subprocess.CompletedProcess:
@@ -33,7 +36,7 @@ def test_watch_in_stats_mode_names_the_first_nan_and_the_chain_reads_it_from_the
     assert "next step: fix the program's line nan/div_std.py:21 in main" in r.stdout, r.stdout
 
     out = tmp_path / "o"
-    r = _gpulab(["run", "--from", str(cap), "--only", "02", "--out", str(out)], timeout=300)
+    r = _gpulab(["run", "--from", str(cap), "--only", "02", "--out", str(out), *CPU], timeout=300)
     assert r.returncode == 0 and "verdict: baseline wrong_numbers" in r.stderr, r.stderr
     run = json.loads(((out / "latest").resolve() / "run.json").read_text())
     sc = run["scenarios"][0]
@@ -87,7 +90,7 @@ def test_in_a_ddp_job_the_rank_whose_op_made_the_nan_is_named_not_the_rank_it_re
     assert "divisor holds zeros" in nan["cause"]
 
     out = tmp_path / "o"
-    r = _gpulab(["run", "--from", str(cap), "--only", "02", "--out", str(out)], timeout=300)
+    r = _gpulab(["run", "--from", str(cap), "--only", "02", "--out", str(out), *CPU], timeout=300)
     sc = json.loads(((out / "latest").resolve() / "run.json").read_text())["scenarios"][0]
     assert sc["verdict"] == "wrong_numbers" and f"aten.div.Tensor at nan/ddp_div.py:{line} in main (pass 3)" in \
         sc["evidence"], sc["evidence"]
