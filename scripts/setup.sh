@@ -95,6 +95,7 @@ ls "$PURE" | grep -E '\.dist-info$' > "$TMP/installed" || true
 if ! cmp -s "$TMP/installed" "$STAMP" 2>/dev/null; then
   "$VPY" scripts/warm.py science > "$TMP/warm-science.log" 2>&1 & SCIENCE=$!
   "$VPY" scripts/warm.py jupyter > "$TMP/warm-jupyter.log" 2>&1 & JUPYTER=$!
+  case ",${GPULAB_EXTRAS:-}," in *,test,*) "$VPY" scripts/warm.py compiler > "$TMP/warm-compiler.log" 2>&1 || true ;; esac
   ok=1
   wait $SCIENCE || { ok=0; echo "setup: warning: importing torch and gpulab failed:" >&2; tail -20 "$TMP/warm-science.log" >&2; }
   wait $JUPYTER || { ok=0; echo "setup: warning: a notebook cell through papermill failed:" >&2; tail -20 "$TMP/warm-jupyter.log" >&2; }

@@ -8,7 +8,8 @@ that was not (a user's program importing more of torch) is compiled when first i
 
     python scripts/warm.py science   # torch and every gpulab module
     python scripts/warm.py jupyter   # a notebook cell run by papermill in a kernel, rendered to HTML
-Set-up runs the two side by side, after the kernel is installed.
+    python scripts/warm.py compiler  # the test set-up only: torch.compile's and torch.distributed's files
+Set-up runs them side by side, after the kernel is installed.
 """
 from __future__ import annotations
 
@@ -57,5 +58,23 @@ def jupyter() -> None:
         notebook.render(out)
 
 
+# what torch.compile, DDP and FSDP import, which no chain run of the built-in workload does: ~3,000 files
+COMPILER = ("torch._inductor", "torch._dynamo", "torch._functorch", "torch.distributed", "sympy", "networkx", "triton")
+
+
+def compiler() -> None:
+    """Bytecode for the compiler stack and torch.distributed, for the test set-up: each process that compiles a
+    graph or wraps a model in DDP compiled them from source again (about 4 CPU-s a process on two cores; dozens
+    of such processes in the test suite). compileall, not imports: importing Inductor's code generators needs a
+    compile to run."""
+    import compileall
+    import importlib.util
+
+    for name in COMPILER:
+        spec = importlib.util.find_spec(name)
+        for where in (spec.submodule_search_locations or []) if spec else []:
+            compileall.compile_dir(where, quiet=1, workers=0)
+
+
 if __name__ == "__main__":
-    {"science": science, "jupyter": jupyter}[sys.argv[1]]()
+    {"science": science, "jupyter": jupyter, "compiler": compiler}[sys.argv[1]]()
