@@ -177,6 +177,9 @@ def test_a_run_on_the_cpu_asks_torch_nothing_for_its_device():
         assert runner._device_env(run, env, {"device": "cpu"}) == {"PATH": "/usr/bin"}
         assert not runner._asks_device({"device": " CPU "}) and runner._asks_device({"device": "cuda:1"})
         assert run.auto._answers == {}   # no question started
+        # a notebook's own kernel does not ask (it asks torch itself); the next notebook's head start does
+        assert runner._device_env(run, env, {"device": "auto"}, ask=False) == {"PATH": "/usr/bin"}
+        assert run.auto._answers == {}
         runner._device_env(run, env, {"device": "auto"})
         assert len(run.auto._answers) == 1
     finally:

@@ -36,12 +36,15 @@ class AutoDevice:
         self._children: list[proc.Child] = []
         self._closed = False
 
-    def env_for(self, env: Mapping[str, str]) -> dict[str, str]:
-        """`env` plus the answer when it is in; the first call for an environment starts the question."""
+    def env_for(self, env: Mapping[str, str], ask: bool = True) -> dict[str, str]:
+        """`env` plus the answer when it is in; the first call for an environment starts the question, unless
+        not `ask` (a kernel with no later notebook to hand the answer to asks torch itself anyway)."""
         base = {k: v for k, v in env.items() if k != AUTO_ENV}
         key = _key(base)
         with self._lock:
             fut = self._answers.get(key)
+            if fut is None and not ask:
+                return base
             if fut is None:
                 fut = self._answers[key] = Future()
                 if self._closed:

@@ -164,10 +164,11 @@ def _asks_device(values: Mapping[str, Any]) -> bool:
     return str(values.get("device", "auto")).strip().lower().split(":", 1)[0] != "cpu"
 
 
-def _device_env(run: RunState, env: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, str]:
+def _device_env(run: RunState, env: Mapping[str, str], values: Mapping[str, Any], ask: bool = True
+                ) -> dict[str, str]:
     """A notebook kernel's environment: `env` with device=auto's answer when it is in (none asked for cpu)."""
     if _asks_device(values):
-        return run.auto.env_for(env)
+        return run.auto.env_for(env, ask=ask)
     return {k: v for k, v in env.items() if k != AUTO_ENV}
 
 
@@ -208,7 +209,9 @@ def _run_notebook(run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema:
     cfg, name = run.cfg, nb_path.stem
     if ahead is None:
         ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
-                       _device_env(run, _scenario_env(scen, run) or os.environ, values))
+                       # the question is the next notebook's (_NextUp asks it): with none, as in `--only 03`, the
+                       # answer would come after this kernel asked torch itself
+                       _device_env(run, _scenario_env(scen, run) or os.environ, values, ask=False))
     out_ipynb = ahead.out_ipynb
     run.say(f"[{scen}] {name}: running")
     run.begin(scen, name, out_ipynb)
