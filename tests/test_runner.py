@@ -143,6 +143,27 @@ def test_head_start_imports_what_the_cells_import(tmp_path, source, expected):
     assert imports_of(str(path)) == expected
 
 
+@pytest.mark.parametrize("device,meta,answer,torch_first", [
+    ("cpu", {}, None, False), ("auto", {}, None, True), ("auto", {}, "cpu", False), ("cuda:1", {}, "cuda", False),
+    ("cuda", {}, "cpu", True), ("cpu", {"kernel_torch": True}, None, True), (None, {}, "cpu", True)])
+def test_torch_is_imported_ahead_only_where_the_kernel_will_import_it(tmp_path, monkeypatch, device, meta, answer,
+                                                                     torch_first):
+    """A kernel imports torch for its device unless it is cpu or the runner's answer settles it, and where the
+    notebook's metadata says its cells call into torch; its head start imports torch only then (3.5 CPU-s)."""
+    from gpulab import device as dev
+    from gpulab.chain.ahead import imports_of
+    import nbformat
+    nb = notebook("T", "x: int = 1\n", "from gpulab import report")
+    nb.metadata["gpulab"] = meta
+    path = tmp_path / "t.ipynb"
+    nbformat.write(nb, str(path))
+    if answer:
+        monkeypatch.setenv(dev.AUTO_ENV, answer)
+    else:
+        monkeypatch.delenv(dev.AUTO_ENV, raising=False)
+    assert (imports_of(str(path), device)[0] == "torch") == torch_first
+
+
 def test_a_head_start_for_a_notebook_that_is_then_skipped_leaves_nothing(tmp_path, monkeypatch):
     name, mark = new_marker()
     monkeypatch.setenv(name, mark)

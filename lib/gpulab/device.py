@@ -19,11 +19,9 @@ def resolve(device: str = "auto") -> str:
     base = name.split(":", 1)[0]
     if base not in DEVICE_CHOICES:
         raise ValueError(f"device={device!r} is not valid; choose one of {', '.join(DEVICE_CHOICES)} (or cuda:N)")
-    if base == "cpu":
-        return name
-    known = os.environ.get(AUTO_ENV)
-    if known in ("cpu", "cuda") and base in ("auto", known):
-        return known if base == "auto" else name
+    got = known_without_torch(name)
+    if got is not None:
+        return got
     import torch
 
     if base == "auto":
@@ -32,6 +30,19 @@ def resolve(device: str = "auto") -> str:
         raise RuntimeError(f"device={device!r} was asked for but torch.cuda.is_available() is False "
                            f"(torch {torch.__version__}); use device='cpu' or 'auto'")
     return name
+
+
+def known_without_torch(device: str = "auto") -> str | None:
+    """What resolve(device) gives without importing torch: 'cpu', or the runner's answer for this environment
+    (AUTO_ENV) where it settles the question; None where only torch can tell."""
+    name = str(device).strip().lower()
+    base = name.split(":", 1)[0]
+    if base == "cpu":
+        return name
+    known = os.environ.get(AUTO_ENV)
+    if known in ("cpu", "cuda") and base in ("auto", known):
+        return known if base == "auto" else name
+    return None
 
 
 def has_gpu() -> bool:

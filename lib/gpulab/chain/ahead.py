@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any
 
 EXIT_DEAD_KERNEL = 138   # papermill's own exit code for a kernel that died
 
@@ -28,16 +29,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def imports_of(notebook: str) -> list[str]:
+def imports_of(notebook: str, device: str | None = None) -> list[str]:
     """The modules the notebook's own import statements name (parameters cell aside), in order: `from a
-    import b` names a and a.b (b may be a module). torch comes first where gpulab is named: gpulab imports it
-    lazily, at the first call that needs it (platform facts, a device), which every chain notebook makes."""
+    import b` names a and a.b (b may be a module). torch comes first where gpulab is named and the kernel will
+    import it (_kernel_imports_torch); device: the notebook's device parameter (None: not known)."""
     import ast
 
     import nbformat
 
+    nb = nbformat.read(notebook, as_version=4)
     mods: list[str] = []
-    for cell in nbformat.read(notebook, as_version=4).cells:
+    for cell in nb.cells:
         if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
             continue
         try:
@@ -49,9 +51,21 @@ def imports_of(notebook: str) -> list[str]:
                 mods += [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
                 mods += [node.module, *(f"{node.module}.{a.name}" for a in node.names if a.name != "*")]
-    if any(m == "gpulab" or m.startswith("gpulab.") for m in mods):
+    if any(m == "gpulab" or m.startswith("gpulab.") for m in mods) and _kernel_imports_torch(nb, device):
         mods.insert(0, "torch")
     return list(dict.fromkeys(mods))
+
+
+def _kernel_imports_torch(nb: Any, device: str | None) -> bool:
+    """gpulab imports torch lazily, at the first call that needs it: in a chain kernel, the device (unless it is
+    cpu or the runner's answer is in: gpulab.device.known_without_torch) and whatever the notebook's metadata
+    says its cells call into torch for (`gpulab.kernel_torch`). Imported ahead where it will be; elsewhere it was
+    CPU-seconds the kernel never needed (01, 03 and 04 on the CPU, measured: no torch in their kernels)."""
+    from gpulab import device as dev
+
+    if nb.metadata.get("gpulab", {}).get("kernel_torch") or device is None:
+        return True
+    return dev.known_without_torch(device) is None
 
 
 def _preimport(km, mods: list[str]):
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     km = AsyncKernelManager(kernel_name=ns.kernel)
     run_sync(km.start_kernel)(cwd=ns.cwd)
     try:
-        kc = _preimport(km, imports_of(ns.notebook))
+        kc = _preimport(km, imports_of(ns.notebook, (read_yaml_file(ns.parameters_file) or {}).get("device")))
         said = sys.stdin.readline().strip()
         if kc is not None:
             kc.stop_channels()
