@@ -15,8 +15,7 @@ def resolve(device: str = "auto") -> str:
     Asking torch costs its import (about 5 s on the H100 machine): a chain's notebook kernel that only
     orchestrates children takes the answer its runner found for the same environment (AUTO_ENV, set by
     gpulab.chain.autodevice), and 'cpu' needs no torch at all."""
-    name = str(device).strip().lower()
-    base = name.split(":", 1)[0]
+    name, base = str(device).strip().lower(), kind(device)
     if base not in DEVICE_CHOICES:
         raise ValueError(f"device={device!r} is not valid; choose one of {', '.join(DEVICE_CHOICES)} (or cuda:N)")
     got = known_without_torch(name)
@@ -32,11 +31,15 @@ def resolve(device: str = "auto") -> str:
     return name
 
 
+def kind(device: str) -> str:
+    """A device value's kind, as written: 'CUDA:1' -> 'cuda', ' cpu ' -> 'cpu' (not checked against the choices)."""
+    return str(device).strip().lower().split(":", 1)[0]
+
+
 def known_without_torch(device: str = "auto") -> str | None:
     """What resolve(device) gives without importing torch: 'cpu', or the runner's answer for this environment
     (AUTO_ENV) where it settles the question; None where only torch can tell."""
-    name = str(device).strip().lower()
-    base = name.split(":", 1)[0]
+    name, base = str(device).strip().lower(), kind(device)
     if base == "cpu":
         return name
     known = os.environ.get(AUTO_ENV)
