@@ -31,7 +31,12 @@ def carriers(name: str, value: str, exclude: tuple[int, ...] = ()) -> list[int]:
 
 
 def left_after(name: str, value: str, grace_s: float = 2.0, exclude: tuple[int, ...] = ()) -> list[str]:
-    """Marked processes still alive after a short grace (exits are not instant); killed, then reported."""
+    """Marked processes still alive after a short grace (exits are not instant); killed, then reported. The
+    session's gpulab.proc guard is no leftover: started by the first test that starts a child, it carries that
+    test's marker when that test runs alone."""
+    from gpulab import proc
+
+    exclude = (*exclude, *([proc.guard_pid()] if proc.guard_pid() else []))
     deadline = time.monotonic() + grace_s
     while True:
         pids = carriers(name, value, exclude)
