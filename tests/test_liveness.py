@@ -231,10 +231,12 @@ def test_record_stops_a_deadlock_after_the_stall_window(tmp_path):
 def test_record_of_a_job_judges_each_process_by_its_own_progress(tmp_path):
     """A rank spinning in native code (CPU, no bytecode: a host busy-waiting in a CUDA sync) is no progress of
     the launcher that waits for it: 02's recording of the job stops it as a hang (seen on the H100: an NCCL
-    job's 02 ran to its deadline while a rank spun in .item())."""
+    job's 02 ran to its deadline while a rank spun in .item()). The file's STALL, not less: on CI's loaded 2
+    cores, two ranks loading torch's libraries at once went a whole second without bytecode or a fifth of a core,
+    and the recording ended as a hang before their first op."""
     t0 = time.monotonic()
     rec = trace.record([sys.executable, str(FIX / "dist_job.py"), "spin", "--world", "2"], out_dir=tmp_path,
-                       timeout_s=120, stall_s=1.0, name="ops")
+                       timeout_s=120, stall_s=STALL, name="ops")
     assert (rec.status, rec.processes) == ("hang", 3), rec.stderr_tail   # 2 ranks + multiprocessing's tracker
     assert time.monotonic() - t0 < 60
     # the launcher runs no op; the ranks do, and 02 shows the busiest of them, saying whose ops they are
