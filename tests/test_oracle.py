@@ -229,6 +229,21 @@ def test_bad_case_is_rejected(kwargs, match):
         oracle.Case(8, 8, 8, **kwargs)
 
 
+@pytest.mark.parametrize("cases,device,chosen", [("auto", "cpu", "quick"), ("auto", "cuda", "default"),
+                                                  ("auto", "cuda:1", "default"), ("default", "cpu", "default"),
+                                                  ("quick", "cuda", "quick")])
+def test_auto_case_set_is_the_full_one_on_a_gpu_only(cases, device, chosen):
+    from gpulab.oracle.cases import for_device
+    assert for_device(cases, device) == chosen
+
+
+def test_auto_case_set_gate_on_the_cpu_judges_the_quick_set():
+    g = oracle.gate(["sdpa_math"], "auto", "cpu", isolate=False)
+    assert g.cases == "quick" and "quick cases" in g.headline()
+    with pytest.raises(oracle.OracleError, match="oracle_cases='all'.*auto, default, quick"):
+        oracle.gate(["sdpa_math"], "all", "cpu", isolate=False)
+
+
 @pytest.mark.parametrize("call,match", [(lambda: oracle.case_set("huge"), "cases='huge'.*default, quick"),
                                         (lambda: oracle.resolve_dtypes(["float8"], "cpu"), "float8"),
                                         (lambda: oracle.check("sdpa_math", CASE, "cpu", tile=0), "tile=0")])

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from gpulab.device import resolve
 from gpulab.oracle import candidates as registry
-from gpulab.oracle.cases import CASE_SETS, resolve_dtypes
+from gpulab.oracle.cases import CASE_CHOICES, for_device, resolve_dtypes
 from gpulab.oracle.check import GATE_FILE, Gate, check_many
 from gpulab.oracle.errors import OracleError
 from gpulab.oracle.pooled import isolated
@@ -38,8 +38,9 @@ def gate(candidates: Sequence[str] | str = ("vendor", "reference", "fix"), cases
     (gpulab.oracle.scope_for: what 05 judges for the workload) its dtypes are used, and when it does not apply
     nothing runs: the Gate says why, and no gate file is left for 06 (a stale one is removed)."""
     dev = resolve("auto" if device is None else device)
-    if cases not in CASE_SETS:
-        raise OracleError(f"oracle_cases={cases!r} is not valid; choose one of {', '.join(CASE_SETS)}")
+    if cases not in CASE_CHOICES:
+        raise OracleError(f"oracle_cases={cases!r} is not valid; choose one of {', '.join(CASE_CHOICES)}")
+    cases = for_device(cases, dev)
     if scope is not None and not scope.applies:
         if out_dir is not None:
             (Path(out_dir) / GATE_FILE).unlink(missing_ok=True)

@@ -34,14 +34,17 @@ def plan_note(scope, device: str, cases: str, candidates) -> None:
     """What 05 is about to judge (device, dtypes, case set, candidates), or why it judges nothing."""
     from IPython.display import Markdown, display
 
-    from gpulab.oracle.cases import case_set
+    from gpulab.oracle.cases import case_set, for_device
     if not scope.applies:
         display(Markdown(f"**{report.esc(scope.note)}**"))
         return
     names = ", ".join(report.code(c) for c in candidates)
+    chosen = for_device(cases, device)
+    how = (f" (auto: {'the full set on a GPU' if chosen == 'default' else 'one case per bug family on the CPU; '}"
+           f"{'' if chosen == 'default' else 'oracle_cases=default judges the full set'})" if cases == "auto" else "")
     display(Markdown(f"Device {report.code(device)}; dtypes {', '.join(scope.dtypes)} (auto: the dtype "
                      f"the built-in workload runs in, or the dtypes the recorded program calls); case set "
-                     f"{report.code(cases)} ({len(case_set(cases))} cases per dtype); candidates {names}."
+                     f"{report.code(chosen)}{how} ({len(case_set(chosen))} cases per dtype); candidates {names}."
                      + (f" {report.esc(scope.note)}" if scope.note else "")))
 
 
