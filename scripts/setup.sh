@@ -13,7 +13,8 @@ VENV=${GPULAB_VENV:-.venv}
 VPY="$VENV/bin/python"
 TORCH_SPEC=${GPULAB_TORCH:-torch==2.13.0}
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+NATIVE=""
+trap '[ -z "$NATIVE" ] || kill "$NATIVE" 2>/dev/null; rm -rf "$TMP"' EXIT
 
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "gpulab needs Python >= 3.10, found " + sys.version)'
 
@@ -77,6 +78,12 @@ mapfile -t DEPS < <("$VPY" scripts/deps.py --exclude torch --extras "${GPULAB_EX
 if [ ${#DEPS[@]} -gt 0 ]; then
   install "${DEPS[@]}"
 fi
+# The recorder's native parts, compiled against this torch (the observer: about 17 s of one core), built beside the
+# installs and the warm-up below instead of inside the first recording, which waited for them (a fresh clone's
+# 02 took twice as long). Built by this launcher, never by a recorded program (gpulab.trace.native says why);
+# cached per torch and source, so a set-up with nothing new to build costs a fraction of a second.
+PYTHONPATH=lib "$VPY" -c 'import sys; from gpulab.trace import native; why = native.ensure_all(); print(why); sys.exit(1 if why else 0)' \
+  > "$TMP/native.log" 2>&1 & NATIVE=$!
 if ! "$VPY" -c 'import gpulab, pathlib, sys; sys.exit(pathlib.Path(gpulab.__file__).parents[1] != pathlib.Path("lib").resolve())' 2>/dev/null; then
   if [ -n "$UV" ]; then   # uv only when already found: fetching it for this alone costs what it saves
     install --no-deps -e .
@@ -101,6 +108,8 @@ if ! cmp -s "$TMP/installed" "$STAMP" 2>/dev/null; then
   wait $JUPYTER || { ok=0; echo "setup: warning: a notebook cell through papermill failed:" >&2; tail -20 "$TMP/warm-jupyter.log" >&2; }
   if [ $ok = 1 ]; then cp "$TMP/installed" "$STAMP"; fi
 fi
+wait "$NATIVE" || { echo "setup: warning: the recorder's native parts were not built (it records without them):" >&2; tail -5 "$TMP/native.log" >&2; }
+NATIVE=""
 READY=$(tail -1 "$TMP/warm-science.log" 2>/dev/null | grep '^torch ' \
         || "$VPY" -c 'import torch, gpulab; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')
 echo "setup: ready ($READY)" >&2
