@@ -162,9 +162,10 @@ def test_a_running_chain_says_running_and_gives_no_verdict_until_it_has_run(tmp_
     assert "What this folder holds" in (next(out.glob("2*")) / "index.html").read_text()
 
 
-def test_a_run_on_the_cpu_asks_torch_nothing_for_its_device():
+def test_a_run_on_the_cpu_asks_torch_nothing_for_its_device(monkeypatch):
     """device=cpu resolves without torch: the runner starts no device=auto question for it (a child importing
-    torch, a few CPU-seconds on every run on a CPU) and hands its kernels no stale answer; device=auto asks."""
+    torch, a few CPU-seconds on every run on a CPU) and hands its kernels no stale answer; device=auto asks where
+    the host has GPU device files, and not where it has none."""
     from types import SimpleNamespace
 
     from gpulab.chain import runner
@@ -180,6 +181,10 @@ def test_a_run_on_the_cpu_asks_torch_nothing_for_its_device():
         # a notebook's own kernel does not ask (it asks torch itself); the next notebook's head start does
         assert runner._device_env(run, env, {"device": "auto"}, ask=False) == {"PATH": "/usr/bin"}
         assert run.auto._answers == {}
+        monkeypatch.setattr(runner, "gpu_nodes", lambda: [])
+        assert runner._device_env(run, env, {"device": "auto"}) == {"PATH": "/usr/bin"}
+        assert run.auto._answers == {}   # no GPU device file: auto is cpu, found by each kernel without torch
+        monkeypatch.setattr(runner, "gpu_nodes", lambda: ["/dev/nvidia0"])
         runner._device_env(run, env, {"device": "auto"})
         assert len(run.auto._answers) == 1
     finally:

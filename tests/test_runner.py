@@ -143,16 +143,19 @@ def test_head_start_imports_what_the_cells_import(tmp_path, source, expected):
     assert imports_of(str(path)) == expected
 
 
-@pytest.mark.parametrize("device,meta,answer,torch_first", [
-    ("cpu", {}, None, False), ("auto", {}, None, True), ("auto", {}, "cpu", False), ("cuda:1", {}, "cuda", False),
-    ("cuda", {}, "cpu", True), ("cpu", {"kernel_torch": True}, None, True), (None, {}, "cpu", True)])
+@pytest.mark.parametrize("device,meta,answer,nodes,torch_first", [
+    ("cpu", {}, None, True, False), ("auto", {}, None, True, True), ("auto", {}, None, False, False),
+    ("auto", {}, "cpu", True, False), ("cuda:1", {}, "cuda", True, False), ("cuda", {}, "cpu", True, True),
+    ("cpu", {"kernel_torch": True}, None, True, True), (None, {}, "cpu", True, True)])
 def test_torch_is_imported_ahead_only_where_the_kernel_will_import_it(tmp_path, monkeypatch, device, meta, answer,
-                                                                     torch_first):
-    """A kernel imports torch for its device unless it is cpu or the runner's answer settles it, and where the
-    notebook's metadata says its cells call into torch; its head start imports torch only then (3.5 CPU-s)."""
+                                                                     nodes, torch_first):
+    """A kernel imports torch for its device unless it is cpu or the runner's answer settles it, or it is auto on a
+    host without GPU device files (`nodes`), and where the notebook's metadata says its cells call into torch; its
+    head start imports torch only then (3.5 CPU-s)."""
     from gpulab import device as dev
     from gpulab.chain.ahead import imports_of
     import nbformat
+    monkeypatch.setattr(dev, "gpu_nodes", lambda: ["/dev/nvidia0"] if nodes else [])
     nb = notebook("T", "x: int = 1\n", "from gpulab import report")
     nb.metadata["gpulab"] = meta
     path = tmp_path / "t.ipynb"
@@ -270,16 +273,29 @@ def test_a_kernel_takes_the_runners_answer_without_importing_torch(known, asked,
     assert out.stdout.split() == [expect, "False"], out.stderr[-1000:]
 
 
-def test_the_device_question_ignores_gpulab_bookkeeping_and_ends_with_the_run():
+def test_auto_without_gpu_device_files_is_cpu_without_torch(tmp_path, monkeypatch):
+    """No CUDA or ROCm runtime can open a GPU without its device files: auto is then cpu, no torch asked."""
+    from gpulab import device
+    monkeypatch.delenv(device.AUTO_ENV, raising=False)
+    monkeypatch.setattr(device, "GPU_NODES", (str(tmp_path / "nvidia*"), str(tmp_path / "kfd")))
+    assert device.gpu_nodes() == [] and device.known_without_torch("auto") == "cpu"
+    assert device.known_without_torch("cuda") is None   # asked for by name: torch says whether it works
+    (tmp_path / "kfd").touch()
+    assert device.gpu_nodes() == [str(tmp_path / "kfd")] and device.known_without_torch("auto") is None
+
+
+def test_the_device_question_ignores_gpulab_bookkeeping_and_ends_with_the_run(monkeypatch):
     """The answer for an environment is found again once gpulab.proc's guard token joined it; a question still
     running when the run ends is ended (this test's orphan check fails on a child left running)."""
     from gpulab import proc
-    from gpulab.chain.autodevice import AutoDevice
+    from gpulab.chain import autodevice
 
-    auto = AutoDevice()
+    # a question that takes a while, as torch's import does on a GPU host (here gpu_nodes answers at once)
+    monkeypatch.setattr(autodevice, "ASK", "import time; time.sleep(60)")
+    auto = autodevice.AutoDevice()
     env = {k: v for k, v in os.environ.items() if k != proc.ENV_VAR}
     auto.env_for(env)
-    time.sleep(0.5)   # the question child is running (it imports torch)
+    time.sleep(0.5)   # the question child is running
     auto.close()
     deadline = time.monotonic() + 20
     while not auto.ready({**env, proc.ENV_VAR: "c0123"}) and time.monotonic() < deadline:

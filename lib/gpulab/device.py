@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
@@ -45,7 +46,26 @@ def known_without_torch(device: str = "auto") -> str | None:
     known = os.environ.get(AUTO_ENV)
     if known in ("cpu", "cuda") and base in ("auto", known):
         return known if base == "auto" else name
+    if base == "auto" and not gpu_nodes():
+        return "cpu"
     return None
+
+
+# The device files a CUDA or ROCm runtime opens: NVIDIA's driver (nvidiactl, nvidia0, nvidia-uvm), Jetson's
+# (nvhost-*, nvmap, nvgpu), WSL's (dxg) and ROCm's (kfd). Without one, no GPU can be usable to torch.
+GPU_NODES = ("/dev/nvidia*", "/dev/nvhost*", "/dev/nvmap", "/dev/nvgpu", "/dev/dxg", "/dev/kfd")
+
+
+def gpu_nodes() -> list[str]:
+    """The GPU device files of this Linux host; elsewhere a placeholder, as only torch can tell there.
+
+    Why: 'auto' on a machine without a GPU was a torch import (3.5 CPU-s) to hear 'cpu', once per chain and in
+    every kernel that asked before the runner's answer was in."""
+    if not sys.platform.startswith("linux"):
+        return ["(not Linux: ask torch)"]
+    import glob
+
+    return [p for pattern in GPU_NODES for p in glob.glob(pattern)]
 
 
 def has_gpu() -> bool:
