@@ -176,6 +176,23 @@ def test_a_job_that_ignores_sigterm_is_stopped_after_the_grace_period(tmp_path):
     assert any("did not end within 1 s" in e for e in v["evidence"])
 
 
+def test_a_signal_before_the_first_poll_is_passed_on_with_the_grace_period(tmp_path, monkeypatch):
+    """A SIGTERM that comes while the watchdog is still setting up its judge of a job already running (CI caught it
+    0.3 s after the job's first line, on a loaded machine) gets the grace period too, as one in the main loop."""
+    real = watch._tracker
+
+    def signal_during_setup(child, launch):
+        tracker = real(child, launch)
+        _wait_until(lambda: launch.stdout.exists() and b"ready" in launch.stdout.read_bytes(), what="the job's line")
+        raise proc.Interrupted(signal.SIGTERM)   # what gpulab.proc's handler raises on SIGTERM
+    monkeypatch.setattr(watch, "_tracker", signal_during_setup)
+    t = time.monotonic()
+    v = watch.run(["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.2; done"], grace_s=1.0, record=False,
+                  out_dir=tmp_path / "w", progress=lambda m: None)
+    assert time.monotonic() - t >= 1.0
+    assert v.status == "interrupted" and v.interrupted["signal"] == "SIGTERM" and v.interrupted["job_ended"] is False
+
+
 # ------------------------------------------------------------------------------------ output
 
 def test_output_reaches_the_terminal_and_the_files_keep_a_bounded_tail(tmp_path):

@@ -201,31 +201,31 @@ def run(command: Sequence[str], *, stall_s: float = STALL_S, timeout_s: float | 
         with proc.Child(launch.argv, stdout=tees[0].fd if tees else launch.stdout,
                         stderr=tees[1].fd if tees else launch.stderr, env=launch.env, cwd=cwd,
                         label="watched") as child:
-            for t in tees:
-                t.started()
-            tracker = _tracker(child, launch)
-            if status:
-                writer = status_mod.Writer(out, lambda: status_mod.job_processes(
-                    child.pid, launch.log if launch.recorded else None,
-                    launch.procs if launch.procs.is_dir() else None), say, status_every_s, say_every_s).start()
-            pruned, shrunk = [time.monotonic()], set()
+            try:   # from the job's start: a signal that comes before the first poll is passed on too
+                for t in tees:
+                    t.started()
+                tracker = _tracker(child, launch)
+                if status:
+                    writer = status_mod.Writer(out, lambda: status_mod.job_processes(
+                        child.pid, launch.log if launch.recorded else None,
+                        launch.procs if launch.procs.is_dir() else None), say, status_every_s, say_every_s).start()
+                pruned, shrunk = [time.monotonic()], set()
 
-            def beat(last: float | None, phase: str = "running") -> None:
-                now = time.monotonic()
-                if writer is not None and (last is None or now - getattr(beat, "t", 0.0) >= 1.0):
-                    beat.t = now   # type: ignore[attr-defined]
-                    by = dict(getattr(tracker, "last", {}) or {})
-                    if last is not None:
-                        by.setdefault(child.pid, last)
-                    writer.update(status_mod.State(
-                        phase="stalled" if last is None else phase, t0=t0, last=last, last_by_pid=by,
-                        stalls=found.count, recovered=found.recovered,
-                        note=found.last["where"] if found.last and not found.last["recovered"] else ""))
-                if launch.procs.is_dir() and now - pruned[0] > PRUNE_EVERY_S:
-                    pruned[0] = now
-                    _prune(launch.procs, tracker, shrunk)
+                def beat(last: float | None, phase: str = "running") -> None:
+                    now = time.monotonic()
+                    if writer is not None and (last is None or now - getattr(beat, "t", 0.0) >= 1.0):
+                        beat.t = now   # type: ignore[attr-defined]
+                        by = dict(getattr(tracker, "last", {}) or {})
+                        if last is not None:
+                            by.setdefault(child.pid, last)
+                        writer.update(status_mod.State(
+                            phase="stalled" if last is None else phase, t0=t0, last=last, last_by_pid=by,
+                            stalls=found.count, recovered=found.recovered,
+                            note=found.last["where"] if found.last and not found.last["recovered"] else ""))
+                    if launch.procs.is_dir() and now - pruned[0] > PRUNE_EVERY_S:
+                        pruned[0] = now
+                        _prune(launch.procs, tracker, shrunk)
 
-            try:
                 while True:
                     stalled, hang_started = _poll(child, tracker, stall_s, deadline, beat)
                     if stalled == "hang":
