@@ -15,7 +15,7 @@ from gpulab.hang.jobs import merge
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures"
-# `gpulab run --from` on the device the CPU programs ran on: cpu resolves without torch, while auto has the runner
+# `gpulab run --from` on the device the CPU programs ran on: cpu resolves without torch, while auto on a GPU host has the runner
 # ask torch in a child (a torch import, ~3 CPU-s)
 CPU = ("-p", "device=cpu")
 

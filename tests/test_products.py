@@ -16,7 +16,7 @@ from nbfactory import RECORD, notebook, project
 LIB = str(Path(__file__).resolve().parents[1] / "lib")
 # A notebook with enough output that its HTML rendering (~0.3 MB of nbconvert's CSS alone) needs space.
 PLOT = "import matplotlib.pyplot as plt; plt.plot(range(100)); plt.show()"
-# device=cpu: the notebook uses no device, and device=auto would have the runner ask torch in a child (a torch
+# device=cpu: the notebook uses no device, and device=auto on a GPU host would have the runner ask torch in a child (a torch
 # import: a few CPU-seconds a run)
 RUN = [sys.executable, "-m", "gpulab", "run", "-p", "device=cpu"]
 

@@ -123,7 +123,7 @@ def test_a_running_chain_says_running_and_gives_no_verdict_until_it_has_run(tmp_
     seen: list[dict] = []
     pages: list[str] = []
     t0 = time.monotonic()
-    # device=cpu: these notebooks use no device (auto has the runner ask torch in a child: a torch import)
+    # device=cpu: these notebooks use no device (auto on a GPU host has the runner ask torch in a child: a torch import)
     with proc.Child([sys.executable, "-m", "gpulab", "run", "-p", "device=cpu", "--out", str(out)], cwd=proj,
                     env=env, stdout=tmp_path / "run.out", stderr=tmp_path / "run.err", label="gpulab-run") as child:
         while child.wait(timeout=0.2) is None:
@@ -181,10 +181,10 @@ def test_a_run_on_the_cpu_asks_torch_nothing_for_its_device(monkeypatch):
         # a notebook's own kernel does not ask (it asks torch itself); the next notebook's head start does
         assert runner._device_env(run, env, {"device": "auto"}, ask=False) == {"PATH": "/usr/bin"}
         assert run.auto._answers == {}
-        monkeypatch.setattr(runner, "gpu_nodes", lambda: [])
+        monkeypatch.setattr(runner, "no_gpu_files", lambda: True)
         assert runner._device_env(run, env, {"device": "auto"}) == {"PATH": "/usr/bin"}
         assert run.auto._answers == {}   # no GPU device file: auto is cpu, found by each kernel without torch
-        monkeypatch.setattr(runner, "gpu_nodes", lambda: ["/dev/nvidia0"])
+        monkeypatch.setattr(runner, "no_gpu_files", lambda: False)
         runner._device_env(run, env, {"device": "auto"})
         assert len(run.auto._answers) == 1
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOP = ROOT / "tests" / "fixtures" / "nan" / "div_std.py"
-# `gpulab run --from` on the device the CPU programs ran on: cpu resolves without torch, while auto has the runner
+# `gpulab run --from` on the device the CPU programs ran on: cpu resolves without torch, while auto on a GPU host has the runner
 # ask torch in a child (a torch import, ~3 CPU-s)
 CPU = ("-p", "device=cpu")
 

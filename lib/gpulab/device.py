@@ -46,7 +46,7 @@ def known_without_torch(device: str = "auto") -> str | None:
     known = os.environ.get(AUTO_ENV)
     if known in ("cpu", "cuda") and base in ("auto", known):
         return known if base == "auto" else name
-    if base == "auto" and not gpu_nodes():
+    if base == "auto" and no_gpu_files():
         return "cpu"
     return None
 
@@ -57,15 +57,18 @@ GPU_NODES = ("/dev/nvidia*", "/dev/nvhost*", "/dev/nvmap", "/dev/nvgpu", "/dev/d
 
 
 def gpu_nodes() -> list[str]:
-    """The GPU device files of this Linux host; elsewhere a placeholder, as only torch can tell there.
-
-    Why: 'auto' on a machine without a GPU was a torch import (3.5 CPU-s) to hear 'cpu', once per chain and in
-    every kernel that asked before the runner's answer was in."""
-    if not sys.platform.startswith("linux"):
-        return ["(not Linux: ask torch)"]
+    """The GPU device files present (the patterns are Linux's)."""
     import glob
 
     return [p for pattern in GPU_NODES for p in glob.glob(pattern)]
+
+
+def no_gpu_files() -> bool:
+    """A Linux host with none of those files: 'auto' is cpu without asking torch (elsewhere only torch can tell).
+
+    Why: 'auto' on a machine without a GPU was a torch import (3.5 CPU-s) to hear 'cpu', once per chain and in
+    every kernel that asked before the runner's answer was in."""
+    return sys.platform.startswith("linux") and not gpu_nodes()
 
 
 def has_gpu() -> bool:

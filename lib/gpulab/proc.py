@@ -38,7 +38,7 @@ from typing import IO, Any, Iterator, Mapping, Sequence
 # Re-exported (noqa: F401): callers and tests name these as proc.guard_pid, proc.end_marked, proc._scan, ...
 from gpulab.procguard import _LIVE, PR_SET_CHILD_SUBREAPER, _become_subreaper, guard, guard_pid  # noqa: F401
 from gpulab.proctree import (  # noqa: F401
-    _SETTLE_S, _YOUNG_S, ENV_VAR, ProcInfo, _scan, alive, end_marked, info, marked, tokens_of)
+    _SETTLE_S, _YOUNG_S, ENV_VAR, ProcInfo, _scan, alive, children_by_parent, end_marked, info, marked, tokens_of)
 
 EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 127

@@ -80,6 +80,17 @@ def _pids() -> list[int]:
         return []
 
 
+def children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc's parent links (a tree walk per process reads every
+    process's stat file each time)."""
+    kids: dict[int, list[int]] = {}
+    for pid in _pids():
+        st = _stat(pid)
+        if st is not None:
+            kids.setdefault(st[1], []).append(pid)
+    return kids
+
+
 def info(pid: int) -> ProcInfo:
     name = _read(f"/proc/{pid}/comm").decode(errors="replace").strip()
     cmd = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()

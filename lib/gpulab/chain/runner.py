@@ -26,7 +26,7 @@ import yaml
 from gpulab import paramsets, proc, project, report
 from gpulab.chain import notebook, params, verdict
 from gpulab.chain.state import NotebookResult, RunState, ScenarioResult, follow, rel
-from gpulab.device import AUTO_ENV, gpu_nodes, kind as device_kind
+from gpulab.device import AUTO_ENV, kind as device_kind, no_gpu_files
 from gpulab.fixes import scenario_env
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
@@ -160,10 +160,10 @@ def _ahead(run: RunState, scen: str, sc_dir: Path, nb_path: Path, pfile: Path, e
 
 def _asks_device(values: Mapping[str, Any]) -> bool:
     """Whether the scenario's kernels need device=auto's answer: device=cpu needs no torch to resolve, nor does
-    auto on a host without GPU device files (gpulab.device.gpu_nodes), and the question imports torch in a
+    auto on a host without GPU device files (gpulab.device.no_gpu_files), and the question imports torch in a
     child (a few CPU-seconds on every run on a CPU)."""
     kind = device_kind(values.get("device", "auto"))
-    return kind != "cpu" and not (kind == "auto" and not gpu_nodes())
+    return kind != "cpu" and not (kind == "auto" and no_gpu_files())
 
 
 def _device_env(run: RunState, env: Mapping[str, str], values: Mapping[str, Any], ask: bool = True

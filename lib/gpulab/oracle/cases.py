@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
+from gpulab.device import kind
 from gpulab.oracle.errors import OracleError
 from gpulab.workloads import torch_dtype
 
@@ -121,7 +122,7 @@ def for_device(cases: str, device: str) -> str:
     first `make run` half a minute of two cores (45 CPU-s). Any other name is kept, to be checked by case_set."""
     if cases != "auto":
         return cases
-    return "quick" if str(device).split(":")[0] == "cpu" else "default"
+    return "quick" if kind(device) == "cpu" else "default"
 
 
 def case_set(cases: str | Sequence[Case] = "default") -> list[Case]:

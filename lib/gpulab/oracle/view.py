@@ -40,8 +40,8 @@ def plan_note(scope, device: str, cases: str, candidates) -> None:
         return
     names = ", ".join(report.code(c) for c in candidates)
     chosen = for_device(cases, device)
-    how = (f" (auto: {'the full set on a GPU' if chosen == 'default' else 'one case per bug family on the CPU; '}"
-           f"{'' if chosen == 'default' else 'oracle_cases=default judges the full set'})" if cases == "auto" else "")
+    how = ("" if cases != "auto" else " (auto: the full set on a GPU)" if chosen == "default"
+           else " (auto: one case per bug family on the CPU; oracle_cases=default judges the full set)")
     display(Markdown(f"Device {report.code(device)}; dtypes {', '.join(scope.dtypes)} (auto: the dtype "
                      f"the built-in workload runs in, or the dtypes the recorded program calls); case set "
                      f"{report.code(chosen)}{how} ({len(case_set(chosen))} cases per dtype); candidates {names}."

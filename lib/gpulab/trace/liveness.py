@@ -65,18 +65,8 @@ def descendants(pid: int, max_age_s: float = POLL_S / 2) -> list[int]:
     Why shared: psutil's children(recursive=True) reads every process's stat file on the machine; called per
     followed process and per poll (10 a second), it was most of a watchdog's own CPU on a busy host, and this
     kernel has no /proc/PID/task/TID/children to ask for the tree alone."""
-    now = time.monotonic()
-    if now - _TREE["at"] > max_age_s:
-        kids: dict[int, list[int]] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    ppid = int(fh.read().rsplit(b")", 1)[1].split(None, 2)[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            kids.setdefault(ppid, []).append(int(name))
+    if time.monotonic() - _TREE["at"] > max_age_s:
+        kids = proc.children_by_parent()
         _TREE["at"], _TREE["kids"] = time.monotonic(), kids
     kids, out, seen, todo = _TREE["kids"], [], {pid}, [pid]
     while todo:
