@@ -71,6 +71,13 @@ def chain_time(case: str, script: list[str] | None, out: Path, device: str, stal
             "run_dir": str(runs[-1].parent) if runs else None}
 
 
+def ran(got: dict) -> bool:
+    """Whether the chain ran to the end: a chain that stopped at once (no run folder, a notebook failed) is fast
+    and says nothing of the goal."""
+    return got["exit"] == 0 and bool(got["notebooks"]) and all(
+        nb["status"] in ("ok", "not_applicable") for nb in got["notebooks"].values())
+
+
 def load() -> str:
     """What else this machine is doing (others' work distorts every figure here): load average and cores."""
     try:
@@ -103,7 +110,8 @@ def main() -> int:
             got = chain_time(case, CASES[case], out, a.device, a.stall, a.params)
             goal = BUILTIN_GOAL_S if CASES[case] is None else round(FIXED_S + PER_SCRIPT * own["script_s"], 1)
             row = {"case": case, "device": a.device, "script": " ".join(CASES[case] or ["builtin"]), **own, **got,
-                   "goal_s": goal, "met": got["chain_s"] <= goal, "load_before": before, "load_after": load()}
+                   "goal_s": goal, "met": ran(got) and got["chain_s"] <= goal, "load_before": before,
+                   "load_after": load()}
             rows.append(row)
             print(json.dumps(row), flush=True)
             (a.out / "chain_time.json").write_text(json.dumps(rows, indent=2))
@@ -112,7 +120,7 @@ def main() -> int:
     for r in rows:
         per = " ".join(f"{(r['notebooks'].get(n) or {}).get('s') or 0:>6.1f}" for n in names)
         print(f"{r['case']:<9}{r['script_s'] if r['script_s'] is not None else '-':>9}{r['chain_s']:>9.1f}"
-              f"{r['goal_s']:>8.1f}  {'yes' if r['met'] else 'NO ':<4} {per}")
+              f"{r['goal_s']:>8.1f}  {'yes' if r['met'] else 'NO ' if ran(r) else 'n/a':<4} {per}")
     return 0
 
 
