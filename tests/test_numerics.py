@@ -143,6 +143,56 @@ def test_a_rerun_names_the_first_op_that_differs_bitwise_even_within_tolerance()
     assert "not deterministic" in j.sentence and "aten.index_add.default" in j.sentence
 
 
+def _resumed_rerun():
+    """A training loop of two steps; on its rerun it loads what the first run saved and runs one step only."""
+    step = lambda i, npass, v: [rec(i, "aten.embedding.default", site="t.py:9 in forward", npass=npass, value=v),  # noqa: E731
+                                rec(i + 1, "aten.mm.default", site="t.py:10 in forward", npass=npass, ins=[i],
+                                    value=v)]
+    ref = [rec(0, "aten.randn.default"), *step(1, 1, 1.0), *step(3, 2, 2.0)]
+    cand = [rec(0, "aten.randn.default"), rec(1, "aten.set_.source_Storage", site="t.py:4 in main"),
+            *step(2, 1, 2.0)]   # its first step starts from the saved state: the reference's second step's numbers
+    return ref, cand
+
+
+def test_a_rerun_that_takes_another_path_before_any_number_differs_is_not_compared():
+    ref, cand = _resumed_rerun()
+    j = judge.judge(ref, cand, same_command=True)
+    assert j.status == "unaligned", j.sentence
+    assert j.parted["candidate"]["op"] == "aten.set_.source_Storage" and j.parted["candidate"]["call_site"] == "t.py:4 in main"
+    assert "do not run the same ops (5 against 4)" in j.sentence and "checkpoint" in j.sentence
+    # two different commands may run other ops (a cast, another decomposition): those still compare
+    assert judge.judge(ref, cand).status != "unaligned"
+
+
+def test_a_rerun_whose_paths_part_after_a_nondeterministic_op_keeps_that_ops_verdict():
+    ref = [rec(0, "aten.randn.default"), rec(1, "aten.index_add.default", ins=[0], value=2.0),
+           rec(2, "aten.relu.default", site="t.py:7 in f", ins=[1], value=2.0)]
+    cand = [rec(0, "aten.randn.default"), rec(1, "aten.index_add.default", ins=[0], value=2.0 + 1e-9),
+            rec(2, "aten.abs.default", site="t.py:8 in f", ins=[1], value=2.0)]   # a branch on that value
+    j = judge.judge(ref, cand, same_command=True)
+    assert j.status != "unaligned" and j.first_bitwise["op"] == "aten.index_add.default", j.sentence
+
+
+def test_what_the_reference_wrote_in_the_working_folder_is_found_and_said(tmp_path):
+    from gpulab.numerics import workdir
+    (tmp_path / "data.txt").write_text("x")
+    (tmp_path / "out").mkdir()
+    before = workdir.snapshot(tmp_path, skip=(tmp_path / "out",))
+    (tmp_path / "ckpt.pt").write_bytes(b"1")
+    (tmp_path / "out" / "record.jsonl").write_text("{}")   # the comparison's own folder is not the program's doing
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "m.pyc").write_bytes(b"")
+    with open(tmp_path / "gpulab.log", "w") as mine:   # this process's own output, redirected there
+        mine.write("[gpulab compare] running")
+        mine.flush()
+        after = workdir.snapshot(tmp_path, skip=(tmp_path / "out",))
+        assert workdir.written(before, after, root=tmp_path) == ["ckpt.pt"]
+    assert "ckpt.pt appeared or changed in the working folder" in workdir.words(["ckpt.pt"])
+    assert workdir.words([]) == "" and workdir.written(None, after) == []
+    many = {f"f{i}": (i, 1) for i in range(9)}
+    assert "f0, f1, f2, f3, f4 and 4 more" in workdir.words(sorted(many))
+
+
 def test_a_difference_made_where_the_recorder_sees_no_op_is_named_as_that_region():
     ref = [rec(0, "aten.randn.default"), rec(1, "aten.gelu.default", site="m.py:5 in forward", ins=[0], value=2.0),
            rec(2, "aten.mse_loss.default", site="t.py:20 in main", ins=[1], value=3.0)]

@@ -69,6 +69,18 @@ def test_c_a_deterministic_program_agrees_with_itself_bit_for_bit(tmp_path):
     assert c.aligned["aligned"] == c.aligned["reference_ops"] > 50
 
 
+def test_c_a_rerun_that_resumes_from_the_first_runs_checkpoint_is_said_to_take_another_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # the program saves and finds its checkpoint in its working folder, the caller's
+    cmd = f"{PY} {FIX / 'resume_train.py'}"
+    c = compare.run(cmd, cmd, tmp_path / "cmp", stall_s=120)
+    assert c.status == "unaligned", c.summary
+    load = _line("resume_train.py", "torch.load(CKPT)")
+    assert c.parted["candidate"]["call_site"].endswith(f"resume_train.py:{load} in main"), c.parted
+    assert c.aligned["candidate_ops"] < c.aligned["reference_ops"]
+    assert c.reference_wrote == ("ckpt.pt",) and "ckpt.pt appeared or changed in the working folder" in c.summary
+    assert c.first_divergence is None and c.replay is None   # nothing is judged or replayed across unlike steps
+
+
 def test_d_eager_and_torch_compile_agree(tmp_path):
     c = compare.run([PY, str(FIX / "compiled_mlp.py")], [PY, str(FIX / "compiled_mlp.py"), "--compile"], tmp_path,
                     stall_s=240)

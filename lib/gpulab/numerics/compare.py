@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import proc, report
 from gpulab.numerics import judge as _judge
-from gpulab.numerics import lines
+from gpulab.numerics import lines, workdir
 from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INSTALL
 from gpulab.trace import follow, liveness, preload
 from gpulab.trace.run import keep_followed
@@ -68,6 +68,7 @@ class Comparison:
     rows: tuple[dict, ...] = field(default=(), repr=False)
     out_dir: str = ""
     aligned: dict = field(default_factory=dict)
+    reference_wrote: tuple[str, ...] = ()   # files the reference created or changed in the working folder
 
     @property
     def table(self):
@@ -91,7 +92,7 @@ class Comparison:
     def to_dict(self) -> dict:
         return {"status": self.status, "summary": self.summary, "first_divergence": self.first_divergence,
                 "first_bitwise_difference": self.first_bitwise, "parted": self.parted, "tolerance": self.tolerance,
-                "replay": self.replay, "aligned": self.aligned,
+                "replay": self.replay, "aligned": self.aligned, "reference_wrote": list(self.reference_wrote),
                 "runs": {r.side: r.to_dict() for r in self.runs}}
 
 
@@ -192,8 +193,9 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
     say = log or (lambda s: print(f"[gpulab compare] {s}", file=sys.stderr))
     argvs = (argv_of(ref_cmd), argv_of(cand_cmd))
     envs = (dict(ref_env or {}), dict(cand_env or {}))
-    runs = []
+    runs, snaps = [], []
     for side, argv, env in zip(SIDES, argvs, envs):
+        snaps.append(workdir.snapshot(os.getcwd(), skip=(out,)))   # the commands run in the caller's folder
         say(f"running the {side}: {shlex.join(argv)}")
         r = run_side(side, argv, out, env=env, timeout_s=timeout_s, stall_s=stall_s)
         say(f"{side}: {r.status}, {r.ops} ops recorded in {r.elapsed_s:.1f}s")
@@ -224,11 +226,14 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
                 summary = summary.rstrip(".") + f"; the NaN/Inf's cause: {rep['cause']}."
     else:
         status, summary = "failed", _failed((ref, cand), j)
+    wrote = workdir.written(*snaps, root=os.getcwd())
+    if status != "agree" and wrote:
+        summary = summary.rstrip() + " " + workdir.words(wrote)
     res = Comparison(status, summary, j.first_divergence if j else None, j.first_bitwise if j else None,
                      j.parted if j else None, j.tolerance.to_dict() if j and j.tolerance else None, (ref, cand), rep,
                      j.rows if j else (), str(out),
                      {"reference_ops": ref.ops, "candidate_ops": cand.ops, "aligned": j.aligned if j else 0,
-                      "by": j.aligned_by if j else None})
+                      "by": j.aligned_by if j else None}, tuple(wrote))
     if res.first_divergence is not None and rep is not None:
         res.first_divergence["replay"] = rep
         if rep.get("cause"):

@@ -95,6 +95,7 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
     if not al.aligned:
         return _unaligned(al, ro, co, base)
     rows, first, shown, bit, shape = [], None, None, None, None
+    bit_at = len(ro)                      # position (in the reference's ops) of the first bitwise difference
     matched_r = {ro[a]["i"] for a, _ in al.pairs}
     matched_c = {co[b]["i"] for _, b in al.pairs}
     judged_r, judged_c = set(), set()     # aligned ops already judged: a difference they pass on is not new
@@ -115,7 +116,7 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
             shape = shape or (r, c, fig)
             continue
         if bit is None and not fig.bitwise:
-            bit = (r, c, fig)
+            bit, bit_at = (r, c, fig), a
         if first is None and not plain.within:
             if fig.within:
                 explained.append((n, r, c, plain, f"within its allowance for a {max(r.get('k') or 1, c.get('k') or 1)}"
@@ -133,6 +134,8 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
                     shown = (n, r, c, fig, ins)
         judged_r.add(r["i"])
         judged_c.add(c["i"])
+    if same_command and al.parted is not None and al.parted[0] <= bit_at:
+        return _other_paths(al, ro, co, base)
     if first is None and shown is not None:
         first = _unseen(shown, matched_r, matched_c)
     if first is None and shape is not None:
@@ -271,10 +274,28 @@ def _agree_sentence(al, tol: Tolerance, bit, same_command: bool, largest: dict |
     return s + f" {lead}{where(r)} (max relative error {fig.max_rel_err:.3g})."
 
 
-def _unaligned(al, ro: list[dict], co: list[dict], base: dict) -> Judgement:
+def _other_paths(al, ro: list[dict], co: list[dict], base: dict) -> Judgement:
+    """The same command twice, whose runs do not run the same ops before any op gives other numbers: they went
+    different ways for a reason other than arithmetic, so comparing what they computed would pair unlike calls
+    (the reference's second step with the candidate's first)."""
+    i, r, c = _parting(al, ro, co)
+    sentence = (f"The two runs of the same command do not run the same ops ({len(ro)} against {len(co)}): they part "
+                f"after {i} op(s), where the reference runs {where(r) if r else 'to its end'} and the candidate runs "
+                f"{where(c) if c else 'to its end'}, before any op gives other numbers. What they compute is not "
+                f"compared: a program takes another path on a rerun when it reads what an earlier run left (a "
+                f"checkpoint it resumes from, a cache) or branches on the clock or unseeded random numbers.")
+    return Judgement("unaligned", sentence, parted={"reference": _op(r) if r else None,
+                                                    "candidate": _op(c) if c else None, "after_ops": i}, **base)
+
+
+def _parting(al, ro: list[dict], co: list[dict]) -> tuple[int, dict | None, dict | None]:
+    """Where the runs part: the reference's ops before it, and each side's op there (None past its end)."""
     i, j = al.parted or (0, 0)
-    r = ro[i] if i < len(ro) else None
-    c = co[j] if j < len(co) else None
+    return i, ro[i] if i < len(ro) else None, co[j] if j < len(co) else None
+
+
+def _unaligned(al, ro: list[dict], co: list[dict], base: dict) -> Judgement:
+    i, r, c = _parting(al, ro, co)
     ref_w = where(r) if r else "its end"
     cand_w = where(c) if c else "its end"
     sentence = (f"The runs cannot be aligned: only {len(al.pairs)} of {min(len(ro), len(co))} ops match; they part "
