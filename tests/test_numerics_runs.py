@@ -81,6 +81,18 @@ def test_c_a_rerun_that_resumes_from_the_first_runs_checkpoint_is_said_to_take_a
     assert c.first_divergence is None and c.replay is None   # nothing is judged or replayed across unlike steps
 
 
+def test_ops_found_to_be_rounding_are_replayed_in_one_run_per_side(tmp_path):
+    """float32 against bfloat16 autocast: the first diverging ops are each right for their dtype; the ops named
+    next if they are (up to ROUNDING_REPLAYS more) are kept by the same replay run, not one run pair each."""
+    c = compare.run([PY, str(FIX / "autocast_lm.py"), "--steps", "1"],
+                    [PY, str(FIX / "autocast_lm.py"), "--steps", "1", "--dtype", "bfloat16"], tmp_path, stall_s=120)
+    assert c.status == "diverged", c.summary
+    kept = sorted(p.name for p in (tmp_path / "reference.replay").glob("replay*.pt"))
+    assert len(kept) == compare.ROUNDING_REPLAYS + 1, kept     # every planned op, in one run
+    assert sorted(p.name for p in (tmp_path / "candidate.replay").glob("replay*.pt")) == kept
+    assert c.replay["reference_right"] and c.replay["candidate_right"] and "rounding" in c.summary, c.summary
+
+
 def test_d_eager_and_torch_compile_agree(tmp_path):
     c = compare.run([PY, str(FIX / "compiled_mlp.py")], [PY, str(FIX / "compiled_mlp.py"), "--compile"], tmp_path,
                     stall_s=240)

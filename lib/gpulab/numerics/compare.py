@@ -207,18 +207,18 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
     if all(r.status == "ok" for r in runs):
         status, summary = j.status, j.sentence
         if j.status == "diverged" and replay and j.keep:
-            say("replaying the diverging op alone (each side again, up to that op)")
-            rep = _replay(argvs, envs, out, j, rtol, atol, timeout_s, stall_s)
-            accepted: list[str] = []   # ops both runs compute right: rounding, judged past (at most ROUNDING_REPLAYS)
-            while (rep.get("reference_right") and rep.get("candidate_right") and j.keep
-                   and len(accepted) < ROUNDING_REPLAYS):
-                accepted.append(j.keep[0])
-                j = _judge.judge(list(ref.records), list(cand.records), rtol=rtol, atol=atol, same_command=same,
-                                 rounding=tuple(accepted))
-                status, summary, rep = j.status, j.sentence, {}
-                if j.status == "diverged" and j.keep:
-                    say("that op's difference is rounding; replaying the next diverging op")
-                    rep = _replay(argvs, envs, out, j, rtol, atol, timeout_s, stall_s)
+            plan, after = _plan(ref, cand, j, rtol, atol, same)
+            say(f"replaying the diverging op alone (each side again, up to that op{_also(plan)})")
+            reps = _replay(argvs, envs, out, plan, rtol, atol, timeout_s, stall_s)
+            for n, (j, rep) in enumerate(zip(plan, reps)):   # past each op both runs compute right: rounding
+                if not (rep.get("reference_right") and rep.get("candidate_right")) or n == ROUNDING_REPLAYS:
+                    break
+                op, site, npass, _ = j.keep[0].split("|")
+                say(f"{op} at {_judge.short(site)} (pass {npass}): its difference is rounding (both sides right "
+                    f"against float64)")
+                if n == len(plan) - 1:
+                    j, rep = after, {}
+            status, summary = j.status, j.sentence
             rep = rep or None
             if rep and rep.get("words"):
                 summary = summary.rstrip(".") + "; " + rep["words"] + "."
@@ -244,18 +244,41 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
     return res
 
 
-def _replay(argvs, envs, out: Path, j: _judge.Judgement, rtol, atol, timeout_s, stall_s) -> dict:
+def _plan(ref: Run, cand: Run, j: _judge.Judgement, rtol, atol, same: bool
+          ) -> tuple[list[_judge.Judgement], _judge.Judgement | None]:
+    """The diverging op and those that would be named next if each before it proved rounding (at most
+    ROUNDING_REPLAYS of them), so that one replay per side keeps them all; and the judgement past the last of
+    them when it names no op to replay (None when the plan is full)."""
+    plan = [j]
+    while len(plan) <= ROUNDING_REPLAYS:
+        nxt = _judge.judge(list(ref.records), list(cand.records), rtol=rtol, atol=atol, same_command=same,
+                           rounding=tuple(p.keep[0] for p in plan))
+        if not (nxt.status == "diverged" and nxt.keep):
+            return plan, nxt
+        plan.append(nxt)
+    return plan, None
+
+
+def _also(plan: list) -> str:
+    return f", keeping the {len(plan) - 1} named next in case it is rounding" if len(plan) > 1 else ""
+
+
+def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, timeout_s, stall_s) -> list[dict]:
+    """One run per side keeps every planned op's inputs: per op, which run is right (replay.judge)."""
     from gpulab.numerics import replay
 
     dirs = []
-    for side, argv, env, key in zip(SIDES, argvs, envs, j.keep or ("", "")):
-        r = run_side(side, argv, out, env=env, timeout_s=timeout_s, stall_s=stall_s, keep=key,
-                     name=f"{side}.replay")
+    for side, argv, env, n in zip(SIDES, argvs, envs, (0, 1)):
+        r = run_side(side, argv, out, env=env, timeout_s=timeout_s, stall_s=stall_s,
+                     keep="\n".join(p.keep[n] for p in plan), name=f"{side}.replay")
         dirs.append(Path(r.folder))
-    try:
-        return replay.judge(dirs[0], dirs[1], rtol, atol)
-    except Exception as exc:  # noqa: BLE001 - the verdict stands without its replay
-        return {"available": False, "words": f"no replay: {type(exc).__name__}: {exc}"[:300]}
+    reps = []
+    for n in range(len(plan)):
+        try:
+            reps.append(replay.judge(dirs[0], dirs[1], rtol, atol, n))
+        except Exception as exc:  # noqa: BLE001 - the verdict stands without its replay
+            reps.append({"available": False, "words": f"no replay: {type(exc).__name__}: {exc}"[:300]})
+    return reps
 
 
 def finding(c: Comparison) -> tuple[str, dict]:

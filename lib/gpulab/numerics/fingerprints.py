@@ -151,7 +151,10 @@ class Fingerprints:
     """The device buffers of one run and their records' metadata, written out a block at a time."""
 
     def __init__(self, path: str, keep: str | None = None, background: bool = False):
-        self.path, self.keep = path, keep
+        self.path = path
+        # the records whose inputs a replay keeps ("op|site|pass|out" lines, in the parent's order) and their ops
+        self.keep: tuple[str, ...] = tuple(k for k in (keep or "").split("\n") if k)
+        self.keep_ops = frozenset(k.split("|", 1)[0] for k in self.keep)
         self.fh = open(path, "w", buffering=1 << 16)
         self.meta: list[list] = []            # per pending record: its fields, its device, its row
         self.sinks: dict[torch.device, _AtenSink | _FusedSink] = {}   # each names itself in the lines (.key)
@@ -159,7 +162,7 @@ class Fingerprints:
         self.block = CPU_BLOCK
         self.samples: dict[tuple[int, str], torch.Tensor] = {}
         self.lock = threading.RLock()
-        self.kept = False
+        self.kept: set[str] = set()
         self.failures = 0
         self.writer: queue.Queue | None = None   # a thread writes the lines once a GPU records
         self.thread: threading.Thread | None = None

@@ -168,8 +168,7 @@ def make_mode(fp: Fingerprints):
             name = named[0]
             if name in SKIP_NAMES:
                 return func(*args, **kwargs)
-            before = (replay.snapshot(args, kwargs) if fp.keep and not fp.kept and fp.keep.startswith(f"{func}|")
-                      else None)
+            before = replay.snapshot(args, kwargs) if fp.keep and named[1] in fp.keep_ops else None
             pre = None
             if named[2]:   # an op that writes in place: the outputs waiting for their figures are read first
                 with fp.lock:
@@ -222,10 +221,15 @@ def make_mode(fp: Fingerprints):
             npass = count(key)
             i = fp.add(o, [op, where, npass, bwd, k, ins, red])
             made(o, i, names[func][2])
-            if fp.keep and not fp.kept and fp.keep == f"{op}|{where}|{npass}|{k}":
-                fp.kept = True
-                fp.flush()
-                replay.keep(os.path.dirname(fp.path), func, args, kwargs, o, k, before)
+            if fp.keep:
+                kept = f"{op}|{where}|{npass}|{k}"
+                if kept in fp.keep and kept not in fp.kept:
+                    fp.kept.add(kept)
+                    last = len(fp.kept) == len(fp.keep)
+                    if last:
+                        fp.flush()
+                    replay.keep(os.path.dirname(fp.path), func, args, kwargs, o, k, before, fp.keep.index(kept),
+                                last)
 
     return NumericsMode
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from gpulab.numerics.names import REPLAY
+from gpulab.numerics.names import replay_file
 
 LIMIT = 4_000_000
 
@@ -29,8 +29,10 @@ def snapshot(args, kwargs) -> list[torch.Tensor] | None:
     return [t.detach().to("cpu", copy=True) for t in flat]
 
 
-def keep(folder: str, func, args, kwargs, out: torch.Tensor, out_index: int, before: list | None) -> None:
-    """In the child: write the replay material for this op, then end the run (nothing after it is needed)."""
+def keep(folder: str, func, args, kwargs, out: torch.Tensor, out_index: int, before: list | None, n: int = 0,
+         last: bool = True) -> None:
+    """In the child: write the replay material of the n-th op asked for; after the last, end the run (nothing
+    after it is needed)."""
     rec: dict[str, Any] = {"op": str(func), "note": ""}
     if before is None or out.numel() > LIMIT:
         rec["note"] = "the op's tensors are too large to keep"
@@ -51,8 +53,9 @@ def keep(folder: str, func, args, kwargs, out: torch.Tensor, out_index: int, bef
             rec["f64"] = got[out_index] if out_index < len(got) else got[0]
         except Exception as exc:  # noqa: BLE001 - an op with no float64 CPU kernel: said, not fatal
             rec["note"] = f"no float64 CPU replay: {type(exc).__name__}: {exc}"[:300]
-    torch.save(rec, os.path.join(folder, REPLAY))
-    os._exit(0)
+    torch.save(rec, os.path.join(folder, replay_file(n)))
+    if last:
+        os._exit(0)
 
 
 def _err(got: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -73,7 +76,7 @@ def _within(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> b
     return g.shape == r.shape and bool(torch.isclose(g, r, rtol=rtol, atol=atol, equal_nan=True).all())
 
 
-def judge(ref_dir: Path, cand_dir: Path, rtol: float | None = None, atol: float | None = None) -> dict:
+def judge(ref_dir: Path, cand_dir: Path, rtol: float | None = None, atol: float | None = None, n: int = 0) -> dict:
     """Both sides' replay material -> which run is right, in words and figures ({"available": False, ...} when a
     side kept nothing). Each output is held against the float64 replay of its OWN inputs, under its own dtype's
     tolerance (rtol/atol: the user's): an op that computes right for what it was given is right, and the
@@ -82,7 +85,7 @@ def judge(ref_dir: Path, cand_dir: Path, rtol: float | None = None, atol: float 
 
     got = {}
     for side, folder in (("reference", ref_dir), ("candidate", cand_dir)):
-        p = Path(folder) / REPLAY
+        p = Path(folder) / replay_file(n)
         if not p.exists():
             return {"available": False, "words": f"no replay: the {side} run did not reach the op again"}
         got[side] = torch.load(p, map_location="cpu", weights_only=True)
