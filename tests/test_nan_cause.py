@@ -46,6 +46,8 @@ CASES = [
      "pow_domain", 0, "non-integer exponent"),
     ("aten.exp.default", [f32(min=0.0, max=95.0)], out(posinf=1), "overflow", 0,
      "exp of values up to 95 overflows float32 (above 88.72"),
+    ("aten.exp.default", [f32(neginf=6, min=-3.0, max=400.0)], out(posinf=2), "overflow", 0,   # masked scores
+     "exp of values up to 400 overflows float32"),                                            # too large
     ("aten.exp.default", [T("float16", (4,), min=0.0, max=12.0)], out(posinf=1, dtype="float16"), "overflow", 0,
      "overflows float16 (above 11.09"),
     ("aten.mul.Tensor", [f32(min=1.0, max=3e38), f32(min=1.0, max=10.0)], out(posinf=1), "overflow", 0,
@@ -120,6 +122,10 @@ def test_facts_read_from_real_tensors_give_the_same_causes():
     assert torch.isinf(y).all()
     c = nancause.cause("aten.mm.default", [nancause.facts_of(big), nancause.facts_of(w)], nancause.facts_of(y))
     assert c.kind == "matmul_overflow"
+    # causal attention scores scaled far too much, masked with -inf: exp overflows on the large ones
+    s = torch.tensor([[300.0, 1.0], [2.0, 150.0]]).masked_fill(torch.tensor([[False, True], [False, False]]),
+                                                                 float("-inf"))
+    assert nancause.cause("aten.exp.default", [nancause.facts_of(s)], nancause.facts_of(s.exp())).kind == "overflow"
     n = nancause.facts_of(torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0]))
     assert (n.nan, n.posinf, n.neginf, n.min, n.max) == (1, 1, 1, 1.0, 1.0)
     assert nancause.facts_of("text") is None and nancause.facts_of(None) is None

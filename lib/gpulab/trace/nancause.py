@@ -29,6 +29,7 @@ _DIVIDE = {"div": 1, "true_divide": 1, "floor_divide": 1, "remainder": 1, "fmod"
 _LOG = ("log", "log2", "log10", "xlogy")
 _LOG1P = ("log1p",)
 _SQRT = ("sqrt", "rsqrt")
+_NEGINF_TO_FINITE = ("exp", "exp2", "expm1")
 _EXP = ("exp", "exp2", "expm1", "sinh", "cosh", "pow", "mul", "multiply", "square", "ldexp")
 _MATMUL = ("mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear", "mv", "addmv", "dot", "einsum",
            "convolution", "conv1d", "conv2d", "conv3d", "scaled_mm", "addmm_activation", "tensordot")
@@ -244,7 +245,8 @@ def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dt
             return Cause("cast_overflow", f"casting {f.dtype} values up to {_g(big)} to {output.dtype} (largest "
                          f"{_g(top)}) overflows to Inf", 0)
     overflowed = bool(output.posinf or output.neginf)   # a sum of +Inf and -Inf is NaN: NaN with Inf beside it
-    if (output.posinf or output.nan) and finite_in:
+    # exp of -Inf is 0 (expm1's -1): a masked score cannot make exp's +Inf, only a large finite value can
+    if (output.posinf or output.nan) and (finite_in or base in _NEGINF_TO_FINITE):
         if base in _MATMUL and (overflowed or _products_overflow(base, ins, top)):
             big = max((v for v in (_absmax(f) for _, f in given) if v is not None), default=None)
             low = output.dtype in LOW_PRECISION
