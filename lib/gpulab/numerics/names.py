@@ -3,9 +3,9 @@ ENV_DIR = "GPULAB_NUMERICS_DIR"        # where the child writes <pid>.jsonl
 ENV_KEEP = "GPULAB_NUMERICS_KEEP"      # "op|site|pass|out" lines: the records whose inputs the child keeps (replay)
 INPUT = "<input>"                      # a record of a tensor no recorded op made (data, compiled code's outputs)
 REPLAY = "replay.pt"                   # the kept record's inputs, output and float64 replay, in the run folder
+INSTALL = "gpulab.numerics.record:install"
 
 
 def replay_file(n: int) -> str:
     """The n-th kept record's replay material (n counts the lines of ENV_KEEP, from 0)."""
     return REPLAY if n == 0 else f"replay-{n}.pt"
-INSTALL = "gpulab.numerics.record:install"

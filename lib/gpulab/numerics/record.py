@@ -225,6 +225,8 @@ def make_mode(fp: Fingerprints):
                 kept = f"{op}|{where}|{npass}|{k}"
                 if kept in fp.keep and kept not in fp.kept:
                     fp.kept.add(kept)
+                    # inputs are copied before each call of a pending op only (a copy per call is not free)
+                    fp.keep_ops = frozenset(x.split("|", 1)[0] for x in fp.keep if x not in fp.kept)
                     last = len(fp.kept) == len(fp.keep)
                     if last:
                         fp.flush()
