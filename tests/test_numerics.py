@@ -164,6 +164,19 @@ def test_a_rerun_that_takes_another_path_before_any_number_differs_is_not_compar
     assert judge.judge(ref, cand).status != "unaligned"
 
 
+def test_a_difference_that_comes_in_through_a_collective_is_another_ranks():
+    ref = [rec(0, "aten.randn.default"), rec(1, "c10d.allreduce_.default", site="t.py:9 in main", value=2.0),
+           rec(2, "aten.mul.Tensor", site="t.py:10 in main", ins=[1], value=2.0),
+           rec(3, "aten.add.Tensor", site="t.py:11 in main", ins=[], value=1.0)]
+    cand = [rec(0, "aten.randn.default"), rec(1, "c10d.allreduce_.default", site="t.py:9 in main", value=3.0),
+            rec(2, "aten.mul.Tensor", site="t.py:10 in main", ins=[1], value=3.0),
+            rec(3, "aten.add.Tensor", site="t.py:11 in main", ins=[], value=5.0)]   # a later op of its own
+    j = judge.judge(ref, cand)
+    assert j.status == "diverged" and j.first_divergence["from_other_rank"], j.sentence
+    assert j.first_divergence["op"] == "c10d.allreduce_.default" and "another rank's data" in j.sentence
+    assert j.keep is None   # never replayed alone
+
+
 def test_a_rerun_whose_paths_part_after_a_nondeterministic_op_keeps_that_ops_verdict():
     ref = [rec(0, "aten.randn.default"), rec(1, "aten.index_add.default", ins=[0], value=2.0),
            rec(2, "aten.relu.default", site="t.py:7 in f", ins=[1], value=2.0)]

@@ -15,7 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -44,6 +44,7 @@ class Run:
     records: tuple[dict, ...] = field(default=(), repr=False)
     why: str = ""                    # not_started: why; otherwise the output's last line
     output_tail: str = ""
+    ranks: dict = field(default_factory=dict, repr=False)   # a job's records by rank (read_ranks)
 
     @property
     def ops(self) -> int:
@@ -69,6 +70,7 @@ class Comparison:
     out_dir: str = ""
     aligned: dict = field(default_factory=dict)
     reference_wrote: tuple[str, ...] = ()   # files the reference created or changed in the working folder
+    job: dict = field(default_factory=dict)  # a job of ranks: the rank the verdict is about, and each rank's status
 
     @property
     def table(self):
@@ -92,7 +94,7 @@ class Comparison:
     def to_dict(self) -> dict:
         return {"status": self.status, "summary": self.summary, "first_divergence": self.first_divergence,
                 "first_bitwise_difference": self.first_bitwise, "parted": self.parted, "tolerance": self.tolerance,
-                "replay": self.replay, "aligned": self.aligned, "reference_wrote": list(self.reference_wrote),
+                "replay": self.replay, "aligned": self.aligned, "reference_wrote": list(self.reference_wrote), "job": self.job,
                 "runs": {r.side: r.to_dict() for r in self.runs}}
 
 
@@ -104,20 +106,39 @@ def argv_of(command: str | Sequence[str]) -> list[str]:
     return argv
 
 
+def _read(p: Path) -> tuple[dict, ...]:
+    """One process's records; a cut last line (a killed run) is dropped."""
+    got = []
+    with open(p) as fh:
+        for line in fh:
+            try:
+                got.append(lines.decode(json.loads(line)))
+            except ValueError:
+                break
+    return tuple(got)
+
+
 def read_records(folder: Path) -> tuple[dict, ...]:
-    """The records of the run's busiest process (<pid>.jsonl); a cut last line (a killed run) is dropped."""
-    best: list[dict] = []
-    for p in sorted(Path(folder).glob("*.jsonl")):
-        got = []
-        with open(p) as fh:
-            for line in fh:
-                try:
-                    got.append(lines.decode(json.loads(line)))
-                except ValueError:
-                    break
-        if len(got) > len(best):
-            best = got
-    return tuple(best)
+    """The records of the run's busiest process (<pid>.jsonl)."""
+    return max((_read(p) for p in sorted(Path(folder).glob("*.jsonl"))), key=len, default=())
+
+
+def read_ranks(folder: Path) -> dict[int, tuple[dict, ...]]:
+    """A job's records by rank (the process that joined the process group as that rank, procs/<pid>.json), the
+    busiest where two claim one; empty for a run of no ranks."""
+    ranks: dict[int, tuple[dict, ...]] = {}
+    for meta in sorted((Path(folder) / "procs").glob("*.json")):
+        try:
+            info = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        log = Path(folder) / f"{info.get('pid')}.jsonl"
+        if info.get("rank") is None or not log.exists():
+            continue
+        got = _read(log)
+        if len(got) > len(ranks.get(int(info["rank"]), ())):
+            ranks[int(info["rank"])] = got
+    return ranks
 
 
 def run_side(side: str, command: str | Sequence[str], out_dir: Path, *, env: Mapping[str, str] | None = None,
@@ -150,7 +171,7 @@ def run_side(side: str, command: str | Sequence[str], out_dir: Path, *, env: Map
     tail = output.read_text(errors="replace")[-3000:] if output.exists() else ""
     last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
     return Run(side, tuple(argv), tuple(sorted((env or {}).items())), end.status, end.returncode, end.elapsed_s,
-               str(folder), read_records(folder), last, tail)
+               str(folder), read_records(folder), last, tail, read_ranks(folder))
 
 
 def _ended(r: Run) -> str:
@@ -202,11 +223,21 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
         runs.append(r)
     ref, cand = runs
     same = argvs[0] == argvs[1] and envs[0] == envs[1]
-    j = _judge.judge(list(ref.records), list(cand.records), rtol=rtol, atol=atol, same_command=same)
+    rank, world, job = None, 0, {}
+    if len(ref.ranks) > 1 and set(ref.ranks) == set(cand.ranks):   # a job: rank against rank
+        rank, job, j = _by_rank(ref, cand, rtol, atol, same)
+        world = len(ref.ranks)
+        ref, cand = (replace(r, records=r.ranks[rank]) for r in (ref, cand))
+    else:
+        j = _judge.judge(list(ref.records), list(cand.records), rtol=rtol, atol=atol, same_command=same)
     rep = None
     if all(r.status == "ok" for r in runs):
         status, summary = j.status, j.sentence
-        if j.status == "diverged" and replay and j.keep:
+        if world and status == "agree":
+            summary = f"All {world} ranks agree, each with the same rank of the other run. Rank {rank}: {summary}"
+        elif world:
+            summary = f"On rank {rank} of {world} (each rank against the same rank of the other run): {summary}"
+        if j.status == "diverged" and replay and j.keep and not world:   # a collective's peers cannot be replayed
             plan, after = _plan(ref, cand, j, rtol, atol, same)
             say(f"replaying the diverging op alone (each side again, up to that op{_also(plan)})")
             reps = _replay(argvs, envs, out, plan, rtol, atol, timeout_s, stall_s)
@@ -233,7 +264,7 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
                      j.parted if j else None, j.tolerance.to_dict() if j and j.tolerance else None, (ref, cand), rep,
                      j.rows if j else (), str(out),
                      {"reference_ops": ref.ops, "candidate_ops": cand.ops, "aligned": j.aligned if j else 0,
-                      "by": j.aligned_by if j else None}, tuple(wrote))
+                      "by": j.aligned_by if j else None}, tuple(wrote), job)
     if res.first_divergence is not None and rep is not None:
         res.first_divergence["replay"] = rep
         if rep.get("cause"):
@@ -242,6 +273,18 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
         res.first_divergence["cause"] = "cause unknown (the op's inputs were not kept)"
     report.write_json(out / "compare.json", res.to_dict())
     return res
+
+
+def _by_rank(ref: Run, cand: Run, rtol, atol, same: bool) -> tuple[int, dict, _judge.Judgement]:
+    """Each rank's records against the same rank's of the other run; the verdict is about the rank where an op
+    makes the difference (not one where it only comes in through a collective), else the first that differs."""
+    got = {r: _judge.judge(list(ref.ranks[r]), list(cand.ranks[r]), rtol=rtol, atol=atol, same_command=same)
+           for r in sorted(ref.ranks)}
+    order = ([r for r, j in got.items() if j.status == "diverged"
+              and not (j.first_divergence or {}).get("from_other_rank")]
+             + [r for r, j in got.items() if j.status != "agree"] + list(got))
+    rank = order[0]
+    return rank, {"rank": rank, "world": len(got), "ranks": {str(r): j.status for r, j in got.items()}}, got[rank]
 
 
 def _plan(ref: Run, cand: Run, j: _judge.Judgement, rtol, atol, same: bool

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from gpulab.numerics import align as _align
 from gpulab.numerics import reduction as _reduction
 from gpulab.numerics.figures import Figures, compare
-from gpulab.numerics.names import INPUT
+from gpulab.numerics.names import COLLECTIVES, INPUT
 from gpulab.numerics.tolerance import Tolerance, for_dtypes
 
 GROWS = 10.0   # a difference that reaches this many times its size at the divergence "grows"
@@ -94,7 +94,7 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
     base = dict(tolerance=tol, aligned=len(al.pairs), ref_ops=len(ro), cand_ops=len(co), aligned_by=al.by)
     if not al.aligned:
         return _unaligned(al, ro, co, base)
-    rows, first, shown, bit, shape = [], None, None, None, None
+    rows, first, shown, bit, shape, incoming = [], None, None, None, None, None
     bit_at = len(ro)                      # position (in the reference's ops) of the first bitwise difference
     matched_r = {ro[a]["i"] for a, _ in al.pairs}
     matched_c = {co[b]["i"] for _, b in al.pairs}
@@ -126,7 +126,9 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
                                                   "float64"))
             else:
                 ins = _inputs(r, c, R, C, rtol, atol)
-                if all(f is None or f.within for _, _, f in ins):
+                if all(f is None or f.within for _, _, f in ins) and _collective(r):
+                    incoming = incoming or (n, r, c, fig, ins, None, "reference")   # another rank's data
+                elif all(f is None or f.within for _, _, f in ins):
                     first = (n, r, c, fig, ins, None, "reference")
                 elif all(f is None or f.within or (rr["i"] in judged_r and cc["i"] in judged_c) for rr, cc, f in ins):
                     explained.append((n, r, c, plain, "passed on from its inputs' rounding"))
@@ -138,6 +140,14 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
         return _other_paths(al, ro, co, base)
     if first is None and shown is not None:
         first = _unseen(shown, matched_r, matched_c)
+    if incoming is not None and (first is None or incoming[0] < first[0]):   # it came in before any op made one
+        div, _ = _divergence(incoming, rows, al)
+        div["from_other_rank"] = True
+        r = incoming[1]
+        return Judgement("diverged", f"On this process the first difference comes in through the collective "
+                         f"{where(r)}: its own inputs agree, so another rank's data differs; "
+                         + div["words"].split("; ", 1)[-1], first_divergence=div,
+                         first_bitwise=_bitwise_dict(bit), rows=tuple(rows), **base)
     if first is None and shape is not None:
         r, c, fig = shape
         return Judgement("unaligned", f"The runs part at {where(r)}: the same op gives shape {r.get('shape')} in "
@@ -161,6 +171,12 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
     sentence = (f"The runs diverge at {where(first[1])}: " + div["words"])
     return Judgement("diverged", sentence, first_divergence=div, first_bitwise=bitwise, rows=tuple(rows),
                      keep=keep, **base)
+
+
+def _collective(r: dict) -> bool:
+    """A collective's output holds other ranks' data: a difference it shows with its own inputs agreeing was
+    made on another rank (and it cannot be replayed alone)."""
+    return str(r.get("op") or "").startswith(COLLECTIVES)
 
 
 def _slack(r: dict, c: dict, R: dict, C: dict, rtol: float) -> float:

@@ -4,6 +4,7 @@ ENV_KEEP = "GPULAB_NUMERICS_KEEP"      # "op|site|pass|out" lines: the records w
 INPUT = "<input>"                      # a record of a tensor no recorded op made (data, compiled code's outputs)
 REPLAY = "replay.pt"                   # the kept record's inputs, output and float64 replay, in the run folder
 INSTALL = "gpulab.numerics.record:install"
+COLLECTIVES = ("c10d.", "_c10d_functional.", "c10d_functional.")   # ops whose outputs hold other ranks' data
 
 
 def replay_file(n: int) -> str:

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.numerics import reduction, replay
 from gpulab.numerics.fingerprints import Fingerprints
-from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INPUT
+from gpulab.numerics.names import COLLECTIVES, ENV_DIR, ENV_KEEP, INPUT
 from gpulab.trace import lazydynamo
 
 # ops whose output holds the values of an input, as they are or only re-typed: no record of their own, their
@@ -39,6 +39,9 @@ PASS_NAMES = {"_to_copy", "to", "clone", "copy", "copy_", "detach", "alias", "li
               "_to_dense", "detach_", "set_"}
 SKIP_NAMES = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "zeros_like",
               "_local_scalar_dense", "record_stream", "_has_compatible_shallow_copy_type"}
+_EMPTY = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+UNINIT = -1   # the producer of memory no op has written yet (empty's): its views are not recorded, its readers'
+#               inputs name no record (DDP's gradient buckets hold another run's garbage until backward fills them)
 _REDUCING = reduction.DOT | reduction.SUM | reduction.NORMALIZED
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _GPULAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -74,6 +77,13 @@ def _outs(out) -> list[tuple[int, torch.Tensor]]:
     return [(k, v) for k, v in enumerate(_flat(out, [])) if v.is_floating_point()]
 
 
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):   # a tensor with no storage (a subclass, a meta tensor)
+        return -1
+
+
 def _ins(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """An op's floating inputs, in order (its args, then its kwargs)."""
     got = _flat(args, [])
@@ -89,6 +99,7 @@ def make_mode(fp: Fingerprints):
     producer: dict[int, tuple] = {}
     grown = 0                            # producers set since the last sweep of the dead ones
     passes: dict[tuple, int] = {}
+    landed: dict[int, tuple] = {}        # storage -> (a collective's output, its fields): where its result lands
     codes: dict = {}
     names: dict = {}                     # op -> (its base name, its full name)
     current_node = torch._C._current_autograd_node
@@ -123,16 +134,17 @@ def make_mode(fp: Fingerprints):
         except RuntimeError:   # an inference-mode tensor keeps no version counter
             return -1
 
-    def known(t: torch.Tensor) -> int | None:
-        """The record that made t's values, if t has not changed since. An in-place op's output is bumped
-        once more after the mode returns (ADInplaceOrView sits above it): that bump is its own."""
+    def known(t: torch.Tensor) -> int | tuple | None:
+        """The record that made t's values, if t has not changed since (UNINIT: no op wrote them yet; a tuple: a
+        collective's fields, its record not made yet). An in-place op's output is bumped once more after the
+        mode returns (ADInplaceOrView sits above it): that bump is its own."""
         got = producer.get(id(t))
         if got is None or got[0]() is not t:
             return None
         v = version(t)
         return got[1] if v == got[2] or v < 0 or (got[3] and v == got[2] + 1) else None
 
-    def made(o: torch.Tensor, i: int, mutable: bool) -> None:
+    def made(o: torch.Tensor, i: int | tuple, mutable: bool) -> None:
         nonlocal grown
         producer[id(o)] = (weakref.ref(o), i, version(o), mutable)
         grown += 1
@@ -144,8 +156,17 @@ def make_mode(fp: Fingerprints):
     def source(t: torch.Tensor, where: str, bwd: bool) -> int:
         """The record that made t's values, an `<input>` record when none did (or t changed since)."""
         got = known(t)
+        if isinstance(got, tuple):   # a collective's result, read now that it has arrived: its record
+            i = fp.add(t, [*got, [], 1])
+            made(t, i, False)
+            return i
         if got is not None:
             return got
+        into = landed.pop(_storage(t), None)   # once: a later write into that buffer would read as its result
+        if into is not None and into[0]() is not None:   # a view of a collective's buffer (DDP's bucket)
+            i = fp.add(t, [*into[1], [], 1])
+            made(t, i, False)
+            return i
         i = fp.add(t, [INPUT, where, count((INPUT, where, 0, bwd)), bwd, 0, [], 1])
         made(t, i, False)
         return i
@@ -167,7 +188,12 @@ def make_mode(fp: Fingerprints):
                                        bool(schema is not None and schema.is_mutable))
             name = named[0]
             if name in SKIP_NAMES:
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+                if name in _EMPTY:
+                    with fp.lock:
+                        for _, o in _outs(out):
+                            made(o, UNINIT, False)
+                return out
             before = replay.snapshot(args, kwargs) if fp.keep and named[1] in fp.keep_ops else None
             pre = None
             if named[2]:   # an op that writes in place: the outputs waiting for their figures are read first
@@ -197,6 +223,10 @@ def make_mode(fp: Fingerprints):
         outs = _outs(out)
         if not outs:
             return
+        if name == "set_":   # another storage (loaded, or a DataLoader worker's batch received in whatever order the
+            for _, o in outs:  # workers finish): its values are recorded where the program reads them, in its order
+                producer.pop(id(o), None)
+            return
         if pre is not None:
             where, bwd, ins = pre
         else:
@@ -216,9 +246,14 @@ def make_mode(fp: Fingerprints):
         if name in _REDUCING:   # its reduction length: what the comparison allows its rounding (numerics.reduction)
             red = reduction.length(name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
                                    [a for a in args if isinstance(a, (int, list, tuple))], tuple(outs[0][1].shape))
+        collective = op.startswith(COLLECTIVES)
         for k, o in outs:
             key = (op, where, k, bwd)
             npass = count(key)
+            if collective:   # its work may still be running when it returns (gloo, NCCL): read when first read
+                made(o, (op, where, npass, bwd, k), names[func][2])
+                landed[_storage(o)] = (weakref.ref(o), (op, where, npass, bwd, k))
+                continue
             i = fp.add(o, [op, where, npass, bwd, k, ins, red])
             made(o, i, names[func][2])
             if fp.keep:
