@@ -44,7 +44,7 @@ class Run:
     records: tuple[dict, ...] = field(default=(), repr=False)
     why: str = ""                    # not_started: why; otherwise the output's last line
     output_tail: str = ""
-    ranks: dict = field(default_factory=dict, repr=False)   # a job's records by rank (read_ranks)
+    ranks: dict = field(default_factory=dict, repr=False)   # a job's records by rank (read_records)
 
     @property
     def ops(self) -> int:
@@ -94,7 +94,8 @@ class Comparison:
     def to_dict(self) -> dict:
         return {"status": self.status, "summary": self.summary, "first_divergence": self.first_divergence,
                 "first_bitwise_difference": self.first_bitwise, "parted": self.parted, "tolerance": self.tolerance,
-                "replay": self.replay, "aligned": self.aligned, "reference_wrote": list(self.reference_wrote), "job": self.job,
+                "replay": self.replay, "aligned": self.aligned, "reference_wrote": list(self.reference_wrote),
+                "job": self.job,
                 "runs": {r.side: r.to_dict() for r in self.runs}}
 
 
@@ -118,27 +119,21 @@ def _read(p: Path) -> tuple[dict, ...]:
     return tuple(got)
 
 
-def read_records(folder: Path) -> tuple[dict, ...]:
-    """The records of the run's busiest process (<pid>.jsonl)."""
-    return max((_read(p) for p in sorted(Path(folder).glob("*.jsonl"))), key=len, default=())
-
-
-def read_ranks(folder: Path) -> dict[int, tuple[dict, ...]]:
-    """A job's records by rank (the process that joined the process group as that rank, procs/<pid>.json), the
-    busiest where two claim one; empty for a run of no ranks."""
+def read_records(folder: Path) -> tuple[tuple[dict, ...], dict[int, tuple[dict, ...]]]:
+    """The records of the run's busiest process (<pid>.jsonl), and a job's by rank (the process that joined the
+    process group as that rank, procs/<pid>.json; the busiest where two claim one; empty for a run of no ranks).
+    Each file is read once."""
+    by_pid = {p.stem: _read(p) for p in sorted(Path(folder).glob("*.jsonl"))}
     ranks: dict[int, tuple[dict, ...]] = {}
     for meta in sorted((Path(folder) / "procs").glob("*.json")):
         try:
             info = json.loads(meta.read_text())
         except (OSError, ValueError):
             continue
-        log = Path(folder) / f"{info.get('pid')}.jsonl"
-        if info.get("rank") is None or not log.exists():
-            continue
-        got = _read(log)
-        if len(got) > len(ranks.get(int(info["rank"]), ())):
+        got = by_pid.get(str(info.get("pid")))
+        if info.get("rank") is not None and got is not None and len(got) > len(ranks.get(int(info["rank"]), ())):
             ranks[int(info["rank"])] = got
-    return ranks
+    return max(by_pid.values(), key=len, default=()), ranks
 
 
 def run_side(side: str, command: str | Sequence[str], out_dir: Path, *, env: Mapping[str, str] | None = None,
@@ -170,8 +165,9 @@ def run_side(side: str, command: str | Sequence[str], out_dir: Path, *, env: Map
     keep_followed(procs)   # each process's op log cut to what it recorded
     tail = output.read_text(errors="replace")[-3000:] if output.exists() else ""
     last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+    records, ranks = read_records(folder)
     return Run(side, tuple(argv), tuple(sorted((env or {}).items())), end.status, end.returncode, end.elapsed_s,
-               str(folder), read_records(folder), last, tail, read_ranks(folder))
+               str(folder), records, last, tail, ranks)
 
 
 def _ended(r: Run) -> str:
@@ -223,21 +219,22 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
         runs.append(r)
     ref, cand = runs
     same = argvs[0] == argvs[1] and envs[0] == envs[1]
-    rank, world, job = None, 0, {}
+    job: dict = {}
     if len(ref.ranks) > 1 and set(ref.ranks) == set(cand.ranks):   # a job: rank against rank
-        rank, job, j = _by_rank(ref, cand, rtol, atol, same)
-        world = len(ref.ranks)
-        ref, cand = (replace(r, records=r.ranks[rank]) for r in (ref, cand))
+        job, j = _by_rank(ref, cand, rtol, atol, same)
+        ref, cand = (replace(r, records=r.ranks[job["rank"]]) for r in (ref, cand))
     else:
         j = _judge.judge(list(ref.records), list(cand.records), rtol=rtol, atol=atol, same_command=same)
     rep = None
     if all(r.status == "ok" for r in runs):
         status, summary = j.status, j.sentence
-        if world and status == "agree":
-            summary = f"All {world} ranks agree, each with the same rank of the other run. Rank {rank}: {summary}"
-        elif world:
-            summary = f"On rank {rank} of {world} (each rank against the same rank of the other run): {summary}"
-        if j.status == "diverged" and replay and j.keep and not world:   # a collective's peers cannot be replayed
+        if job and status == "agree":
+            summary = (f"All {job['world']} ranks agree, each with the same rank of the other run. "
+                       f"Rank {job['rank']}: {summary}")
+        elif job:
+            summary = (f"On rank {job['rank']} of {job['world']} (each rank against the same rank of the other run): "
+                       f"{summary}")
+        if j.status == "diverged" and replay and j.keep and not job:   # a collective's peers cannot be replayed
             plan, after = _plan(ref, cand, j, rtol, atol, same)
             say(f"replaying the diverging op alone (each side again, up to that op{_also(plan)})")
             reps = _replay(argvs, envs, out, plan, rtol, atol, timeout_s, stall_s)
@@ -275,16 +272,17 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
     return res
 
 
-def _by_rank(ref: Run, cand: Run, rtol, atol, same: bool) -> tuple[int, dict, _judge.Judgement]:
+def _by_rank(ref: Run, cand: Run, rtol, atol, same: bool) -> tuple[dict, _judge.Judgement]:
     """Each rank's records against the same rank's of the other run; the verdict is about the rank where an op
     makes the difference (not one where it only comes in through a collective), else the first that differs."""
     got = {r: _judge.judge(list(ref.ranks[r]), list(cand.ranks[r]), rtol=rtol, atol=atol, same_command=same)
            for r in sorted(ref.ranks)}
-    order = ([r for r, j in got.items() if j.status == "diverged"
-              and not (j.first_divergence or {}).get("from_other_rank")]
-             + [r for r, j in got.items() if j.status != "agree"] + list(got))
-    rank = order[0]
-    return rank, {"rank": rank, "world": len(got), "ranks": {str(r): j.status for r, j in got.items()}}, got[rank]
+
+    def received(j: _judge.Judgement) -> bool:
+        return j.status != "diverged" or bool((j.first_divergence or {}).get("from_other_rank"))
+
+    rank = min(got, key=lambda r: (received(got[r]), got[r].status == "agree", r))
+    return {"rank": rank, "world": len(got), "ranks": {str(r): j.status for r, j in got.items()}}, got[rank]
 
 
 def _plan(ref: Run, cand: Run, j: _judge.Judgement, rtol, atol, same: bool

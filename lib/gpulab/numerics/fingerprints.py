@@ -170,6 +170,15 @@ class Fingerprints:
         if background:
             self._start_writer()
 
+    def mark_kept(self, key: str) -> tuple[int, bool] | None:
+        """A record a replay asked for has been made: its place among them and whether it is the last; None when
+        it was not asked for or is kept already. The ops still pending are the ones whose inputs are copied."""
+        if key not in self.keep or key in self.kept:
+            return None
+        self.kept.add(key)
+        self.keep_ops = frozenset(k.split("|", 1)[0] for k in self.keep if k not in self.kept)
+        return self.keep.index(key), len(self.kept) == len(self.keep)
+
     def _sink(self, device: torch.device):
         got = self.sinks.get(device)
         if got is None:

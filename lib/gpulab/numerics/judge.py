@@ -143,10 +143,9 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
     if incoming is not None and (first is None or incoming[0] < first[0]):   # it came in before any op made one
         div, _ = _divergence(incoming, rows, al)
         div["from_other_rank"] = True
-        r = incoming[1]
         return Judgement("diverged", f"On this process the first difference comes in through the collective "
-                         f"{where(r)}: its own inputs agree, so another rank's data differs; "
-                         + div["words"].split("; ", 1)[-1], first_divergence=div,
+                         f"{where(incoming[1])}: its own inputs agree, so another rank's data differs; "
+                         f"{div['then']}.", first_divergence=div,
                          first_bitwise=_bitwise_dict(bit), rows=tuple(rows), **base)
     if first is None and shape is not None:
         r, c, fig = shape

@@ -134,17 +134,17 @@ def make_mode(fp: Fingerprints):
         except RuntimeError:   # an inference-mode tensor keeps no version counter
             return -1
 
-    def known(t: torch.Tensor) -> int | tuple | None:
-        """The record that made t's values, if t has not changed since (UNINIT: no op wrote them yet; a tuple: a
-        collective's fields, its record not made yet). An in-place op's output is bumped once more after the
-        mode returns (ADInplaceOrView sits above it): that bump is its own."""
+    def known(t: torch.Tensor) -> int | None:
+        """The record that made t's values, if t has not changed since (UNINIT: no op wrote them yet). An in-place
+        op's output is bumped once more after the mode returns (ADInplaceOrView sits above it): that bump is its
+        own."""
         got = producer.get(id(t))
         if got is None or got[0]() is not t:
             return None
         v = version(t)
         return got[1] if v == got[2] or v < 0 or (got[3] and v == got[2] + 1) else None
 
-    def made(o: torch.Tensor, i: int | tuple, mutable: bool) -> None:
+    def made(o: torch.Tensor, i: int, mutable: bool) -> None:
         nonlocal grown
         producer[id(o)] = (weakref.ref(o), i, version(o), mutable)
         grown += 1
@@ -156,18 +156,16 @@ def make_mode(fp: Fingerprints):
     def source(t: torch.Tensor, where: str, bwd: bool) -> int:
         """The record that made t's values, an `<input>` record when none did (or t changed since)."""
         got = known(t)
-        if isinstance(got, tuple):   # a collective's result, read now that it has arrived: its record
-            i = fp.add(t, [*got, [], 1])
-            made(t, i, False)
-            return i
         if got is not None:
             return got
-        into = landed.pop(_storage(t), None)   # once: a later write into that buffer would read as its result
-        if into is not None and into[0]() is not None:   # a view of a collective's buffer (DDP's bucket)
-            i = fp.add(t, [*into[1], [], 1])
-            made(t, i, False)
-            return i
-        i = fp.add(t, [INPUT, where, count((INPUT, where, 0, bwd)), bwd, 0, [], 1])
+        # the first read of a collective's buffer (it or a view: DDP's bucket), now that its result has arrived, is
+        # its record; once: a later write into that buffer would read as its result
+        into = landed.pop(_storage(t), None) if landed else None
+        if into is not None and into[0]() is not None:
+            fields = into[1]
+        else:
+            fields = (INPUT, where, count((INPUT, where, 0, bwd)), bwd, 0)
+        i = fp.add(t, [*fields, [], 1])
         made(t, i, False)
         return i
 
@@ -251,22 +249,17 @@ def make_mode(fp: Fingerprints):
             key = (op, where, k, bwd)
             npass = count(key)
             if collective:   # its work may still be running when it returns (gloo, NCCL): read when first read
-                made(o, (op, where, npass, bwd, k), names[func][2])
-                landed[_storage(o)] = (weakref.ref(o), (op, where, npass, bwd, k))
+                producer.pop(id(o), None)
+                if _storage(o) != -1:
+                    landed[_storage(o)] = (weakref.ref(o), (op, where, npass, bwd, k))
                 continue
             i = fp.add(o, [op, where, npass, bwd, k, ins, red])
             made(o, i, names[func][2])
-            if fp.keep:
-                kept = f"{op}|{where}|{npass}|{k}"
-                if kept in fp.keep and kept not in fp.kept:
-                    fp.kept.add(kept)
-                    # inputs are copied before each call of a pending op only (a copy per call is not free)
-                    fp.keep_ops = frozenset(x.split("|", 1)[0] for x in fp.keep if x not in fp.kept)
-                    last = len(fp.kept) == len(fp.keep)
-                    if last:
-                        fp.flush()
-                    replay.keep(os.path.dirname(fp.path), func, args, kwargs, o, k, before, fp.keep.index(kept),
-                                last)
+            kept = fp.mark_kept(f"{op}|{where}|{npass}|{k}") if fp.keep else None
+            if kept is not None:
+                if kept[1]:
+                    fp.flush()
+                replay.keep(os.path.dirname(fp.path), func, args, kwargs, o, k, before, *kept)
 
     return NumericsMode
 
