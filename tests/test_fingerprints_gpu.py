@@ -79,6 +79,23 @@ def test_the_same_values_give_bitwise_the_same_figures_batched_or_alone(tmp_path
     assert [a[2][k] for k in keys] == [b[1][k] for k in keys]
 
 
+def test_an_input_no_recorded_op_made_is_read_before_an_in_place_op_writes_it(tmp_path):
+    """Its figures wait in a batch like an output's: the op must not run before they are read (DDP's bucket read
+    as the all_reduce's input showed the all-reduced values)."""
+    if fused.triton is None:
+        pytest.skip("no Triton in this torch")
+    from gpulab.numerics import record
+
+    x = torch.ones(1000, device="cuda")         # made before recording: an <input> where first read
+    fp = fingerprints.Fingerprints(str(tmp_path / "r.jsonl"))
+    with record.make_mode(fp)():
+        x.mul_(3)
+    fp.close()
+    rows = [lines.decode(json.loads(line)) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    got = {r["op"]: r["sum"] for r in rows}
+    assert got == {"<input>": 1000.0, "aten.mul_.Tensor": 3000.0}, rows
+
+
 def test_an_output_written_in_place_is_read_as_its_op_made_it(tmp_path):
     """Outputs wait in a batch; an op that writes in place first has them read."""
     if fused.triton is None:

@@ -331,6 +331,43 @@ def test_a_record_line_is_json_and_reads_back_exactly():
     assert "s64" not in r
 
 
+def test_an_out_tensor_is_no_input_of_the_op_that_writes_it(tmp_path):
+    """What out= held before is overwritten, never read: recorded as an input it would be a difference no op made
+    (DDP's mul.out writes each step's gradients into a bucket holding the last step's all-reduced ones)."""
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import lines, record
+
+    stale = torch.full((4,), 7.0)
+    fp = record.Fingerprints(str(tmp_path / "r.jsonl"))
+    with record.make_mode(fp)():
+        a = torch.ones(4)
+        torch.mul(a, 2.0, out=stale)
+    fp.close()
+    rows = [lines.decode(json.loads(line)) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [r["op"] for r in rows] == ["aten.ones.default", "aten.mul.out"], rows
+    assert rows[1]["in"] == [0] and rows[1]["sum"] == 8.0
+
+
+def test_a_forked_child_records_nothing_and_frees_nothing_of_its_parent(tmp_path):
+    """A DataLoader worker forked from a recorded process: its ops pass through (their records would go nowhere),
+    and the parent's buffers stay alive there (on a GPU, a CUDA free in a forked child aborts the worker)."""
+    torch = pytest.importorskip("torch")
+    import gc
+    import weakref
+    from gpulab.numerics import record
+
+    fp = record.Fingerprints(str(tmp_path / "r.jsonl"))
+    with record.make_mode(fp)():
+        x = torch.randn(8) * 2
+        recorded, sink = fp.n, weakref.ref(next(iter(fp.sinks.values())))
+        fp.forked()                          # what the at-fork hook does in the child
+        y = (x + 1).sum()
+        gc.collect()
+        assert fp.n == recorded and not fp.meta and y is not None
+        assert sink() is not None            # kept, never freed in the child
+    fp.close()
+
+
 def test_a_run_whose_only_block_is_written_at_exit_by_the_writer_thread_keeps_its_records(tmp_path):
     """A GPU run's blocks go through a writer thread; a short run's only block is written at interpreter exit,
     when Python starts no new thread: the thread started with the first GPU record writes it (here forced on

@@ -94,12 +94,18 @@ def test_ops_found_to_be_rounding_are_replayed_in_one_run_per_side(tmp_path):
     assert c.replay["reference_right"] and c.replay["candidate_right"] and "rounding" in c.summary, c.summary
 
 
-def test_a_ddp_job_is_compared_rank_by_rank_and_the_rank_whose_op_makes_the_difference_is_named(tmp_path):
-    """torchrun, 2 gloo ranks, DistributedSampler and DataLoader workers. A rerun agrees bit for bit on every rank
-    (DDP's buckets hold uninitialised memory until backward fills them, and gloo's all_reduce writes its result
-    after it returns: neither is read as a difference). With rank 1's inputs scaled, rank 1 is named at its own
-    line; rank 0 only receives the difference through the all_reduce."""
-    job = ["-m", "torch.distributed.run", "--nproc_per_node", "2", str(FIX / "ddp_train.py"), "--steps", "2"]
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_ddp_job_is_compared_rank_by_rank_and_the_rank_whose_op_makes_the_difference_is_named(tmp_path, device):
+    """torchrun, 2 ranks (gloo on the CPU, NCCL on two GPUs), DistributedSampler and DataLoader workers. A rerun
+    agrees bit for bit on every rank (DDP's buckets hold uninitialised memory until backward fills them, and the
+    all_reduce writes its result after it returns: neither is read as a difference). With rank 1's inputs scaled,
+    rank 1 is named at its own line; rank 0 only receives the difference through the all_reduce."""
+    if device == "cuda":
+        import torch
+        if torch.cuda.device_count() < 2:
+            pytest.skip("NCCL needs two GPUs (one rank each)")
+    job = ["-m", "torch.distributed.run", "--nproc_per_node", "2", str(FIX / "ddp_train.py"), "--steps", "2",
+           "--device", device]
     same = compare.run([PY, *job], [PY, *job], tmp_path / "rerun", stall_s=120)
     assert same.status == "agree" and same.job["ranks"] == {"0": "agree", "1": "agree"}, same.summary
     assert "All 2 ranks agree" in same.summary and "bitwise equal" in same.summary

@@ -164,6 +164,7 @@ class Fingerprints:
         self.lock = threading.RLock()
         self.kept: set[str] = set()
         self.failures = 0
+        self.off = False                        # a fork() child records nothing
         self.writer: queue.Queue | None = None   # a thread writes the lines once a GPU records
         self.thread: threading.Thread | None = None
         self.unwritten = 0                         # blocks that could not be written (said once on stderr)
@@ -276,8 +277,11 @@ class Fingerprints:
             pass
 
     def forked(self) -> None:
-        """In a fork() child (a DataLoader worker): nothing pending, nothing written, no writer thread."""
-        self.meta.clear()
+        """In a fork() child (a DataLoader worker): off, nothing written, no writer thread. The parent's device
+        buffers are kept and never freed: freeing CUDA memory is a CUDA call, which aborts a child forked from a
+        process that used CUDA (a worker of an NCCL rank died of SIGABRT)."""
+        self.off = True
+        self.orphaned = (self.meta, self.sinks, self.samples)
+        self.meta, self.sinks, self.samples = [], {}, {}
         self.writer = self.thread = None
-        self.sinks = {}
         self.fh = open(os.devnull, "w")

@@ -84,11 +84,12 @@ def _storage(t: torch.Tensor) -> int:
         return -1
 
 
-def _ins(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """An op's floating inputs, in order (its args, then its kwargs)."""
+def _ins(args: tuple, kwargs: dict, written: frozenset = frozenset()) -> list[torch.Tensor]:
+    """An op's floating inputs, in order (its args, then its kwargs but its `out=` ones: what an out= tensor held
+    before is no input; DDP's bucket holds the last step's all-reduced gradients when mul.out writes the new)."""
     got = _flat(args, [])
     if kwargs:
-        _flat(kwargs, got)
+        _flat({k: v for k, v in kwargs.items() if k not in written} if written else kwargs, got)
     return [v for v in got if v.is_floating_point()]
 
 
@@ -101,7 +102,7 @@ def make_mode(fp: Fingerprints):
     passes: dict[tuple, int] = {}
     landed: dict[int, tuple] = {}        # storage -> (a collective's output, its fields): where its result lands
     codes: dict = {}
-    names: dict = {}                     # op -> (its base name, its full name)
+    names: dict = {}                     # op -> (its base name, its full name, mutable, its out= arguments)
     current_node = torch._C._current_autograd_node
 
     lines: dict[tuple, str] = {}         # (code, line) -> its call site's text
@@ -178,12 +179,16 @@ def make_mode(fp: Fingerprints):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if fp.off:
+                return func(*args, **kwargs)
             named = names.get(func)
             if named is None:
                 text = str(func)
                 schema = getattr(func, "_schema", None)
+                # c10d's collectives write their tensors in place without saying so in their schemas
                 named = names[func] = (getattr(func, "_opname", None) or (text.split(".") + [text])[1], text,
-                                       bool(schema is not None and schema.is_mutable))
+                                       bool(schema is not None and schema.is_mutable) or text.startswith(COLLECTIVES),
+                                       frozenset(a.name for a in getattr(schema, "arguments", ()) if a.is_out))
             name = named[0]
             if name in SKIP_NAMES:
                 out = func(*args, **kwargs)
@@ -198,10 +203,13 @@ def make_mode(fp: Fingerprints):
                 with fp.lock:
                     fp.settle()
                     if name not in PASS_NAMES:   # and its inputs as they are before it runs
+                        n = fp.n
                         try:
-                            pre = _inputs(_ins(args, kwargs))
+                            pre = _inputs(_ins(args, kwargs, named[3]))
                         except Exception:  # noqa: BLE001 - recorded after it runs instead
                             pre = None
+                        if fp.n != n:   # inputs no recorded op made: read now, before the op writes over them
+                            fp.settle()
             out = func(*args, **kwargs)
             with fp.lock:
                 try:
@@ -228,7 +236,7 @@ def make_mode(fp: Fingerprints):
         if pre is not None:
             where, bwd, ins = pre
         else:
-            tin = _ins(args, kwargs)
+            tin = _ins(args, kwargs, names[func][3])
             if name in PASS_NAMES and tin:
                 src = tin[1] if name in ("copy_", "copy") and len(tin) > 1 else tin[0]
                 got = known(src)
