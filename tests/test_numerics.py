@@ -217,6 +217,27 @@ def test_a_difference_made_where_the_recorder_sees_no_op_is_named_as_that_region
     assert fd["op"] in ("<input>", "aten.gelu.default") and fd["seen_first_at"]["op"] == "aten.mse_loss.default"
 
 
+@pytest.mark.parametrize("side", ["candidate", "reference"])
+def test_an_op_only_one_side_runs_on_the_values_the_other_reads_unchanged_made_the_difference(side):
+    """A batch scaled on one side only (x = x * 1000 under a flag): the other side reads the loaded batch where
+    its first op does (an `<input>` record there); the scaling op was fed those same values, so it is named, at
+    its own line, not an unseen region at the next line."""
+    plain = [rec(0, "aten.randn.default", site="t.py:10 in main"),
+             rec(1, "<input>", site="t.py:30 in main", value=2.0),
+             rec(2, "aten.addmm.default", site="t.py:30 in main", ins=[0, 1], value=3.0),
+             rec(3, "aten.mse_loss.default", site="t.py:31 in main", ins=[2], value=4.0)]
+    scaled = [rec(0, "aten.randn.default", site="t.py:10 in main"),
+              rec(1, "<input>", site="t.py:29 in main", value=2.0),
+              rec(2, "aten.mul.Tensor", site="t.py:29 in main", ins=[1], value=2000.0),
+              rec(3, "aten.addmm.default", site="t.py:30 in main", ins=[0, 2], value=3000.0),
+              rec(4, "aten.mse_loss.default", site="t.py:31 in main", ins=[3], value=4000.0)]
+    j = judge.judge(plain, scaled) if side == "candidate" else judge.judge(scaled, plain)
+    fd = j.first_divergence
+    assert (j.status, fd["op"], fd["call_site"], fd["run"]) == ("diverged", "aten.mul.Tensor", "t.py:29 in main", side)
+    assert f"an op only the {side} runs" in j.sentence and "input agrees" in j.sentence, j.sentence
+    assert fd["seen_first_at"]["op"] == "aten.addmm.default"
+
+
 def test_different_programs_cannot_be_aligned_and_the_verdict_says_where_they_part():
     ref = [rec(i, "aten.mm.default", site=f"a.py:{i} in f") for i in range(6)]
     cand = [rec(i, "aten.conv2d.default", site=f"b.py:{i} in g") for i in range(6)]

@@ -111,7 +111,10 @@ def test_a_ddp_job_is_compared_rank_by_rank_and_the_rank_whose_op_makes_the_diff
     assert "All 2 ranks agree" in same.summary and "bitwise equal" in same.summary
     bug = compare.run([PY, *job], [PY, *job, "--bug"], tmp_path / "bug", stall_s=120)
     assert bug.status == "diverged" and bug.job["rank"] == 1, bug.summary
-    assert bug.summary.startswith("On rank 1 of 2") and "ddp_train.py:" in bug.first_divergence["call_site"]
+    fd = bug.first_divergence
+    assert bug.summary.startswith("On rank 1 of 2"), bug.summary
+    assert (fd["op"], fd["run"]) == ("aten.mul.Tensor", "candidate"), bug.summary   # the scaling only it runs
+    assert fd["call_site"].endswith(f"ddp_train.py:{_line('ddp_train.py', 'x = x * 1000.0')} in <module>"), fd
     assert bug.replay is None   # a job's collective peers cannot be replayed alone
 
 

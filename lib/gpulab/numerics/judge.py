@@ -139,7 +139,7 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
     if same_command and al.parted is not None and al.parted[0] <= bit_at:
         return _other_paths(al, ro, co, base)
     if first is None and shown is not None:
-        first = _unseen(shown, matched_r, matched_c)
+        first = _unseen(shown, matched_r, matched_c, R, C, rtol, atol)
     if incoming is not None and (first is None or incoming[0] < first[0]):   # it came in before any op made one
         div, _ = _divergence(incoming, rows, al)
         div["from_other_rank"] = True
@@ -167,7 +167,9 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
         return Judgement("agree", _agree_sentence(al, tol, bit, same_command, largest), first_bitwise=bitwise,
                          rows=tuple(rows), **base)
     div, keep = _divergence(first, rows, al)
-    sentence = (f"The runs diverge at {where(first[1])}: " + div["words"])
+    only = (f", an op only the {first[6]} runs" if first[1].get("op") != INPUT
+            and first[1]["i"] not in (matched_c if first[6] == "candidate" else matched_r) else "")
+    sentence = (f"The runs diverge at {where(first[1])}{only}: " + div["words"])
     return Judgement("diverged", sentence, first_divergence=div, first_bitwise=bitwise, rows=tuple(rows),
                      keep=keep, **base)
 
@@ -213,17 +215,38 @@ def _largest_rounding(explained: list[tuple]) -> dict | None:
                      f"tolerance (max relative error {plain.max_rel_err:.3g}), {how}"}
 
 
-def _unseen(shown, matched_r, matched_c):
+def _unseen(shown, matched_r, matched_c, R: dict, C: dict, rtol, atol):
     """The first aligned op beyond tolerance got its difference through an input made where no aligned op
-    shows it: name that input's maker (an `<input>` record: a compiled region; or an op one side only runs)."""
+    shows it: name that input's maker (an `<input>` record: a compiled region; or an op one side only runs).
+    An op only one side runs that was fed what the other side read as an `<input>` (the same values: the
+    candidate scales the batch it loaded, the reference reads that batch as it is) made the difference itself."""
     n, r, c, fig, ins = shown
     for rr, cc, f in ins:
         if f is not None and not f.within:
+            for op, other, X, side in ((cc, rr, C, "candidate"), (rr, cc, R, "reference")):
+                fed = _fed(op, other, X, rtol, atol)
+                if fed and op["i"] not in (matched_c if side == "candidate" else matched_r):
+                    return n, op, other, f, fed, (r, c, fig), side
             cand_side = cc.get("op") == INPUT or (rr.get("op") != INPUT and rr["i"] in matched_r
                                                   and cc["i"] not in matched_c)
             return ((n, cc, rr, f, [], (r, c, fig), "candidate") if cand_side
                     else (n, rr, cc, f, [], (r, c, fig), "reference"))
     return (n, r, c, fig, ins, None, "reference")
+
+
+def _fed(op: dict, other: dict, X: dict, rtol, atol) -> list:
+    """op's input that agrees with the other side's `<input>` record, as _inputs' (its, other's, figures); []
+    when op is itself an `<input>`, the other is not, or no input of op agrees with it."""
+    if op.get("op") == INPUT or other.get("op") != INPUT:
+        return []
+    for p in op.get("in") or ():
+        x = X.get(p)
+        if x is None:
+            continue
+        f = compare(x, other, for_dtypes(x.get("dtype"), other.get("dtype"), rtol=rtol, atol=atol))
+        if f.comparable and f.within:
+            return [(x, other, f)]
+    return []
 
 
 def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | None]:
@@ -254,6 +277,10 @@ def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | No
         words += (f", while its {len(ok)} input(s) agree (worst {max((f.excess for f in ok), default=0.0):.3g}x)"
                   if ok else ", and it reads no earlier output")
     else:
+        if ins:   # an op only one side runs, fed what the other side reads
+            other = "reference" if side == "candidate" else "candidate"
+            words += (f", while its input agrees with what the {other} run reads unchanged "
+                      f"({ins[0][2].excess:.3g}x the tolerance)")
         words += f"; first seen in the aligned op {where(via[0])}"
     words += f"; {then}."
     out = {**_op(r), "error": fig.to_dict(), "tolerance": fig.tol.to_dict() if fig.tol else None,
