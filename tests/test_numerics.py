@@ -425,3 +425,21 @@ def test_closing_while_the_mode_is_still_on_records_none_of_the_recorders_own_op
     rows = [lines.decode(json.loads(line)) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["op"] for r in rows] == ["aten.randn.default", "aten.mul.Tensor"] and y is not None
     assert fp.n == 2
+
+
+@pytest.mark.parametrize("tail, said", [
+    ("step 0\n[rank0]: RuntimeError: DataLoader worker (pid(s) 902) exited unexpectedly\nE1127 api.py:986] failed\n"
+     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n====\nRoot Cause\n  rank : 0\n====\n",
+     "[rank0]: RuntimeError: DataLoader worker (pid(s) 902) exited unexpectedly"),
+    ("Traceback (most recent call last):\n  File \"t.py\", line 3\ntorch.OutOfMemoryError: CUDA out of memory\n",
+     "torch.OutOfMemoryError: CUDA out of memory"),
+    ("step 1 loss 2.0\n\n", "step 1 loss 2.0"),
+    ("Killed\n-----\n", "Killed"),
+    ("", ""),
+])
+def test_a_failed_runs_last_words_are_its_error_not_a_launchers_closing_rule(tail, said):
+    """torchrun ends a failed job with its own summary: '=' rules and a ChildFailedError that only repeats that a
+    rank failed; a compare of such a job said 'exited with code 1: ====...'."""
+    from gpulab import lastwords
+
+    assert lastwords.of(tail) == said

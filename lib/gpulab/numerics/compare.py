@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpulab import proc, report
+from gpulab import lastwords, proc, report
 from gpulab.numerics import judge as _judge
 from gpulab.numerics import lines, workdir
 from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INSTALL
@@ -164,7 +164,7 @@ def run_side(side: str, command: str | Sequence[str], out_dir: Path, *, env: Map
                    why=str(exc))
     keep_followed(procs)   # each process's op log cut to what it recorded
     tail = output.read_text(errors="replace")[-3000:] if output.exists() else ""
-    last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+    last = lastwords.of(tail)
     records, ranks = read_records(folder)
     return Run(side, tuple(argv), tuple(sorted((env or {}).items())), end.status, end.returncode, end.elapsed_s,
                str(folder), records, last, tail, ranks)

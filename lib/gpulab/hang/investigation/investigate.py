@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpulab import device, report, trace, workloads
+from gpulab import device, lastwords, report, trace, workloads
 from gpulab.hang.investigation import bisect, bundle, firstrun, ladder, repro
 from gpulab.hang import classify, faults
 from gpulab.hang.verdict import Verdict, job_where, op_brief
@@ -151,8 +151,8 @@ def _what(v: Verdict | None) -> str:
         return f"{v.status} ({v.cls}) {job_where(v)}"
     if v.in_flight_op:
         return f"{v.status} ({v.cls}) in {op_brief(v.in_flight_op)}"
-    last = next((ln.strip() for ln in reversed(v.stderr_tail.splitlines()) if ln.strip()), "")
-    said = f" (last line on stderr: {last[:120]})" if last else ""
+    last = lastwords.of(v.stderr_tail)
+    said = f" (on stderr: {last[:120]})" if last else ""
     if v.status == "error":
         return f"the program exits with code {v.exit_code} in phase {v.phase}{said}"
     if v.status == "crash":

@@ -1,0 +1,26 @@
+"""The line of a failed program's output that says why it failed.
+
+Why not simply its last line: a launcher prints its own summary after the error (torchrun ends with a rule of
+'=' and the rank's exit code, multiprocessing with its traceback's frames), and the last line then says nothing.
+The last exception line wins ("RuntimeError: ...", torchrun's "[rank0]: RuntimeError: ..."), else the last line
+that is not a rule.
+"""
+from __future__ import annotations
+
+import re
+
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|"
+                        r"Failure|Warning)\b(?::|$)")
+_RULE = re.compile(r"^[\s=\-*_#~.]*$")
+
+
+def of(text: str) -> str:
+    """The line that says why, stripped ('' when the output has none)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    said = next((ln for ln in reversed(lines) if _EXCEPTION.match(ln) and not _chained(ln)), "")
+    return said or next((ln for ln in reversed(lines) if not _RULE.match(ln)), "")
+
+
+def _chained(line: str) -> bool:
+    """torchrun's own ChildFailedError repeats that a child failed, not why."""
+    return "ChildFailedError" in line
