@@ -336,6 +336,69 @@ def test_the_replay_says_which_run_is_right_and_the_cause_of_a_nan_or_inf(tmp_pa
     assert got["reference_right"] and not got["candidate_right"] and "candidate's kernel is wrong" in got["words"]
 
 
+@pytest.mark.parametrize("op, args, kwargs, other, words", [
+    ("gelu", "x", {"approximate": "none"}, {"approximate": "tanh"},
+     "approximate='none' in the reference and 'tanh' in the candidate"),
+    ("native_batch_norm", "bn", {}, {}, "training=False in the reference and True in the candidate"),
+])
+def test_a_replay_whose_two_calls_differ_in_a_plain_argument_says_so_not_rounding(tmp_path, op, args, kwargs, other,
+                                                                                   words):
+    """Each side computes right what it was called with: a model left in training mode for evaluation (batch norm
+    called with training=True), another GELU: the difference is the call, never 'rounding'."""
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import replay
+
+    x = torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(0))
+    func = getattr(torch.ops.aten, op).default
+    for side, train in (("ref", False), ("cand", True)):
+        (tmp_path / side).mkdir()
+        if args == "bn":
+            a = (x, torch.ones(3), torch.zeros(3), torch.zeros(3), torch.ones(3), train, 0.1, 1e-5)
+            kw = {}
+        else:
+            a, kw = (x,), (kwargs if side == "ref" else other)
+        out = func(*a, **kw)
+        out = out[0] if isinstance(out, tuple) else out
+        replay.keep(str(tmp_path / side), func, a, kw, out, 0, [t.clone() for t in a if isinstance(t, torch.Tensor)],
+                    last=False)
+    got = replay.judge(tmp_path / "ref", tmp_path / "cand")
+    assert got["reference_right"] and got["candidate_right"], got
+    assert words in got["words"] and "not a kernel or rounding" in got["words"], got["words"]
+    assert got["arguments"] and "rounding of its inputs" not in got["words"]
+
+
+def test_a_random_draw_that_differs_is_named_as_the_generators_state_and_not_replayed():
+    """Its numbers come from the generator, not from inputs: replayed against float64 it is meaningless ('neither
+    run is right'), and 'it reads no earlier output' says nothing of why."""
+    ref = [rec(0, "aten.mm.default", value=1.0), rec(1, "aten.randn.default", site="t.py:18 in main", value=2.0),
+           rec(2, "aten.add.Tensor", site="t.py:19 in main", ins=[0, 1], value=3.0)]
+    cand = [rec(0, "aten.mm.default", value=1.0), rec(1, "aten.randn.default", site="t.py:18 in main", value=2.5),
+            rec(2, "aten.add.Tensor", site="t.py:19 in main", ins=[0, 1], value=3.5)]
+    j = judge.judge(ref, cand)
+    assert j.first_divergence["op"] == "aten.randn.default" and j.keep is None
+    assert "random generators are in different states" in j.sentence, j.sentence
+
+
+def test_the_same_call_on_two_devices_is_not_called_different():
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import replay
+
+    func = torch.ops.aten.randn.default
+    a = replay.arguments(func, ([2, 3],), {"dtype": torch.float32, "device": torch.device("cpu"), "pin_memory": False})
+    b = replay.arguments(func, ([2, 3],), {"dtype": torch.bfloat16, "device": "cuda", "pin_memory": True})
+    assert a == b == {"size": "[2, 3]"}
+
+
+def test_an_output_of_another_shape_after_the_divergence_is_not_called_nan():
+    """Batch norm's saved statistics are empty outside training: of another shape, not NaN/Inf."""
+    ref = [rec(0, "aten.randn.default"), rec(1, "aten.bn.default", ins=[0], value=2.0),
+           rec(2, "aten.bn.default", ins=[0], shape=[0], out=1), rec(3, "aten.relu.default", ins=[1], value=2.0)]
+    cand = [rec(0, "aten.randn.default"), rec(1, "aten.bn.default", ins=[0], value=3.0),
+            rec(2, "aten.bn.default", ins=[0], shape=[16], out=1), rec(3, "aten.relu.default", ins=[1], value=3.0)]
+    j = judge.judge(ref, cand)
+    assert j.first_divergence["op"] == "aten.bn.default" and "NaN" not in j.sentence, j.sentence
+
+
 def test_a_record_line_is_json_and_reads_back_exactly():
     import struct
 

@@ -118,6 +118,18 @@ def test_a_ddp_job_is_compared_rank_by_rank_and_the_rank_whose_op_makes_the_diff
     assert bug.replay is None   # a job's collective peers cannot be replayed alone
 
 
+def test_a_model_evaluated_in_training_mode_is_named_at_the_call_that_differs_not_called_rounding(tmp_path):
+    """Batch norm at the evaluation computes right for training=True as the reference's does for False: the
+    float64 replay finds both right, and the verdict says the two calls differ (it had said 'rounding' and gone on
+    to name an op three lines later)."""
+    c = compare.run([PY, str(FIX / "eval_mode.py")], [PY, str(FIX / "eval_mode.py"), "--bug"], tmp_path, stall_s=120)
+    fd = c.first_divergence
+    assert c.status == "diverged" and fd["op"] == "aten.native_batch_norm.default", c.summary
+    assert fd["call_site"].endswith("eval_mode.py:18 in <module>") and fd["pass"] == 1, fd
+    assert "training=False in the reference and True in the candidate" in c.summary, c.summary
+    assert "rounding" not in c.summary.replace("not a kernel or rounding", "")
+
+
 def test_d_eager_and_torch_compile_agree(tmp_path):
     c = compare.run([PY, str(FIX / "compiled_mlp.py")], [PY, str(FIX / "compiled_mlp.py"), "--compile"], tmp_path,
                     stall_s=240)

@@ -239,7 +239,8 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
             say(f"replaying the diverging op alone (each side again, up to that op{_also(plan)})")
             reps = _replay(argvs, envs, out, plan, rtol, atol, timeout_s, stall_s)
             for n, (j, rep) in enumerate(zip(plan, reps)):   # past each op both runs compute right: rounding
-                if not (rep.get("reference_right") and rep.get("candidate_right")) or n == ROUNDING_REPLAYS:
+                if (not (rep.get("reference_right") and rep.get("candidate_right")) or rep.get("arguments")
+                        or n == ROUNDING_REPLAYS):
                     break
                 op, site, npass, _ = j.keep[0].split("|")
                 say(f"{op} at {_judge.short(site)} (pass {npass}): its difference is rounding (both sides right "

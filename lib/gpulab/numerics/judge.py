@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from gpulab.numerics import align as _align
 from gpulab.numerics import reduction as _reduction
 from gpulab.numerics.figures import Figures, compare
-from gpulab.numerics.names import COLLECTIVES, INPUT
+from gpulab.numerics.names import COLLECTIVES, INPUT, random_op
 from gpulab.numerics.tolerance import Tolerance, for_dtypes
 
 GROWS = 10.0   # a difference that reaches this many times its size at the divergence "grows"
@@ -111,7 +111,7 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
                 fig = compare(r, c, tol_rc, slack)
         rows.append({"n": n, "op": r.get("op"), "call_site": short(r.get("site")), "pass": r.get("pass"),
                      "backward": bool(r.get("bwd")), "excess": fig.excess, "max_rel_err": fig.max_rel_err,
-                     "bitwise_equal": fig.bitwise, "plain_excess": plain.excess})
+                     "bitwise_equal": fig.bitwise, "plain_excess": plain.excess, "comparable": fig.comparable})
         if not fig.comparable:
             shape = shape or (r, c, fig)
             continue
@@ -251,13 +251,15 @@ def _fed(op: dict, other: dict, X: dict, rtol, atol) -> list:
 
 def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | None]:
     n, r, c, fig, ins, via, side = first
-    later = [x["excess"] for x in rows[n + 1:] if x["excess"] is not None]
+    # an output of another shape (batch norm's saved statistics, empty outside training) is no NaN/Inf
+    seen = [x for x in rows[n + 1:] if x["excess"] is not None and x.get("comparable", True)]
+    later = [x["excess"] for x in seen]
     peak = max(later, default=0.0)
     end = max(later[-max(1, len(later) // 10):], default=0.0)
     if not later:
         trend, then = "last", "it is the last op compared"
     elif math.isinf(fig.excess) or math.isinf(peak):
-        nf = next((x for x in rows[n + 1:] if math.isinf(x["excess"])), None)
+        nf = next((x for x in seen if math.isinf(x["excess"])), None)
         trend = "spreads"
         then = (f"it then spreads: NaN/Inf from {nf['op']} at {nf['call_site']} (pass {nf['pass']})"
                 if nf and not math.isinf(fig.excess) else "its NaN/Inf difference stays in the ops after it")
@@ -272,7 +274,11 @@ def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | No
         trend, then = "stays", f"it then stays about the same ({end:.3g}x the tolerance at the end of the run)"
     words = (f"its output differs by {fig.excess:.3g}x the tolerance ({fig.why}; max relative error "
              f"{fig.max_rel_err:.3g} on the sample, {fig.tol.words() if fig.tol else ''})")
-    if via is None:
+    drawn = via is None and random_op(r.get("op"))
+    if drawn:   # nothing to replay: its numbers come from the generator's state, not from its inputs
+        words += (", and it draws random numbers: the runs' random generators are in different states there (a "
+                  "generator not seeded, or seeded otherwise, or an earlier random draw only one run makes)")
+    elif via is None:
         ok = [f for _, _, f in ins if f is not None]
         words += (f", while its {len(ok)} input(s) agree (worst {max((f.excess for f in ok), default=0.0):.3g}x)"
                   if ok else ", and it reads no earlier output")
@@ -289,7 +295,7 @@ def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | No
            "trend": trend,
            "nan_inf": fig.nonfinite[0] != fig.nonfinite[1] or fig.nonfinite[2] != fig.nonfinite[3],
            "words": words, "seen_first_at": _op(via[0]) if via else None}
-    return out, (key(r), key(c)) if via is None else None
+    return out, (key(r), key(c)) if via is None and not drawn else None
 
 
 def _bitwise_dict(bit) -> dict | None:

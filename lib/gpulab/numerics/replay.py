@@ -33,7 +33,7 @@ def keep(folder: str, func, args, kwargs, out: torch.Tensor, out_index: int, bef
          last: bool = True) -> None:
     """In the child: write the replay material of the n-th op asked for; after the last, end the run (nothing
     after it is needed)."""
-    rec: dict[str, Any] = {"op": str(func), "note": ""}
+    rec: dict[str, Any] = {"op": str(func), "note": "", "arguments": arguments(func, args, kwargs)}
     if before is None or out.numel() > LIMIT:
         rec["note"] = "the op's tensors are too large to keep"
     else:
@@ -56,6 +56,33 @@ def keep(folder: str, func, args, kwargs, out: torch.Tensor, out_index: int, bef
     torch.save(rec, os.path.join(folder, replay_file(n)))
     if last:
         os._exit(0)
+
+
+_NOT_THE_CALL = frozenset({"device", "pin_memory", "layout", "memory_format", "non_blocking", "generator", "out"})
+
+
+def _plain(v) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str)) or (
+        isinstance(v, (list, tuple)) and all(_plain(x) for x in v))
+
+
+def arguments(func, args, kwargs) -> dict[str, str]:
+    """The call's plain arguments by their schema names, as text: flags, sizes, scalars, modes (training=True,
+    approximate='tanh', reduction). Left out: tensors, and what legitimately differs between compared runs
+    (devices, dtypes, layouts, generators)."""
+    schema = getattr(func, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    got = {}
+    for name, v in [*((names[i] if i < len(names) else f"#{i}", v) for i, v in enumerate(args)), *kwargs.items()]:
+        if name not in _NOT_THE_CALL and _plain(v):
+            got[name] = repr(v)
+    return got
+
+
+def _other_arguments(ref: dict, cand: dict) -> list[tuple[str, str | None, str | None]]:
+    """(name, the reference's, the candidate's) for each plain argument the two calls do not share."""
+    a, b = ref.get("arguments") or {}, cand.get("arguments") or {}
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 def _err(got: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -114,6 +141,13 @@ def judge(ref_dir: Path, cand_dir: Path, rtol: float | None = None, atol: float 
                         f"{out['reference_vs_float64']['max_rel_err']:.3g} reference, "
                         f"{out['candidate_vs_float64']['max_rel_err']:.3g} candidate)")
     out["reference_right"], out["candidate_right"] = r, c
+    other = _other_arguments(got["reference"], got["candidate"])
+    if other:   # each run computes right what it was asked: the two were asked different things
+        said = ", ".join(f"{k}={'(none)' if x is None else x} in the reference and {'(none)' if y is None else y} "
+                         f"in the candidate" for k, x, y in other)
+        out["arguments"] = [{"name": k, "reference": x, "candidate": y} for k, x, y in other]
+        out["words"] = (f"{how}, each run computes right what it was called with, but the two calls differ: {said}: "
+                        f"the difference is the call (the program's code or its state), not a kernel or rounding")
     out["cause"] = _nan_cause(got["reference"], got["candidate"])
     return out
 

@@ -141,7 +141,8 @@ def metrics(v: Variant, comparison_dict: Mapping[str, Any] | None) -> dict:
             "backward": fd.get("backward"), "run": fd.get("run"), "nan_inf": bool(fd.get("nan_inf")),
             "cause": fd.get("cause"), "excess": err.get("excess"), "max_rel_err": err.get("max_rel_err"),
             "replay": rep.get("words"), "reference_right": rep.get("reference_right"),
-            "candidate_right": rep.get("candidate_right"), "trend": fd.get("trend")}
+            "candidate_right": rep.get("candidate_right"), "arguments": rep.get("arguments"),
+            "trend": fd.get("trend")}
     return out
 
 
@@ -153,7 +154,8 @@ def precision_only(cmp: Mapping[str, Any]) -> bool:
     fd = cmp.get("first_divergence") or {}
     return bool(cmp.get("mode") == "dtype" and cmp.get("status") == "diverged" and fd
                 and fd.get("reference_right") is True and fd.get("candidate_right") is True
-                and not fd.get("nan_inf") and not fd.get("cause") and fd.get("trend") == "fades")
+                and not fd.get("nan_inf") and not fd.get("cause") and not fd.get("arguments")
+                and fd.get("trend") == "fades")
 
 
 def fold(headline: str, oracle_metrics: Mapping[str, Any], cmp: Mapping[str, Any]) -> tuple[str, dict]:
