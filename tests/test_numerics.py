@@ -379,6 +379,37 @@ def test_a_random_draw_that_differs_is_named_as_the_generators_state_and_not_rep
     assert "random generators are in different states" in j.sentence, j.sentence
 
 
+def _eager_and_compiled(cand_draws: bool) -> tuple[list[dict], list[dict]]:
+    """Eager: dropout's bernoulli_ and the linear layer; compiled: the region's logits (an `<input>` where the loss
+    reads them), with (fallback_random) or without its own native_dropout; then a cast of a bool mask (accuracy)."""
+    ref = [rec(0, "aten.randn.default"), rec(1, "aten.bernoulli_.float", site="m.py:29 in forward", value=0.5),
+           rec(2, "aten.addmm.default", site="m.py:29 in forward", ins=[0, 1], value=2.0),
+           rec(3, "aten._log_softmax.default", site="t.py:49 in main", ins=[2], value=3.0),
+           rec(4, "aten._to_copy.default", site="t.py:56 in main", value=1.0)]
+    cand = [rec(0, "aten.randn.default"), rec(1, "<input>", site="t.py:49 in main", value=2.5),
+            rec(2, "aten._log_softmax.default", site="t.py:49 in main", ins=[1], value=3.5),
+            rec(3, "aten._to_copy.default", site="t.py:56 in main", value=0.0)]
+    if cand_draws:
+        cand.insert(1, rec(9, "aten.native_dropout.default", site="m.py:26 in forward", ins=[0], value=0.7))
+    return ref, cand
+
+
+def test_random_numbers_only_the_eager_run_draws_are_named_before_what_they_change():
+    """torch.compile draws dropout's random numbers inside its own kernels: the eager run's bernoulli_ is the first
+    difference, and the verdict says how to make the two draw alike; a later cast of a bool mask (which reads no
+    float the recorder fingerprints) is not the maker."""
+    j = judge.judge(*_eager_and_compiled(cand_draws=False))
+    fd = j.first_divergence
+    assert (fd["op"], fd["run"], fd.get("random_draw")) == ("aten.bernoulli_.float", "reference", True), j.sentence
+    assert "fallback_random = True" in j.sentence and "aten._log_softmax.default" in j.sentence
+
+
+def test_when_both_runs_draw_random_numbers_neither_is_said_to_draw_alone():
+    j = judge.judge(*_eager_and_compiled(cand_draws=True))
+    assert not j.first_divergence.get("random_draw") and "only the" not in j.sentence, j.sentence
+    assert j.first_divergence["seen_first_at"]["op"] == "aten._log_softmax.default"
+
+
 def test_the_same_call_on_two_devices_is_not_called_different():
     torch = pytest.importorskip("torch")
     from gpulab.numerics import replay

@@ -138,7 +138,7 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
         judged_c.add(c["i"])
     if same_command and al.parted is not None and al.parted[0] <= bit_at:
         return _other_paths(al, ro, co, base)
-    if first is None and shown is not None:
+    if shown is not None and (first is None or (shown[0] < first[0] and _derived(first))):
         first = _unseen(shown, matched_r, matched_c, R, C, rtol, atol)
     if incoming is not None and (first is None or incoming[0] < first[0]):   # it came in before any op made one
         div, _ = _divergence(incoming, rows, al)
@@ -167,6 +167,17 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
         return Judgement("agree", _agree_sentence(al, tol, bit, same_command, largest), first_bitwise=bitwise,
                          rows=tuple(rows), **base)
     div, keep = _divergence(first, rows, al)
+    drawn = _drawn_before(al, ro, co, first[0], matched_r, matched_c) if first[5] is not None else None
+    if drawn is not None:   # the unseen difference follows random numbers only one run draws there
+        side, d = drawn
+        seen, fig = first[5][0], first[5][2]
+        div.update({**_op(d), "run": side, "random_draw": True})
+        div["words"] = (f"the runs' random numbers part there (a compiled region draws its own: torch.compile's "
+                        f"differ from eager's unless torch._inductor.config.fallback_random = True); the difference "
+                        f"is first seen in the aligned op {where(seen)} ({fig.excess:.3g}x the tolerance); "
+                        f"{div['then']}.")
+        return Judgement("diverged", f"The runs diverge at {where(d)}, a random draw only the {side} makes: "
+                         + div["words"], first_divergence=div, first_bitwise=bitwise, rows=tuple(rows), **base)
     only = (f", an op only the {first[6]} runs" if first[1].get("op") != INPUT
             and first[1]["i"] not in (matched_c if first[6] == "candidate" else matched_r) else "")
     sentence = (f"The runs diverge at {where(first[1])}{only}: " + div["words"])
@@ -232,6 +243,25 @@ def _unseen(shown, matched_r, matched_c, R: dict, C: dict, rtol, atol):
             return ((n, cc, rr, f, [], (r, c, fig), "candidate") if cand_side
                     else (n, rr, cc, f, [], (r, c, fig), "reference"))
     return (n, r, c, fig, ins, None, "reference")
+
+
+def _derived(first) -> bool:
+    """A first divergence whose op reads no recorded float input and draws no random numbers (a cast of a bool
+    mask, an index): what it reads (integers, booleans) may carry an earlier difference the recorder does not
+    fingerprint, so an earlier unexplained difference comes first."""
+    n, r, c, fig, ins, via, side = first
+    return via is None and not [f for _, _, f in ins if f is not None] and not random_op(r.get("op"))
+
+
+def _drawn_before(al, ro: list[dict], co: list[dict], n: int, matched_r, matched_c) -> tuple[str, dict] | None:
+    """The first random draw that only one run makes before the n-th aligned pair, where the other run draws
+    none that is not paired (it draws them inside compiled code, unseen): (its run, its record)."""
+    a, b = al.pairs[n]
+    drawn = [next((x for x in ops[:upto] if random_op(x.get("op")) and x["i"] not in matched), None)
+             for ops, upto, matched in ((ro, a, matched_r), (co, b, matched_c))]
+    if (drawn[0] is None) == (drawn[1] is None):
+        return None
+    return ("reference", drawn[0]) if drawn[0] is not None else ("candidate", drawn[1])
 
 
 def _fed(op: dict, other: dict, X: dict, rtol, atol) -> list:
