@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 # what to change at the line, by cause (nancause.KINDS); the program's line is where it is fixed
 REMEDY = {
     "zero_divisor": "keep the divisor away from 0 with an eps or clamp(min=eps), or skip the rows where it is 0",
-    "log_domain": "clamp the log's argument above 0 with clamp_min(eps), or find why it reaches <= 0",
+    "log_domain": "clamp the log's argument above 0 with clamp_min(eps), or find why it reaches <= 0 (the log of "
+                  "a softmax: log_softmax, or cross_entropy on the logits)",
     "sqrt_domain": "clamp at 0 before the sqrt, or find why its argument goes negative",
     "pow_domain": "a negative base to a fractional power is NaN: clamp the base at 0 or use abs()",
     "overflow": "compute it in a wider dtype, or subtract the max before exp as logsumexp and softmax do",

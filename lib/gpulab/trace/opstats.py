@@ -38,6 +38,7 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
         if not seen:
             return False
         bad = bool(nan or inf)
+        state["neginf"] = ninf   # the first NaN's -Inf input is looked up among the ops that made -Inf
         _STATS.pack_into(mm, off + _OFF_STATS, mn, mx, tot / cnt if cnt else 0.0, nan, inf, ninf)
         mm[off + _OFF_FLAGS] = F_STATS | (F_NONFINITE if bad else 0)
         if bad and not state["nonfinite_set"]:
@@ -77,6 +78,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     the string table reuses."""
     import sys
     import threading
+    import weakref
 
     from gpulab.trace import firstnan, nancause
     from gpulab.trace.texts import site_label
@@ -86,6 +88,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     get_ident = threading.get_ident
     getframe = sys._getframe
     counts: dict = {}       # (op, code, instruction) -> calls so far
+    neg: dict = {}          # storage -> (its tensor, (op, code, instruction, pass), its input's facts): a log's -Inf
     fwd: dict = {}          # autograd node sequence number -> (op, code, instruction, pass)
     last: dict = {}         # thread -> the sequence number after its newest node
     codes_get, code_kind = t.codes.get, t.code_kind
@@ -116,6 +119,33 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
                 if len(fwd) > _FWD_MAX:
                     for k in list(fwd)[:_FWD_MAX // 2]:
                         del fwd[k]
+
+    def made_neginf(func: Any, args: Any, out: Any) -> None:
+        """After an op whose output holds -Inf: a log of zeros is remembered (where, from what), so that a NaN
+        its -Inf makes later (0 * log(0) in a hand-written cross entropy) is not put down to a mask's -Inf.
+        Masks are made by other ops (full, where, masked_fill): they are not remembered."""
+        if str(func).split(".")[1:2] not in (["log"], ["log2"], ["log10"], ["log1p"]) or not args:
+            return
+        if not isinstance(out, torch.Tensor):
+            return
+        f = caller()
+        key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
+        if len(neg) >= 64:
+            neg.pop(next(iter(neg)))
+        neg[out.untyped_storage().data_ptr()] = (weakref.ref(out), (*key, counts.get(key)),
+                                                  nancause.facts_of(args[0]))
+
+    def neginf_from(value: Any) -> dict | None:
+        """The remembered log that made value's -Inf (value is its output or a view of it), if any."""
+        if not isinstance(value, torch.Tensor):
+            return None
+        got = neg.get(value.untyped_storage().data_ptr())
+        if got is None or got[0]() is None:
+            return None
+        (fop, code, lasti, n), facts = got[1], got[2]
+        at, file = site(code, lasti)
+        return {"op": str(fop), "call_site": at, "file": file, "pass": n,
+                "zeros": facts.zeros if facts else None, "nonpositive": facts.nonpositive if facts else None}
 
     def line(code: Any, lasti: int) -> int | None:
         for lo, hi, ln in code.co_lines():
@@ -148,7 +178,16 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
             top = None
         compiled = _compiled_ran()
         why = nancause.cause(str(func), ins, o, top, first=True, compiled=compiled)
+        src = neginf_from(args[why.input]) if why.kind == "input_neginf" and why.input is not None else None
+        if src is not None:   # the -Inf is a log's of values <= 0, not a mask's
+            base = str(func).split(".")[1] if "." in str(func) else str(func)
+            what = (f"{src['zeros']} zero(s)" if src.get("zeros") else
+                    f"{src['nonpositive']} value(s) <= 0" if src.get("nonpositive") else "values <= 0")
+            why = nancause.Cause("log_domain", f"input {why.input} holds -Inf that {src['op'].split('.')[1]} made "
+                                 f"at {src['call_site']} (pass {src['pass']}) from {what} (the log of 0 is -Inf), "
+                                 f"and {base} turns it into NaN", why.input)
         rec = {"seq": seq, "op": str(func), "cause": why.to_dict(), "inputs": [f.to_dict() if f else None for f in ins],
+               "neginf_from": src,
                "written": sorted(written), "output": o.to_dict(), "backward": node is not None,
                "compiled": compiled}
         if node is None:
@@ -167,4 +206,4 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
                 rec.update(forward_op=None, call_site=None, file=None, **{"pass": None})
         firstnan.write(log, rec)
 
-    return SimpleNamespace(note=note, first=first)
+    return SimpleNamespace(note=note, first=first, made_neginf=made_neginf)
