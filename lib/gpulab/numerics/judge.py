@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from gpulab.numerics import align as _align
 from gpulab.numerics import reduction as _reduction
 from gpulab.numerics.figures import Figures, compare
-from gpulab.numerics.names import COLLECTIVES, INPUT, random_op
+from gpulab.numerics.names import INPUT, collective, random_op
 from gpulab.numerics.tolerance import Tolerance, for_dtypes
 
 GROWS = 10.0   # a difference that reaches this many times its size at the divergence "grows"
@@ -126,7 +126,7 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
                                                   "float64"))
             else:
                 ins = _inputs(r, c, R, C, rtol, atol)
-                if all(f is None or f.within for _, _, f in ins) and _collective(r):
+                if all(f is None or f.within for _, _, f in ins) and collective(r.get("op")):
                     incoming = incoming or (n, r, c, fig, ins, None, "reference")   # another rank's data
                 elif all(f is None or f.within for _, _, f in ins):
                     first = (n, r, c, fig, ins, None, "reference")
@@ -183,12 +183,6 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
     sentence = (f"The runs diverge at {where(first[1])}{only}: " + div["words"])
     return Judgement("diverged", sentence, first_divergence=div, first_bitwise=bitwise, rows=tuple(rows),
                      keep=keep, **base)
-
-
-def _collective(r: dict) -> bool:
-    """A collective's output holds other ranks' data: a difference it shows with its own inputs agreeing was
-    made on another rank (and it cannot be replayed alone)."""
-    return str(r.get("op") or "").startswith(COLLECTIVES)
 
 
 def _slack(r: dict, c: dict, R: dict, C: dict, rtol: float) -> float:

@@ -11,6 +11,11 @@ RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "rand
                     "cauchy_", "log_normal_", "random_", "native_dropout", "rrelu_with_noise", "poisson"})
 
 
+def collective(op: str | None) -> bool:
+    """Whether a recorded op ('c10d.allreduce_.default') is a collective: its output holds other ranks' data."""
+    return str(op or "").startswith(COLLECTIVES)
+
+
 def random_op(op: str | None) -> bool:
     """Whether a recorded op ('aten.randn.generator') draws random numbers."""
     parts = str(op or "").split(".")

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.numerics import reduction, replay
 from gpulab.numerics.fingerprints import Fingerprints
-from gpulab.numerics.names import COLLECTIVES, ENV_DIR, ENV_KEEP, INPUT
+from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INPUT, collective
 from gpulab.trace import lazydynamo
 
 # ops whose output holds the values of an input, as they are or only re-typed: no record of their own, their
@@ -102,7 +102,8 @@ def make_mode(fp: Fingerprints):
     passes: dict[tuple, int] = {}
     landed: dict[int, tuple] = {}        # storage -> (a collective's output, its fields): where its result lands
     codes: dict = {}
-    names: dict = {}                     # op -> (its base name, its full name, mutable, its out= arguments)
+    # op -> (its base name, its full name, mutable, its out= arguments, collective)
+    names: dict = {}
     current_node = torch._C._current_autograd_node
 
     lines: dict[tuple, str] = {}         # (code, line) -> its call site's text
@@ -186,9 +187,10 @@ def make_mode(fp: Fingerprints):
                 text = str(func)
                 schema = getattr(func, "_schema", None)
                 # c10d's collectives write their tensors in place without saying so in their schemas
+                group = collective(text)
                 named = names[func] = (getattr(func, "_opname", None) or (text.split(".") + [text])[1], text,
-                                       bool(schema is not None and schema.is_mutable) or text.startswith(COLLECTIVES),
-                                       frozenset(a.name for a in getattr(schema, "arguments", ()) if a.is_out))
+                                       bool(schema is not None and schema.is_mutable) or group,
+                                       frozenset(a.name for a in getattr(schema, "arguments", ()) if a.is_out), group)
             name = named[0]
             if name in SKIP_NAMES:
                 out = func(*args, **kwargs)
@@ -252,11 +254,11 @@ def make_mode(fp: Fingerprints):
         if name in _REDUCING:   # its reduction length: what the comparison allows its rounding (numerics.reduction)
             red = reduction.length(name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
                                    [a for a in args if isinstance(a, (int, list, tuple))], tuple(outs[0][1].shape))
-        collective = op.startswith(COLLECTIVES)
+        group = names[func][4]
         for k, o in outs:
             key = (op, where, k, bwd)
             npass = count(key)
-            if collective:   # its work may still be running when it returns (gloo, NCCL): read when first read
+            if group:   # its work may still be running when it returns (gloo, NCCL): read when first read
                 producer.pop(id(o), None)
                 if _storage(o) != -1:
                     landed[_storage(o)] = (weakref.ref(o), (op, where, npass, bwd, k))

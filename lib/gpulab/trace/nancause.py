@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 # the largest finite value of each floating dtype (by name, as torch prints it without "torch.")
 DTYPE_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355e38,
@@ -135,6 +135,21 @@ def base_name(op: str) -> str:
     if name in ("nn", "functional") and len(parts) > 2:
         name = parts[-1]
     return name.strip("_").removeprefix("foreach_")
+
+
+def is_log(op: str) -> bool:
+    """A log's -Inf comes from values <= 0 it was given, never from a mask."""
+    return base_name(op) in _LOG + _LOG1P
+
+
+def log_made(why: Cause, op: str, log: Mapping[str, Any]) -> Cause:
+    """why (an input's -Inf that op turns into NaN: input_neginf) when a log made that -Inf: log is where it ran
+    (op, call_site, pass) and how many zeros / values <= 0 it read."""
+    what = (f"{log['zeros']} zero(s)" if log.get("zeros") else
+            f"{log['nonpositive']} value(s) <= 0" if log.get("nonpositive") else "values <= 0")
+    return Cause("log_domain", f"input {why.input} holds -Inf that {base_name(log['op'])} made at {log['call_site']} "
+                 f"(pass {log['pass']}) from {what} (the log of 0 is -Inf), and {base_name(op)} turns it into NaN",
+                 why.input)
 
 
 def _dmax(dtype: str, given: float | None = None) -> float | None:

@@ -35,10 +35,10 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
             tot += float(xf.sum()); cnt += x.numel()
             nan += n_nan; inf += n_inf; ninf += n_ninf
             seen = True
+        state["neginf"] = ninf   # this op's -Inf (0 without floats): the ops that make -Inf are remembered
         if not seen:
             return False
         bad = bool(nan or inf)
-        state["neginf"] = ninf   # the first NaN's -Inf input is looked up among the ops that made -Inf
         _STATS.pack_into(mm, off + _OFF_STATS, mn, mx, tot / cnt if cnt else 0.0, nan, inf, ninf)
         mm[off + _OFF_FLAGS] = F_STATS | (F_NONFINITE if bad else 0)
         if bad and not state["nonfinite_set"]:
@@ -124,16 +124,14 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         """After an op whose output holds -Inf: a log of zeros is remembered (where, from what), so that a NaN
         its -Inf makes later (0 * log(0) in a hand-written cross entropy) is not put down to a mask's -Inf.
         Masks are made by other ops (full, where, masked_fill): they are not remembered."""
-        if str(func).split(".")[1:2] not in (["log"], ["log2"], ["log10"], ["log1p"]) or not args:
-            return
-        if not isinstance(out, torch.Tensor):
+        if not (args and isinstance(out, torch.Tensor) and nancause.is_log(str(func))):
             return
         f = caller()
         key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
         if len(neg) >= 64:
             neg.pop(next(iter(neg)))
-        neg[out.untyped_storage().data_ptr()] = (weakref.ref(out), (*key, counts.get(key)),
-                                                  nancause.facts_of(args[0]))
+        given = args[1] if nancause.base_name(str(func)) == "xlogy" and len(args) > 1 else args[0]   # log's argument
+        neg[out.untyped_storage().data_ptr()] = (weakref.ref(out), (*key, counts.get(key)), nancause.facts_of(given))
 
     def neginf_from(value: Any) -> dict | None:
         """The remembered log that made value's -Inf (value is its output or a view of it), if any."""
@@ -180,12 +178,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         why = nancause.cause(str(func), ins, o, top, first=True, compiled=compiled)
         src = neginf_from(args[why.input]) if why.kind == "input_neginf" and why.input is not None else None
         if src is not None:   # the -Inf is a log's of values <= 0, not a mask's
-            base = str(func).split(".")[1] if "." in str(func) else str(func)
-            what = (f"{src['zeros']} zero(s)" if src.get("zeros") else
-                    f"{src['nonpositive']} value(s) <= 0" if src.get("nonpositive") else "values <= 0")
-            why = nancause.Cause("log_domain", f"input {why.input} holds -Inf that {src['op'].split('.')[1]} made "
-                                 f"at {src['call_site']} (pass {src['pass']}) from {what} (the log of 0 is -Inf), "
-                                 f"and {base} turns it into NaN", why.input)
+            why = nancause.log_made(why, str(func), src)
         rec = {"seq": seq, "op": str(func), "cause": why.to_dict(), "inputs": [f.to_dict() if f else None for f in ins],
                "neginf_from": src,
                "written": sorted(written), "output": o.to_dict(), "backward": node is not None,
