@@ -367,6 +367,116 @@ def test_a_replay_whose_two_calls_differ_in_a_plain_argument_says_so_not_roundin
     assert got["arguments"] and "rounding of its inputs" not in got["words"]
 
 
+def _tf32(t):
+    """t rounded to TF32 (10 mantissa bits, to nearest): what a TF32 kernel reads of a float32 input."""
+    import torch
+    return ((t.contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("op, scale, right", [
+    ("mm", 1.0, True), ("conv2d", 1.0, True),    # a TF32 kernel's result: the setting is named, no kernel blamed
+    ("mm", 1.01, False),                          # 1% off: more than TF32 gives, the kernel is wrong
+])
+def test_a_float32_op_run_with_tf32_allowed_is_named_as_that_setting_not_a_wrong_kernel(tmp_path, op, scale, right):
+    """float32 CPU against float32 CUDA: cuDNN's convolutions run in TF32 by PyTorch's default, matmuls where the
+    program asked for set_float32_matmul_precision('high'). Such an op is off past float32's tolerance with no
+    kernel wrong: the replay holds it against what TF32 gives and names the setting and how to turn it off. Here
+    the CPU's oneDNN setting stands for CUDA's (the same rule), the candidate's output is computed on TF32-rounded
+    inputs, as a TF32 kernel computes it."""
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import replay
+
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randn(64, 256, generator=g), torch.randn(256, 48, generator=g)) if op == "mm" else (
+        torch.randn(2, 8, 12, 12, generator=g), torch.randn(6, 8, 3, 3, generator=g))
+    func = getattr(torch.ops.aten, op).default
+    mk = torch.backends.mkldnn
+    sub = mk.matmul if op == "mm" else mk.conv
+    before = sub.fp32_precision
+    try:
+        for side in ("ref", "cand"):
+            (tmp_path / side).mkdir()
+            sub.fp32_precision = "ieee" if side == "ref" else "tf32"
+            out = func(*a) if side == "ref" else (func(*(_tf32(t) for t in a)).double() * scale).float()
+            replay.keep(str(tmp_path / side), func, a, {}, out, 0, [t.clone() for t in a], last=False)
+    finally:
+        sub.fp32_precision = before
+    got = replay.judge(tmp_path / "ref", tmp_path / "cand")
+    assert got["reference_right"] and not got["candidate_right"], got
+    assert got["candidate_vs_float64"]["max_rel_err"] > 1e-4   # past float32's tolerance: it does diverge
+    if right:
+        assert "TF32 allowed" in got["words"] and "not a wrong kernel" in got["words"], got["words"]
+        assert f"torch.backends.mkldnn.{'matmul' if op == 'mm' else 'conv'}.fp32_precision = 'ieee'" in got["words"]
+        assert got["settings"]["candidate"]["precision"] == "tf32" and "reference" not in got["settings"]
+    else:
+        assert "candidate's kernel is wrong" in got["words"] and "settings" not in got, got["words"]
+        assert "TF32 was allowed, but its error" in got["words"], got["words"]
+
+
+def test_an_op_too_large_to_replay_still_names_the_tf32_setting_it_ran_with(tmp_path):
+    """A GPT-sized matmul keeps no tensors (a replay is evidence, not a second run): the setting, read as it ran,
+    is still said, as what the difference may be."""
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import replay
+
+    a = (torch.randn(4, 8), torch.randn(8, 3))
+    func, mk = torch.ops.aten.mm.default, torch.backends.mkldnn.matmul
+    before = mk.fp32_precision
+    try:
+        for side in ("ref", "cand"):
+            (tmp_path / side).mkdir()
+            mk.fp32_precision = "ieee" if side == "ref" else "tf32"
+            replay.keep(str(tmp_path / side), func, a, {}, func(*a), 0, None, last=False)
+    finally:
+        mk.fp32_precision = before
+    got = replay.judge(tmp_path / "ref", tmp_path / "cand")
+    assert not got["available"] and "too large to keep" in got["words"], got
+    assert "the candidate ran this matrix multiplication with TF32 allowed" in got["words"], got["words"]
+    assert "the likely cause" in got["words"] and "not a wrong kernel" not in got["words"], got["words"]
+    assert got["settings"] == {"candidate": got["settings"]["candidate"]} and "reference" not in got["settings"]
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_one_attention_run_by_two_backends_kernels_is_paired_and_named_with_both(wrong):
+    """CPU runs SDPA as its flash kernel, CUDA as its efficient one: one computation, paired by its output (the
+    log-sum-exp each also gives is shaped otherwise: left unpaired, not 'the runs part'). A wrong CUDA attention is
+    named with both kernels; a right one agrees."""
+    cpu, cuda = "aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._scaled_dot_product_efficient_attention.default"
+    site = "gpt.py:40 in forward"
+
+    def run(op, value, lse_shape):
+        return [rec(0, "aten.randn.default", value=1.0), rec(1, "aten.mm.default", ins=[0], value=2.0),
+                rec(2, op, site=site, ins=[1, 1, 1], value=value, k=16), rec(3, op, site=site, ins=[1, 1, 1],
+                                                                           out=1, shape=lse_shape, value=9.0),
+                rec(4, "aten.mm.default", ins=[2], value=4.0 * value / 3.0)]
+    ref, cand = run(cpu, 3.0, [2, 4]), run(cuda, 3.3 if wrong else 3.0, [2, 32])
+    j = judge.judge(ref, cand)
+    if not wrong:
+        assert j.status == "agree" and j.aligned == 4, j.sentence   # the log-sum-exps are not paired
+        return
+    assert j.status == "diverged" and j.first_divergence["op"] == cpu, j.sentence
+    assert f"which the candidate runs as {cuda} (another backend's kernel for the same call)" in j.sentence
+    assert j.keep == (f"{cpu}|{site}|1|0", f"{cuda}|{site}|1|0")   # each side replays its own kernel
+
+
+def test_a_backends_own_kernel_is_replayed_on_the_cpus_kernel_for_the_same_call(tmp_path):
+    """cuDNN's batch norm has no CPU kernel: its float64 replay is native_batch_norm on the same arguments; the two
+    calls' arguments are compared by the names they share (eps and epsilon are not 'the calls differ')."""
+    torch = pytest.importorskip("torch")
+    from gpulab.numerics import replay
+
+    x = torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(0))
+    a = (x, torch.ones(3), torch.zeros(3), torch.zeros(3), torch.ones(3), True, 0.1, 1e-5)
+    out = torch.ops.aten.native_batch_norm.default(*a)[0]
+    for side, func in (("ref", torch.ops.aten.native_batch_norm.default), ("cand", torch.ops.aten.cudnn_batch_norm.default)):
+        (tmp_path / side).mkdir()
+        replay.keep(str(tmp_path / side), func, a, {}, out * (1.01 if side == "cand" else 1.0), 0,
+                    [t.clone() for t in a if isinstance(t, torch.Tensor)], last=False)
+    got = replay.judge(tmp_path / "ref", tmp_path / "cand")
+    assert got["available"] and "arguments" not in got, got
+    assert got["reference_right"] and not got["candidate_right"] and "candidate's kernel is wrong" in got["words"]
+
+
 def test_a_random_draw_that_differs_is_named_as_the_generators_state_and_not_replayed():
     """Its numbers come from the generator, not from inputs: replayed against float64 it is meaningless ('neither
     run is right'), and 'it reads no earlier output' says nothing of why."""

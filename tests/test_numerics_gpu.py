@@ -60,3 +60,49 @@ def test_eager_and_torch_compile_on_cuda_agree(tmp_path):
     c = compare.run(cmd, [*cmd, "--compile"], tmp_path, stall_s=240)
     assert c.status == "agree", c.summary
     assert c.aligned["aligned"] > 0 and "within tolerance" in c.summary, c.aligned
+
+
+@pytest.mark.parametrize("tf32, op, passes, undo", [
+    # the first step's three convolutions are passes 1-3 of the line; cuDNN picks TF32 kernels where they pay
+    ("default", "aten.convolution.default", (1, 2, 3), "torch.backends.cudnn.allow_tf32 = False"),
+    ("matmul", "aten.addmm.default", (1,), "torch.backends.cuda.matmul.allow_tf32 = False"),
+])
+def test_float32_on_the_cpu_against_cuda_names_tf32_where_a_kernel_runs_in_it_not_a_wrong_kernel(tmp_path, tf32, op,
+                                                                                                passes, undo):
+    """A CNN in float32, CPU against CUDA, as users compare devices: cuDNN's convolutions run in TF32 by PyTorch's
+    default (and matmuls where the program asks for set_float32_matmul_precision('high')). The first such op
+    differs past float32's tolerance; the verdict names that setting and how to turn it off, never a wrong
+    kernel."""
+    cmd = [PY, str(FIX / "conv_train.py"), "--tf32", tf32, "--device"]
+    c = compare.run([*cmd, "cpu"], [*cmd, "cuda"], tmp_path, stall_s=120)
+    assert c.status == "diverged", c.summary
+    fd = c.first_divergence
+    assert fd["op"] == op and fd["pass"] in passes and "conv_train.py" in fd["call_site"], c.summary
+    rep = fd["replay"]
+    assert rep["reference_right"] and rep["settings"]["candidate"]["precision"] == "tf32", rep
+    assert "TF32 allowed" in c.summary and undo in c.summary and "kernel is wrong" not in c.summary, c.summary
+
+
+def test_float32_on_the_cpu_and_on_cuda_with_tf32_off_agree(tmp_path):
+    """No false divergence: the same CNN with TF32 off on CUDA agrees with the CPU within float32's tolerance."""
+    cmd = [PY, str(FIX / "conv_train.py"), "--tf32", "off", "--device"]
+    c = compare.run([*cmd, "cpu"], [*cmd, "cuda"], tmp_path, stall_s=120)
+    assert c.status == "agree", c.summary
+
+
+@pytest.mark.parametrize("tf32", ["off", "on"])
+def test_a_gpt_in_float32_on_the_cpu_against_cuda_pairs_the_attention_kernels(tmp_path, tf32):
+    """nanoGPT's shape, CPU against CUDA: the CPU runs attention as its flash kernel, CUDA as its efficient one;
+    they are paired as one computation and agree. With TF32 on, as nanoGPT's train.py sets it, the first matmul
+    that runs in TF32 is named, with the setting and how to turn it off."""
+    cmd = [PY, str(FIX / "gpt_train.py"), "--tf32", tf32, "--device"]
+    c = compare.run([*cmd, "cpu"], [*cmd, "cuda"], tmp_path, stall_s=120)
+    paired = [r for r in c.rows if "scaled_dot_product" in str(r.get("op"))]
+    if tf32 == "off":
+        assert c.status == "agree", c.summary
+        assert paired and all(r["comparable"] for r in paired), c.rows
+        return
+    assert c.status == "diverged", c.summary
+    fd = c.first_divergence
+    assert fd["op"] in ("aten.addmm.default", "aten.mm.default", "aten.bmm.default"), c.summary
+    assert "TF32 allowed" in c.summary and "torch.backends.cuda.matmul.allow_tf32 = False" in c.summary, c.summary

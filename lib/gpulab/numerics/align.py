@@ -1,6 +1,7 @@
 """Two runs' records put side by side as a person would: by (op, call site, output, forward/backward) in
 order, with a sequence alignment (difflib's matching blocks), so ops only one side runs (another
-decomposition, a cast, a compiled region's extern calls) leave gaps instead of shifting every later op. Pure.
+decomposition, a cast, a compiled region's extern calls) leave gaps instead of shifting every later op. One
+computation run by another backend's kernel (CPU's flash attention, CUDA's efficient one) is paired as one op. Pure.
 
 When the call sites do not match at all (the same program under another file name) the runs are aligned by
 op sequence alone, and the alignment says so.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from gpulab.numerics.names import INPUT
+from gpulab.numerics.names import INPUT, computation
 
 MIN_SHARE = 0.2      # below this share of the shorter run matched, the runs are not the same program
 
@@ -38,7 +39,7 @@ def ops(records: list[dict]) -> list[dict]:
 
 
 def _key(r: dict, site: bool) -> tuple:
-    return (r.get("op"), r.get("site") if site else None, r.get("out"), bool(r.get("bwd")))
+    return (computation(r.get("op"), r.get("out")), r.get("site") if site else None, r.get("out"), bool(r.get("bwd")))
 
 
 def _match(a: list[tuple], b: list[tuple]) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from gpulab.numerics import align as _align
 from gpulab.numerics import reduction as _reduction
 from gpulab.numerics.figures import Figures, compare
-from gpulab.numerics.names import INPUT, collective, random_op
+from gpulab.numerics.names import INPUT, collective, random_op, shared_inputs
 from gpulab.numerics.tolerance import Tolerance, for_dtypes
 
 GROWS = 10.0   # a difference that reaches this many times its size at the divergence "grows"
@@ -71,7 +71,8 @@ def key(r: dict) -> str:
 
 def _inputs(r: dict, c: dict, R: dict, C: dict, rtol, atol) -> list[tuple[dict | None, dict | None, Figures | None]]:
     out = []
-    for pr, pc in zip(r.get("in") or (), c.get("in") or ()):
+    n = shared_inputs(r.get("op"), c.get("op"))   # two backends' kernels: only the inputs they share
+    for pr, pc in list(zip(r.get("in") or (), c.get("in") or ()))[:n]:
         rr, cc = R.get(pr), C.get(pc)
         fig = compare(rr, cc, for_dtypes(rr.get("dtype"), cc.get("dtype"), rtol=rtol, atol=atol)) if rr and cc else None
         out.append((rr, cc, fig))
@@ -180,9 +181,19 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
                          + div["words"], first_divergence=div, first_bitwise=bitwise, rows=tuple(rows), **base)
     only = (f", an op only the {first[6]} runs" if first[1].get("op") != INPUT
             and first[1]["i"] not in (matched_c if first[6] == "candidate" else matched_r) else "")
-    sentence = (f"The runs diverge at {where(first[1])}{only}: " + div["words"])
+    sentence = (f"The runs diverge at {where(first[1])}{only}{_variant(first)}: " + div["words"])
     return Judgement("diverged", sentence, first_divergence=div, first_bitwise=bitwise, rows=tuple(rows),
                      keep=keep, **base)
+
+
+def _variant(first) -> str:
+    """', which the candidate runs as aten.X (another backend's kernel for the same call)' where the paired ops
+    are one computation run by two backends' kernels."""
+    n, x, y, fig, ins, via, side = first
+    if INPUT in (x.get("op"), y.get("op")) or x.get("op") == y.get("op"):
+        return ""
+    return (f", which the {'candidate' if side == 'reference' else 'reference'} runs as {y.get('op')} (another "
+            f"backend's kernel for the same call)")
 
 
 def _slack(r: dict, c: dict, R: dict, C: dict, rtol: float) -> float:

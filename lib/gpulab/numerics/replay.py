@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from gpulab.numerics.names import replay_file
+from gpulab.numerics import mathmode
+from gpulab.numerics.names import VARIANTS, replay_file
 
 LIMIT = 4_000_000
 
@@ -33,7 +34,8 @@ def keep(folder: str, func, args, kwargs, out: torch.Tensor, out_index: int, bef
          last: bool = True) -> None:
     """In the child: write the replay material of the n-th op asked for; after the last, end the run (nothing
     after it is needed)."""
-    rec: dict[str, Any] = {"op": str(func), "note": "", "arguments": arguments(func, args, kwargs)}
+    rec: dict[str, Any] = {"op": str(func), "note": "", "arguments": arguments(func, args, kwargs),
+                           "math": mathmode.read(func, tree_flatten((args, kwargs))[0])}
     if before is None or out.numel() > LIMIT:
         rec["note"] = "the op's tensors are too large to keep"
     else:
@@ -49,13 +51,40 @@ def keep(folder: str, func, args, kwargs, out: torch.Tensor, out_index: int, bef
             args64, kwargs64 = tree_map(f64, (args, kwargs))
             if "device" in kwargs64:
                 kwargs64["device"] = "cpu"
-            got = [t for t in tree_flatten(func(*args64, **kwargs64))[0] if isinstance(t, torch.Tensor)]
+            got = [t for t in tree_flatten(_on_cpu(func, args64, kwargs64))[0] if isinstance(t, torch.Tensor)]
             rec["f64"] = got[out_index] if out_index < len(got) else got[0]
+            if rec["math"]:   # what a reduced precision may be off by, per element
+                rec["mag"] = mathmode.magnitude(func, args64, kwargs64, out_index)
         except Exception as exc:  # noqa: BLE001 - an op with no float64 CPU kernel: said, not fatal
             rec["note"] = f"no float64 CPU replay: {type(exc).__name__}: {exc}"[:300]
     torch.save(rec, os.path.join(folder, replay_file(n)))
     if last:
         os._exit(0)
+
+
+def _on_cpu(func, args64, kwargs64):
+    """func on float64 CPU tensors; a backend's own kernel that the CPU lacks (cuDNN's batch norm, CUDA's flash or
+    efficient attention) as the CPU's kernel for the same call: only its leading outputs, the ones every backend
+    gives alike (gpulab.numerics.names.VARIANTS), are compared."""
+    try:
+        return func(*args64, **kwargs64)
+    except (NotImplementedError, RuntimeError):
+        name = getattr(getattr(func, "_schema", None), "name", "").removeprefix("aten::")
+        fam = VARIANTS.get(name, ("",))[0]   # batch_norm, attention
+        if fam == "batch_norm" and name in ("cudnn_batch_norm", "miopen_batch_norm"):   # the same arguments
+            return torch.ops.aten.native_batch_norm.default(*args64, **kwargs64)
+        if fam == "attention":
+            a = _by_name(func, args64, kwargs64)
+            if float(a.get("dropout_p") or 0.0) == 0.0:
+                return torch.nn.functional.scaled_dot_product_attention(
+                    a["query"], a["key"], a["value"], attn_mask=a.get("attn_mask", a.get("attn_bias")),
+                    is_causal=bool(a.get("is_causal")), scale=a.get("scale"), enable_gqa=bool(a.get("enable_gqa")))
+        raise
+
+
+def _by_name(func, args, kwargs) -> dict:
+    names = [x.name for x in func._schema.arguments]
+    return {**{names[i]: v for i, v in enumerate(args) if i < len(names)}, **kwargs}
 
 
 _NOT_THE_CALL = frozenset({"device", "pin_memory", "layout", "memory_format", "non_blocking", "generator", "out"})
@@ -82,7 +111,8 @@ def arguments(func, args, kwargs) -> dict[str, str]:
 def _other_arguments(ref: dict, cand: dict) -> list[tuple[str, str | None, str | None]]:
     """(name, the reference's, the candidate's) for each plain argument the two calls do not share."""
     a, b = ref.get("arguments") or {}, cand.get("arguments") or {}
-    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    names = set(a) | set(b) if ref.get("op") == cand.get("op") else set(a) & set(b)   # two backends' kernels: shared
+    return [(k, a.get(k), b.get(k)) for k in sorted(names) if a.get(k) != b.get(k)]
 
 
 def _err(got: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -116,17 +146,35 @@ def judge(ref_dir: Path, cand_dir: Path, rtol: float | None = None, atol: float 
         if not p.exists():
             return {"available": False, "words": f"no replay: the {side} run did not reach the op again"}
         got[side] = torch.load(p, map_location="cpu", weights_only=True)
-        if "f64" not in got[side]:
-            return {"available": False, "words": f"no replay: {got[side].get('note') or 'nothing kept'}"}
+    settings = {side: g["math"] for side, g in got.items() if g.get("math")}
+    for side, g in got.items():
+        if "f64" not in g:
+            said = "; ".join(mathmode.words(s, m, None) for s, m in settings.items())
+            return {"available": False, "words": f"no replay: {g.get('note') or 'nothing kept'}"
+                    + (f"; {said}" if said else ""), **({"settings": settings} if settings else {})}
     out: dict[str, Any] = {"available": True}
-    right = {}
+    right, reduced, beyond = {}, {}, ""
     for side, g in got.items():
         tol = for_dtypes(str(g["output"].dtype), rtol=rtol, atol=atol)
         right[side] = _within(g["output"], g["f64"], tol.rtol, tol.atol)
         out[f"{side}_vs_float64"] = {**_err(g["output"], g["f64"]), "right": right[side],
                                      "tolerance": tol.to_dict()}
+        if not right[side] and side in settings and "mag" in g:   # off at float32: within its own precision?
+            ok, frac = mathmode.within(g["output"], g["f64"], g["mag"], settings[side], tol.atol)
+            out[f"{side}_vs_float64"]["of_magnitude"] = frac
+            if ok:
+                reduced[side] = mathmode.words(side, settings[side], frac)
+            else:
+                beyond = (f" ({side}: {mathmode.NAMES[settings[side]['precision']]} was allowed, but its error, {frac:.2g}"
+                          f" of the sum of |products|, is more than that precision gives)")
     r, c = right["reference"], right["candidate"]
     how = "replayed alone on float64 CPU copies of each run's own inputs"
+    if reduced and all(right[s] or s in reduced for s in right):   # each right for the precision it ran in
+        out["settings"] = {s: settings[s] for s in reduced}
+        out["words"] = f"{how}, each run computes it right for the precision it ran in: " + "; ".join(reduced.values())
+        out["reference_right"], out["candidate_right"] = r, c
+        out["cause"] = _nan_cause(got["reference"], got["candidate"])
+        return out
     if r and not c:
         out["words"] = (f"{how}, the reference computes it right and the candidate does not (max relative error "
                         f"{out['candidate_vs_float64']['max_rel_err']:.3g}): the candidate's kernel is wrong")
@@ -140,6 +188,7 @@ def judge(ref_dir: Path, cand_dir: Path, rtol: float | None = None, atol: float 
         out["words"] = (f"{how}, neither run is within its dtype's tolerance (max relative error "
                         f"{out['reference_vs_float64']['max_rel_err']:.3g} reference, "
                         f"{out['candidate_vs_float64']['max_rel_err']:.3g} candidate)")
+    out["words"] += beyond
     out["reference_right"], out["candidate_right"] = r, c
     other = _other_arguments(got["reference"], got["candidate"])
     if other:   # each run computes right what it was asked: the two were asked different things
