@@ -647,3 +647,13 @@ def test_a_failed_runs_last_words_are_its_error_not_a_launchers_closing_rule(tai
     from gpulab import lastwords
 
     assert lastwords.of(tail) == said
+
+
+def test_a_bitwise_difference_where_the_reference_holds_zero_is_said_as_an_absolute_error():
+    """A gradient element that is 0 in one run and 1e-9 in the other is within tolerance: 'max relative error inf'
+    would read as a blow-up in a verdict that says the runs agree."""
+    ref = [rec(0, "aten.randn.default", value=1.0), rec(1, "aten.mm.default", ins=[0], value=0.0)]
+    cand = [dict(ref[0]), rec(1, "aten.mm.default", ins=[0], value=1e-9)]
+    j = judge.judge(ref, cand)
+    assert j.status == "agree" and "max absolute error 4e-09, where the reference holds 0" in j.sentence, j.sentence
+    assert "inf" not in j.sentence

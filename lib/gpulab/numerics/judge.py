@@ -339,7 +339,15 @@ def _bitwise_dict(bit) -> dict | None:
     r, c, fig = bit
     return {**_op(r), "candidate": _op(c), "error": fig.to_dict(),
             "words": f"first bitwise difference at {where(r)} ({'within' if fig.within else 'beyond'} tolerance, "
-                     f"max relative error {fig.max_rel_err:.3g})"}
+                     f"{_error_words(fig)})"}
+
+
+def _error_words(fig: Figures) -> str:
+    """'max relative error 2.1e-07'; where the worst element is 0 in the reference (a relative error of inf reads as
+    a blow-up, which a difference within tolerance is not), the absolute error."""
+    if math.isinf(fig.max_rel_err) and math.isfinite(fig.max_abs_err):
+        return f"max absolute error {fig.max_abs_err:.3g}, where the reference holds 0"
+    return f"max relative error {fig.max_rel_err:.3g}"
 
 
 def _agree_sentence(al, tol: Tolerance, bit, same_command: bool, largest: dict | None = None) -> str:
@@ -354,7 +362,7 @@ def _agree_sentence(al, tol: Tolerance, bit, same_command: bool, largest: dict |
     r, _, fig = bit
     lead = ("The program is not deterministic: the first op whose output differs bitwise on a rerun is "
             if same_command else "The first bitwise difference is at ")
-    return s + f" {lead}{where(r)} (max relative error {fig.max_rel_err:.3g})."
+    return s + f" {lead}{where(r)} ({_error_words(fig)})."
 
 
 def _other_paths(al, ro: list[dict], co: list[dict], base: dict) -> Judgement:
