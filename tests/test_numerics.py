@@ -235,6 +235,7 @@ def test_an_op_only_one_side_runs_on_the_values_the_other_reads_unchanged_made_t
     fd = j.first_divergence
     assert (j.status, fd["op"], fd["call_site"], fd["run"]) == ("diverged", "aten.mul.Tensor", "t.py:29 in main", side)
     assert f"an op only the {side} runs" in j.sentence and "input agrees" in j.sentence, j.sentence
+    assert "another backend's kernel" not in j.sentence, j.sentence   # what the other run reads is no pair
     assert fd["seen_first_at"]["op"] == "aten.addmm.default"
 
 
@@ -657,3 +658,17 @@ def test_a_bitwise_difference_where_the_reference_holds_zero_is_said_as_an_absol
     j = judge.judge(ref, cand)
     assert j.status == "agree" and "max absolute error 4e-09, where the reference holds 0" in j.sentence, j.sentence
     assert "inf" not in j.sentence
+
+
+def test_an_op_only_one_run_runs_is_not_called_another_backends_kernel_of_what_the_other_run_runs_there():
+    """A refactor that drops `/ ACC` from a loss: the reference's backward divides, the candidate's starts from
+    ones_like. The reference's op is named at its line, and the candidate's is not said to be the same call."""
+    site = "train.py:14 in main"
+    ref = [rec(0, "aten.randn.default", value=1.0), rec(1, "aten.mm.default", ins=[0], value=2.0),
+           rec(2, "aten.div.Tensor", site=site, ins=[1], value=0.25, bwd=True),
+           rec(3, "aten.nll_loss_backward.default", site=site, ins=[2], value=0.5, bwd=True)]
+    cand = [dict(ref[0]), dict(ref[1]), rec(2, "aten.ones_like.default", site=site, ins=[1], value=1.0, bwd=True),
+            rec(3, "aten.nll_loss_backward.default", site=site, ins=[2], value=2.0, bwd=True)]
+    j = judge.judge(ref, cand)
+    assert j.status == "diverged" and j.first_divergence["op"] == "aten.div.Tensor", j.sentence
+    assert "an op only the reference runs" in j.sentence and "another backend's kernel" not in j.sentence, j.sentence

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from gpulab.numerics import align as _align
 from gpulab.numerics import reduction as _reduction
 from gpulab.numerics.figures import Figures, compare
-from gpulab.numerics.names import INPUT, collective, random_op, shared_inputs
+from gpulab.numerics.names import INPUT, collective, computation, random_op, shared_inputs
 from gpulab.numerics.tolerance import Tolerance, for_dtypes
 
 GROWS = 10.0   # a difference that reaches this many times its size at the divergence "grows"
@@ -190,8 +190,9 @@ def _variant(first) -> str:
     """', which the candidate runs as aten.X (another backend's kernel for the same call)' where the paired ops
     are one computation run by two backends' kernels."""
     n, x, y, fig, ins, via, side = first
-    if INPUT in (x.get("op"), y.get("op")) or x.get("op") == y.get("op"):
-        return ""
+    if via is not None or x.get("op") == y.get("op") or (
+            computation(x.get("op"), x.get("out")) != computation(y.get("op"), y.get("out"))):
+        return ""   # the same op, or no pair at all (an op only one run runs, and what the other run reads)
     return (f", which the {'candidate' if side == 'reference' else 'reference'} runs as {y.get('op')} (another "
             f"backend's kernel for the same call)")
 
