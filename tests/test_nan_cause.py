@@ -254,3 +254,19 @@ def test_of_a_jobs_processes_the_one_where_an_op_made_the_nan_is_chosen(tmp_path
     os.utime(firstnan.path(tmp_path / "3.log"), (old, old))
     assert firstnan.first_of_job([tmp_path / "1.log", tmp_path / "3.log"])[0].name == "3.log"
     assert firstnan.first_of_job([tmp_path / "2.log"]) is None
+
+
+@pytest.mark.parametrize("history, kind", [
+    ({"first_pass": 1, "first": 1e4, "last_pass": 20, "last": 1e35}, "growth"),   # ran away over 20 passes
+    ({"first_pass": 1, "first": 1e4, "last_pass": 2, "last": 1e35}, "overflow"),  # two passes: one op's own
+    ({"first_pass": 1, "first": 1e30, "last_pass": 20, "last": 2e30}, "overflow"),  # large all along
+    (None, "overflow"),
+])
+def test_an_overflow_after_values_grew_pass_after_pass_is_the_runs_divergence(history, kind):
+    why = nancause.Cause("overflow", "mse_loss's result exceeds float32's range", None)
+    got = nancause.grown(why, "aten.mse_loss.default", "float32", history)
+    assert got.kind == kind, got
+    if kind == "growth":
+        assert "from |x| up to 1e+04 at pass 1 to 1e+35 at pass 20" in got.words and "diverging" in got.words, got
+    zero = nancause.Cause("zero_divisor", "the divisor holds zeros", 1)
+    assert nancause.grown(zero, "aten.div.Tensor", "float32", history) == zero   # other causes stand

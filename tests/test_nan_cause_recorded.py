@@ -41,6 +41,9 @@ CASES = [
      "sqrt has an infinite gradient at 0"),
     ("matmul_fp16.py", "HIDDEN", "aten.addmm.default", 2, False, "matmul_overflow",
      "addmm in float16 overflows its narrow range (inputs finite", "run that matmul in float32"),
+    # an overflow after the values grew step after step: the training diverges, the line only shows it
+    ("lr_diverge.py", "LOSS", "aten.mse_loss.default", 21, False, "growth",
+     "mse_loss's outputs grew pass after pass, from |x| up to", "lower the learning rate"),
     # the -Inf that mul turns into NaN is log's of an underflowed softmax, not a mask's
     ("softmax_log.py", "CE", "aten.mul.Tensor", 3, False, "log_domain",
      "input 1 holds -Inf that log made at {CE} (pass 3) from 9 zero(s)", "log_softmax"),
@@ -124,3 +127,17 @@ def test_a_log_made_minus_inf_on_the_gpu_is_named_as_the_logs(tmp_path):
     assert got["op"] == "aten.mul.Tensor" and got["call_site"] == line_of("softmax_log.py", "CE"), got
     assert got["pass"] == 3 and got["cause"]["kind"] == "log_domain", got
     assert f"-Inf that log made at {line_of('softmax_log.py', 'CE')} (pass 3)" in got["cause"]["words"], got
+
+
+@pytest.mark.gpu
+def test_a_diverging_training_on_the_gpu_is_named_as_values_that_grew_not_the_overflowing_line(tmp_path):
+    """The learning rate too high, on CUDA: the overflow at mse_loss is put down to its outputs' growth pass after
+    pass, and the next step is the training's, not the line's."""
+    rec = trace_run.record([sys.executable, str(NAN / "lr_diverge.py"), "cuda"], mode="stats", out_dir=tmp_path,
+                           name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    assert got is not None and got["op"] == "aten.mse_loss.default", got
+    assert got["call_site"] == line_of("lr_diverge.py", "LOSS") and got["cause"]["kind"] == "growth", got
+    assert got["history"]["first_pass"] == 1 and got["history"]["last_pass"] == got["pass"] - 1, got
+    assert "lower the learning rate" in firstnan.next_step(got), firstnan.next_step(got)

@@ -144,8 +144,10 @@ def make_mode(rec):
             if id(func) not in uninitialized:  # empty() holds garbage: NaNs there are not a fault
                 if compute_stats(out, slots + (seq % cap) * slot_size, seq) and nan_watch is not None:
                     nan_watch.first(func, args, out, seq)
-                elif state.get("neginf") and nan_watch is not None:
-                    nan_watch.made_neginf(func, args, out)
+                elif nan_watch is not None:
+                    if state.get("neginf"):
+                        nan_watch.made_neginf(func, args, out)
+                    nan_watch.seen(state.get("amax"))
 
     # ------------------------------------------------------------------ composite records (SDPA)
     def begin(name: bytes, args, kind: int, site: int) -> tuple[int, int]:

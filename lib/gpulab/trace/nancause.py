@@ -21,7 +21,9 @@ DTYPE_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355
 LOW_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 
 KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "log_domain", "sqrt_domain", "pow_domain",
-         "overflow", "matmul_overflow", "cast_overflow", "softmax_masked_row", "unknown")
+         "overflow", "matmul_overflow", "cast_overflow", "softmax_masked_row", "growth", "unknown")
+GROWTH = 1e3          # an op's outputs that grew this many times over ...
+GROWTH_PASSES = 3     # ... at least this many earlier passes, then overflow: the run diverges
 
 # op families by base name (aten.<base>.<overload>, without a leading or trailing underscore)
 _DIVIDE = {"div": 1, "true_divide": 1, "floor_divide": 1, "remainder": 1, "fmod": 1, "divide": 1,
@@ -150,6 +152,22 @@ def log_made(why: Cause, op: str, log: Mapping[str, Any]) -> Cause:
     return Cause("log_domain", f"input {why.input} holds -Inf that {base_name(log['op'])} made at {log['call_site']} "
                  f"(pass {log['pass']}) from {what} (the log of 0 is -Inf), and {base_name(op)} turns it into NaN",
                  why.input)
+
+
+def grown(why: Cause, op: str, dtype: str, history: Mapping[str, Any] | None) -> Cause:
+    """why (an overflow) when the op's outputs at its earlier passes grew pass after pass (history: its first
+    pass and latest pass before this one, each with the outputs' largest |value|): the values ran away, as a
+    diverging training's do (a learning rate too high, no gradient clipping), and the overflow is where that
+    ends, not its cause. Any other cause stands."""
+    if why.kind not in ("overflow", "matmul_overflow") or not history:
+        return why
+    p1, a1, pk, ak = (history.get(k) for k in ("first_pass", "first", "last_pass", "last"))
+    if not (p1 and pk and a1 and ak) or pk - p1 + 1 < GROWTH_PASSES or ak < GROWTH * a1:
+        return why
+    rate = (ak / a1) ** (1.0 / (pk - p1))
+    return Cause("growth", f"{base_name(op)}'s outputs grew pass after pass, from |x| up to {_g(a1)} at pass {p1} to "
+                 f"{_g(ak)} at pass {pk} (x{rate:.3g} a pass), until they overflow {dtype}: the values run away, as a "
+                 f"diverging training's do; the overflow is where it ends, not where it starts", why.input)
 
 
 def _dmax(dtype: str, given: float | None = None) -> float | None:

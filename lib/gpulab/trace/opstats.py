@@ -36,6 +36,7 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
             nan += n_nan; inf += n_inf; ninf += n_ninf
             seen = True
         state["neginf"] = ninf   # this op's -Inf (0 without floats): the ops that make -Inf are remembered
+        state["amax"] = max(abs(mn), abs(mx)) if seen and not (nan or inf or ninf) else None   # finite outputs only
         if not seen:
             return False
         bad = bool(nan or inf)
@@ -88,6 +89,8 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     get_ident = threading.get_ident
     getframe = sys._getframe
     counts: dict = {}       # (op, code, instruction) -> calls so far
+    peaks: dict = {}        # (op, code, instruction) -> [first pass, its |max|, latest pass, its |max|] of outputs
+    now: list = [None, 0]   # the op just noted: its key and pass
     neg: dict = {}          # storage -> (its tensor, (op, code, instruction, pass), its input's facts): a log's -Inf
     fwd: dict = {}          # autograd node sequence number -> (op, code, instruction, pass)
     last: dict = {}         # thread -> the sequence number after its newest node
@@ -110,6 +113,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
         n = counts.get(key, 0) + 1
         counts[key] = n
+        now[0], now[1] = key, n
         if current_node() is None:
             tid = get_ident()
             s = seq_nr()
@@ -119,6 +123,18 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
                 if len(fwd) > _FWD_MAX:
                     for k in list(fwd)[:_FWD_MAX // 2]:
                         del fwd[k]
+
+    def seen(amax: float | None) -> None:
+        """After an op with finite floating outputs: their |max|, kept per call (its first pass and its latest),
+        so that an overflow after values grew pass after pass is told from one op's own (gpulab.trace.nancause's
+        growth)."""
+        if amax is None or not amax > 0.0:
+            return
+        got = peaks.get(now[0])
+        if got is None:
+            peaks[now[0]] = [now[1], amax, now[1], amax]
+        else:
+            got[2], got[3] = now[1], amax
 
     def made_neginf(func: Any, args: Any, out: Any) -> None:
         """After an op whose output holds -Inf: a log of zeros is remembered (where, from what), so that a NaN
@@ -176,16 +192,18 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
             top = None
         compiled = _compiled_ran()
         why = nancause.cause(str(func), ins, o, top, first=True, compiled=compiled)
+        f = caller() if node is None else None
+        key = ((func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)) if node is None else None
+        history = dict(zip(("first_pass", "first", "last_pass", "last"), peaks[key])) if key in peaks else None
+        why = nancause.grown(why, str(func), o.dtype, history)
         src = neginf_from(args[why.input]) if why.kind == "input_neginf" and why.input is not None else None
         if src is not None:   # the -Inf is a log's of values <= 0, not a mask's
             why = nancause.log_made(why, str(func), src)
         rec = {"seq": seq, "op": str(func), "cause": why.to_dict(), "inputs": [f.to_dict() if f else None for f in ins],
-               "neginf_from": src,
+               "neginf_from": src, "history": history,
                "written": sorted(written), "output": o.to_dict(), "backward": node is not None,
                "compiled": compiled}
         if node is None:
-            f = caller()
-            key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
             at, file = site(key[1], key[2])
             rec.update(call_site=at, file=file, **{"pass": counts.get(key)})
         else:
@@ -199,4 +217,4 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
                 rec.update(forward_op=None, call_site=None, file=None, **{"pass": None})
         firstnan.write(log, rec)
 
-    return SimpleNamespace(note=note, first=first, made_neginf=made_neginf)
+    return SimpleNamespace(note=note, first=first, made_neginf=made_neginf, seen=seen)
