@@ -43,6 +43,23 @@ def test_watch_in_stats_mode_names_the_first_nan_and_the_chain_reads_it_from_the
     assert "aten.div.Tensor at nan/div_std.py:21 in main (pass 5)" in json.dumps(sc), sc
 
 
+def test_a_nan_made_in_a_dataloader_worker_is_named_there_with_the_worker(tmp_path):
+    """The Dataset's per-sample standardization divides by a zero std inside DataLoader worker 0: the worker's op
+    and line are named (not the main process, where the NaN only arrives with the batch), and the sentence says
+    whose passes the pass counts."""
+    cap = tmp_path / "cap"
+    r = _gpulab(["watch", "--mode", "stats", "--quiet", "--status-every", "0", "--out", str(cap), "--",
+                 "python", str(LOOP.parent / "worker_std.py")], timeout=180)
+    assert r.returncode == 0, r.stderr
+    nan = json.loads((cap / "verdict.json").read_text())["first_nonfinite"]
+    lines = (LOOP.parent / "worker_std.py").read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.endswith("# STANDARDIZE"))
+    assert (nan["op"], nan["call_site"], nan["worker"]) == ("aten.div.Tensor",
+                                                            f"nan/worker_std.py:{line} in __getitem__", 0), nan
+    assert nan["pass"] == 22 and "divisor holds zeros" in nan["cause"], nan
+    assert nan["sentence"].startswith("DataLoader worker 0 of 2 (its passes count that worker's calls): "), nan
+
+
 def test_watch_in_its_default_mode_reads_no_output_and_says_nothing_of_nan(tmp_path):
     r = _gpulab(["watch", "--quiet", "--status-every", "0", "--out", str(tmp_path / "cap"), "--",
                  "python", str(LOOP)], timeout=180)

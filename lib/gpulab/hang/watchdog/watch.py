@@ -370,12 +370,14 @@ def first_nonfinite(launch: Launch) -> dict | None:
         return None
     log, rec = got
     meta = follow.metas(launch.procs).get(int(log.stem)) if log.parent == launch.procs and log.stem.isdigit() else None
-    rank = (meta or {}).get("rank")
+    rank, worker = (meta or {}).get("rank"), (meta or {}).get("worker")
     cause = rec.get("cause") or {}
+    who = (f"rank {rank}: " if rank is not None else "") + (
+        f"DataLoader worker {worker} of {meta.get('workers', '?')} (its passes count that worker's calls): "
+        if worker is not None else "")
     return {"op": rec.get("op"), "call_site": rec.get("call_site"), "pass": rec.get("pass"),
-            "backward": bool(rec.get("backward")), "cause": cause.get("words"), "rank": rank,
-            "sentence": (f"rank {rank}: " if rank is not None else "") + firstnan.sentence(rec),
-            "next_step": firstnan.next_step(rec)}
+            "backward": bool(rec.get("backward")), "cause": cause.get("words"), "rank": rank, "worker": worker,
+            "sentence": who + firstnan.sentence(rec), "next_step": firstnan.next_step(rec)}
 
 
 def exit_code(v: Verdict) -> int:
