@@ -57,7 +57,8 @@ def read(func, tensors) -> dict | None:
     if dev == "cuda" and kind == "matmul":
         prec = _precision(b.cuda.matmul, legacy=b.cuda.matmul)
         how = ("torch.backends.cuda.matmul.allow_tf32 is True (torch.set_float32_matmul_precision('high') sets it "
-               "too)", "torch.backends.cuda.matmul.allow_tf32 = False, or torch.set_float32_matmul_precision('highest')")
+               "too)",
+               "torch.backends.cuda.matmul.allow_tf32 = False, or torch.set_float32_matmul_precision('highest')")
     elif dev == "cuda":
         prec = _precision(getattr(b.cudnn, "conv", None), b.cudnn, legacy=b.cudnn)
         how = ("torch.backends.cudnn.allow_tf32 is True (PyTorch's default for convolutions on CUDA)",

@@ -165,8 +165,9 @@ def judge(ref_dir: Path, cand_dir: Path, rtol: float | None = None, atol: float 
             if ok:
                 reduced[side] = mathmode.words(side, settings[side], frac)
             else:
-                beyond = (f" ({side}: {mathmode.NAMES[settings[side]['precision']]} was allowed, but its error, {frac:.2g}"
-                          f" of the sum of |products|, is more than that precision gives)")
+                name = mathmode.NAMES[settings[side]["precision"]]
+                beyond = (f" ({side}: {name} was allowed, but its error, {frac:.2g} of the sum of |products|, is "
+                          f"more than that precision gives)")
     r, c = right["reference"], right["candidate"]
     how = "replayed alone on float64 CPU copies of each run's own inputs"
     if reduced and all(right[s] or s in reduced for s in right):   # each right for the precision it ran in
