@@ -267,6 +267,6 @@ def test_an_overflow_after_values_grew_pass_after_pass_is_the_runs_divergence(hi
     got = nancause.grown(why, "aten.mse_loss.default", "float32", history)
     assert got.kind == kind, got
     if kind == "growth":
-        assert "from |x| up to 1e+04 at pass 1 to 1e+35 at pass 20" in got.words and "diverging" in got.words, got
+        assert "from |x| up to 1e+04 at pass 1 to 1e+35 at pass 20" in got.words and "a training that diverges" in got.words, got
     zero = nancause.Cause("zero_divisor", "the divisor holds zeros", 1)
     assert nancause.grown(zero, "aten.div.Tensor", "float32", history) == zero   # other causes stand

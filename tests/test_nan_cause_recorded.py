@@ -44,6 +44,9 @@ CASES = [
     # an overflow after the values grew step after step: the training diverges, the line only shows it
     ("lr_diverge.py", "LOSS", "aten.mse_loss.default", 21, False, "growth",
      "mse_loss's outputs grew pass after pass, from |x| up to", "lower the learning rate"),
+    # the same within one forward pass: a recurrence whose weights grow what they multiply
+    ("rnn_explode.py", "RNN", "aten.addmm.default", 52, False, "growth",
+     "addmm's outputs grew pass after pass, from |x| up to", "a recurrence"),
     # the -Inf that mul turns into NaN is log's of an underflowed softmax, not a mask's
     ("softmax_log.py", "CE", "aten.mul.Tensor", 3, False, "log_domain",
      "input 1 holds -Inf that log made at {CE} (pass 3) from 9 zero(s)", "log_softmax"),

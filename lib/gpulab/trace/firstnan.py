@@ -22,9 +22,10 @@ REMEDY = {
     "matmul_overflow": "run that matmul in float32 or bfloat16, whose range float16 lacks, or scale its inputs down",
     "cast_overflow": "scale the values into the target dtype's range before the cast, or cast to bfloat16",
     "softmax_masked_row": "leave every row at least one unmasked position, or zero the fully masked rows after it",
-    "growth": "find where the values start to run away (the loss of the first steps): lower the learning rate, "
-              "clip gradients (torch.nn.utils.clip_grad_norm_), or normalize the inputs; `gpulab compare` against "
-              "a run with a lower learning rate names the first op where the two part",
+    "growth": "find where the values start to run away: over the training's steps (the loss of the first steps), "
+              "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_); within one step (a "
+              "recurrence, a deep stack), scale down or normalize the weights it multiplies by; `gpulab compare` "
+              "against a run with a lower learning rate names the first op where the two part",
     "input_neginf": "the -inf of a mask reached an op that turns it into NaN: mask with torch.finfo(dtype).min, "
                     "or mask after the op",
 }
@@ -165,7 +166,7 @@ def whose(rec: Mapping[str, Any]) -> str:
     who, lib = owner(rec.get("file"))
     fix = _fix(rec)
     if (rec.get("cause") or {}).get("kind") == "growth":   # the line only shows it: the training diverges
-        return f"the program's training, not this line: it diverges before here; {fix}"
+        return f"what runs before this line, not the line: the values run away before it; {fix}"
     if who == "program":
         return "the program's line: fix it there" + (f"; {fix}" if fix else "")
     if who == "library":
@@ -189,7 +190,7 @@ def next_step(rec: Mapping[str, Any]) -> str:
     who, lib = owner(rec.get("file"))
     fix = _fix(rec) or "read the op's inputs in 02 (stats.firstnan.json: NaN/Inf counts, min, max, zeros of each)"
     if (rec.get("cause") or {}).get("kind") == "growth":
-        return f"the training diverges before {site} overflows (pass {n}): {fix}"
+        return f"the values run away before {site} overflows (pass {n}): {fix}"
     if who == "program":
         return f"fix the program's line {site}: {fix}"
     if who == "library":

@@ -156,9 +156,9 @@ def log_made(why: Cause, op: str, log: Mapping[str, Any]) -> Cause:
 
 def grown(why: Cause, op: str, dtype: str, history: Mapping[str, Any] | None) -> Cause:
     """why (an overflow) when the op's outputs at its earlier passes grew pass after pass (history: its first
-    pass and latest pass before this one, each with the outputs' largest |value|): the values ran away, as a
-    diverging training's do (a learning rate too high, no gradient clipping), and the overflow is where that
-    ends, not its cause. Any other cause stands."""
+    pass and latest pass before this one, each with the outputs' largest |value|): the values ran away, over the
+    training's steps (a learning rate too high, no gradient clipping) or within one (a recurrence whose weights
+    grow what they multiply), and the overflow is where that ends, not its cause. Any other cause stands."""
     if why.kind not in ("overflow", "matmul_overflow") or not history:
         return why
     p1, a1, pk, ak = (history.get(k) for k in ("first_pass", "first", "last_pass", "last"))
@@ -166,8 +166,9 @@ def grown(why: Cause, op: str, dtype: str, history: Mapping[str, Any] | None) ->
         return why
     rate = (ak / a1) ** (1.0 / (pk - p1))
     return Cause("growth", f"{base_name(op)}'s outputs grew pass after pass, from |x| up to {_g(a1)} at pass {p1} to "
-                 f"{_g(ak)} at pass {pk} (x{rate:.3g} a pass), until they overflow {dtype}: the values run away, as a "
-                 f"diverging training's do; the overflow is where it ends, not where it starts", why.input)
+                 f"{_g(ak)} at pass {pk} (x{rate:.3g} a pass), until they overflow {dtype}: the values run away (a training "
+                 f"that diverges, or a loop that multiplies by the same weights); the overflow is where it ends, not "
+                 f"where it starts", why.input)
 
 
 def _dmax(dtype: str, given: float | None = None) -> float | None:
