@@ -270,3 +270,25 @@ def test_an_overflow_after_values_grew_pass_after_pass_is_the_runs_divergence(hi
         assert "from |x| up to 1e+04 at pass 1 to 1e+35 at pass 20" in got.words and "a training that diverges" in got.words, got
     zero = nancause.Cause("zero_divisor", "the divisor holds zeros", 1)
     assert nancause.grown(zero, "aten.div.Tensor", "float32", history) == zero   # other causes stand
+
+
+def test_a_tensor_made_of_a_storage_that_holds_nan_came_in_with_the_data():
+    """The main process unpickles a DataLoader worker's batch with set_ on a shared-memory storage: the NaN was
+    made elsewhere, never by set_ (it had read as 'set made NaN ... in no known way', blamed on Python's queues)."""
+    got = nancause.cause("aten.set_.source_Storage_storage_offset", [None, None, T("scalar", scalar=0.0)],
+                         T("float32", (8, 32), nan=32), first=True)
+    assert got.kind == "input_nan" and got.input is None, got
+    assert "a storage that already holds NaN" in got.words and "DataLoader worker's batch" in got.words, got
+
+
+def test_the_process_whose_op_made_the_nan_is_shown_not_the_one_it_reached(tmp_path):
+    root, worker, other = tmp_path / "ops.log", tmp_path / "procs" / "12.log", tmp_path / "procs" / "13.log"
+    worker.parent.mkdir()
+    came = {"op": "aten.set_.source_Storage_storage_offset", "cause": {"kind": "input_nan", "input": None},
+            "inputs": []}
+    made = {"op": "aten.div.Tensor", "cause": {"kind": "zero_divisor", "input": 1}, "inputs": []}
+    firstnan.write(root, came)
+    firstnan.write(worker, made)
+    assert firstnan.made_elsewhere(root, [root, worker, other]) == worker
+    firstnan.write(root, made)   # the root made its own: it is shown
+    assert firstnan.made_elsewhere(root, [root, worker, other]) is None

@@ -144,3 +144,18 @@ def test_a_diverging_training_on_the_gpu_is_named_as_values_that_grew_not_the_ov
     assert got["call_site"] == line_of("lr_diverge.py", "LOSS") and got["cause"]["kind"] == "growth", got
     assert got["history"]["first_pass"] == 1 and got["history"]["last_pass"] == got["pass"] - 1, got
     assert "lower the learning rate" in firstnan.next_step(got), firstnan.next_step(got)
+
+
+def test_02_shows_the_dataloader_worker_whose_op_made_the_nan_not_the_main_process_it_reached(tmp_path):
+    """The Dataset's standardization makes NaN inside a DataLoader worker; the main process only unpickles the
+    batch. 02's stats recording shows the worker's ops and its first NaN (the line in __getitem__), never the main
+    process's unpickling (which had read as "python's code at multiprocessing/queues.py ... report it to python")."""
+    rec = trace_run.record([sys.executable, str(NAN / "worker_std.py")], mode="stats", out_dir=tmp_path, name="stats",
+                           timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    assert got is not None and got["op"] == "aten.div.Tensor", got
+    assert got["call_site"] == line_of("worker_std.py", "STANDARDIZE").replace("in main", "in __getitem__"), got
+    assert "DataLoader worker 0" in rec.shown, rec.shown
+    headline, metrics = analysis.finding(rec, None, rec, None, "cpu", "ops.log", mode="ops")
+    assert metrics["first_nonfinite_owner"] == "program" and "__getitem__" in headline, headline

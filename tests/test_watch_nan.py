@@ -58,6 +58,13 @@ def test_a_nan_made_in_a_dataloader_worker_is_named_there_with_the_worker(tmp_pa
                                                             f"nan/worker_std.py:{line} in __getitem__", 0), nan
     assert nan["pass"] == 22 and "divisor holds zeros" in nan["cause"], nan
     assert nan["sentence"].startswith("DataLoader worker 0 of 2 (its passes count that worker's calls): "), nan
+    # the chain on that capture: the worker's line, not the main process's unpickling of the batch it received
+    # (which had read as "python's code at multiprocessing/queues.py ... report it to python")
+    out = tmp_path / "o"
+    r = _gpulab(["run", "--from", str(cap), "--only", "02", "--out", str(out), *CPU], timeout=300)
+    assert r.returncode == 0 and "verdict: baseline wrong_numbers" in r.stderr, r.stderr
+    sc = json.loads(next(out.glob("*/run.json")).read_text())["scenarios"][0]
+    assert sc["next_step"].startswith(f"fix the program's line nan/worker_std.py:{line} in __getitem__"), sc["next_step"]
 
 
 def test_watch_in_its_default_mode_reads_no_output_and_says_nothing_of_nan(tmp_path):

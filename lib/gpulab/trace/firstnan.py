@@ -82,6 +82,16 @@ def first_of_job(logs: Sequence[str | os.PathLike]) -> tuple[Path, dict] | None:
     return Path(log), rec
 
 
+def made_elsewhere(root: str | os.PathLike, logs: Sequence[str | os.PathLike]) -> Path | None:
+    """The op log of another process of the job whose op made the first NaN/Inf, where root's own record has none
+    or says it came in from outside (a DataLoader worker's batch the main process only reads); else None."""
+    own = read(root)
+    if own is not None and not _unseen(own):
+        return None
+    got = first_of_job([x for x in logs if Path(x).resolve() != Path(root).resolve()])
+    return got[0] if got is not None and not _unseen(got[1]) else None
+
+
 def owner(file: str | None) -> tuple[str, str]:
     """(kind, where): ("program", file) for the program's own code, ("library", package) for an installed
     package or Python's own library, ("unknown", "") when no line was seen (a native thread)."""

@@ -37,6 +37,7 @@ _MATMUL = ("mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear", "mv", 
            "convolution", "conv1d", "conv2d", "conv3d", "scaled_mm", "addmm_activation", "tensordot")
 _CAST = ("to_copy", "to", "copy", "to_dtype", "type_as", "convert_element_type", "npu_dtype_cast")
 _SOFTMAX = ("softmax", "log_softmax", "safe_softmax", "softmax_backward_data")
+_FROM_STORAGE = ("set", "from_file", "from_blob")   # ops that make a tensor of existing memory (set_: its storage)
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,10 @@ def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dt
     came = ("no op the recorder saw made it: it was made inside a torch.compile'd graph (compiled code ran before "
             "it, and the recorder does not see inside it) or it came in with the data" if first and compiled else
             "no earlier op made it: it came in with the data" if first else "it was made earlier")
+    if base in _FROM_STORAGE and (output.nan or output.posinf):   # a tensor made of memory that holds it already
+        kind = "input_nan" if output.nan else "input_inf"
+        return Cause(kind, f"{base} made a tensor of a storage that already holds {made} ({came}: another process "
+                     f"filled it, a DataLoader worker's batch through shared memory, or a file)", None)
     for i, f in given:
         if f.nan and f.scalar is not None:
             return Cause("input_nan", f"input {i} is the number NaN: the program passed it", i)

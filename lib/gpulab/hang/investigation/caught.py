@@ -218,12 +218,15 @@ def finding(dirs: Sequence[str | os.PathLike], v: Verdict, rep: Any, workload: s
 # ------------------------------------------------------------------------------------ 02: the recording
 
 def _log_of(folder: Path, v: dict) -> Path | None:
-    """The op log 02 shows: the root's when it recorded ops, else the culprit's, else that of the process where
-    the first NaN/Inf was made (a watch in stats mode), else the busiest process's."""
+    """The op log 02 shows: the root's when it recorded ops (unless, in a watch in stats mode, another process's op
+    made the first NaN/Inf that the root only received), else the culprit's, else that of the process where the
+    first NaN/Inf was made, else the busiest process's."""
     root = folder / "ops.log"
     try:
         if root.is_file() and ring.progress(root).started > 0:
-            return root
+            elsewhere = (firstnan.made_elsewhere(root, follow.child_logs(folder / "procs"))
+                         if (folder / "procs").is_dir() else None)
+            return elsewhere or root   # a stats watch: the process whose op made the first NaN, not one it reached
     except (OSError, ValueError):
         pass
     if not (folder / "procs").is_dir():
