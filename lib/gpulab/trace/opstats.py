@@ -90,7 +90,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     getframe = sys._getframe
     counts: dict = {}       # (op, code, instruction) -> calls so far
     peaks: dict = {}        # (op, code, instruction) -> [first pass, its |max|, latest pass, its |max|] of outputs
-    now: list = [None, 0]   # the op just noted: its key and pass
+    now: dict = {}          # thread -> the op it just noted: its key and pass (autograd's threads run ops too)
     neg: dict = {}          # storage -> (its tensor, (op, code, instruction, pass), its input's facts): a log's -Inf
     fwd: dict = {}          # autograd node sequence number -> (op, code, instruction, pass)
     last: dict = {}         # thread -> the sequence number after its newest node
@@ -113,7 +113,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
         n = counts.get(key, 0) + 1
         counts[key] = n
-        now[0], now[1] = key, n
+        now[get_ident()] = (key, n)
         if current_node() is None:
             tid = get_ident()
             s = seq_nr()
@@ -130,11 +130,12 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         growth)."""
         if amax is None or not amax > 0.0:
             return
-        got = peaks.get(now[0])
+        key, n = now.get(get_ident(), (None, 0))
+        got = peaks.get(key)
         if got is None:
-            peaks[now[0]] = [now[1], amax, now[1], amax]
+            peaks[key] = [n, amax, n, amax]
         else:
-            got[2], got[3] = now[1], amax
+            got[2], got[3] = n, amax
 
     def made_neginf(func: Any, args: Any, out: Any) -> None:
         """After an op whose output holds -Inf: a log of zeros is remembered (where, from what), so that a NaN
