@@ -292,3 +292,10 @@ def test_the_process_whose_op_made_the_nan_is_shown_not_the_one_it_reached(tmp_p
     assert firstnan.made_elsewhere(root, [root, worker, other]) == worker
     firstnan.write(root, made)   # the root made its own: it is shown
     assert firstnan.made_elsewhere(root, [root, worker, other]) is None
+
+
+def test_values_that_grow_until_float16_overflows_say_its_narrow_range():
+    why = nancause.Cause("matmul_overflow", "addmm in float16 overflows its narrow range", None)
+    got = nancause.grown(why, "aten.addmm.default", "float16",
+                         {"first_pass": 1, "first": 3.0, "last_pass": 30, "last": 6.0e4})
+    assert got.kind == "growth" and "float16's largest value is 6.55e+04; bfloat16 has float32's range" in got.words, got

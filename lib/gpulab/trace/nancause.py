@@ -166,10 +166,13 @@ def grown(why: Cause, op: str, dtype: str, history: Mapping[str, Any] | None) ->
     if not (p1 and pk and a1 and ak) or pk - p1 + 1 < GROWTH_PASSES or ak < GROWTH * a1:
         return why
     rate = (ak / a1) ** (1.0 / (pk - p1))
+    top = _dmax(dtype)
+    narrow = (f" ({dtype}'s largest value is {_g(top)}; bfloat16 has float32's range)"
+              if dtype in LOW_PRECISION and dtype != "bfloat16" and top else "")
     return Cause("growth", f"{base_name(op)}'s outputs grew pass after pass, from |x| up to {_g(a1)} at pass {p1} to "
-                 f"{_g(ak)} at pass {pk} (x{rate:.3g} a pass), until they overflow {dtype}: the values run away (a training "
-                 f"that diverges, or a loop that multiplies by the same weights); the overflow is where it ends, not "
-                 f"where it starts", why.input)
+                 f"{_g(ak)} at pass {pk} (x{rate:.3g} a pass), until they overflow {dtype}{narrow}: the values run away "
+                 f"(a training that diverges, or a loop that multiplies by the same weights); the overflow is where it "
+                 f"ends, not where it starts", why.input)
 
 
 def _dmax(dtype: str, given: float | None = None) -> float | None:
