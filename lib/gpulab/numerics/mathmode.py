@@ -116,5 +116,5 @@ def words(side: str, mode: dict, frac: float | None) -> str:
         return (f"{head}, which alone differs past float32's tolerance: the likely cause (not replayed, a wrong kernel "
                 f"is not ruled out); {undo}")
     return (f"{head} (its worst error {frac:.2g} of the sum of |products|, within the "
-            f"{SLACK * 2.0 ** -BITS[mode['precision']]:.2g} that {name} gives), so the difference is that setting, "
-            f"not a wrong kernel; {undo}")
+            f"{SLACK * 2.0 ** -BITS[mode['precision']]:.2g} that {name} gives), so the difference is what that "
+            f"setting gives, with no kernel error beyond it; {undo}")
