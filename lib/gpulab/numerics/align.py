@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpulab.numerics.names import INPUT, computation
 
 MIN_SHARE = 0.2      # below this share of the shorter run matched, the runs are not the same program
+LOOSE_SHARE = 0.9    # by occurrence unless that pairs fewer than this share of what op and site alone pair
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,9 @@ def ops(records: list[dict]) -> list[dict]:
     return [r for r in records if r.get("op") != INPUT]
 
 
-def _key(r: dict, site: bool) -> tuple:
-    return (computation(r.get("op"), r.get("out")), r.get("site") if site else None, r.get("out"), bool(r.get("bwd")))
+def _key(r: dict, site: bool, npass: bool = False) -> tuple:
+    return (computation(r.get("op"), r.get("out")), r.get("site") if site else None, r.get("out"), bool(r.get("bwd")),
+            r.get("pass") if npass else None)
 
 
 def _match(a: list[tuple], b: list[tuple]) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
@@ -54,8 +56,15 @@ def _match(a: list[tuple], b: list[tuple]) -> tuple[list[tuple[int, int]], tuple
 
 
 def align(ref: list[dict], cand: list[dict]) -> Alignment:
-    """ref, cand: the op records of each run (ops()), in order."""
-    pairs, parted = _match([_key(r, True) for r in ref], [_key(r, True) for r in cand])
+    """ref, cand: the op records of each run (ops()), in order. By occurrence too (the pass: which call from that
+    site): a run of one op at one line (an optimizer's add_ per parameter) that the other run interrupts with
+    ops of its own would otherwise be matched as the longest common block, shifted (the first parameter's update
+    against the fifth's). Where that pairs clearly fewer ops (one run calls an op at a site more often, and every
+    later pass shifts), by op and site alone."""
+    pairs, parted = _match([_key(r, True, True) for r in ref], [_key(r, True, True) for r in cand])
+    loose, loose_parted = _match([_key(r, True) for r in ref], [_key(r, True) for r in cand])
+    if len(pairs) < LOOSE_SHARE * len(loose):
+        pairs, parted = loose, loose_parted
     out = Alignment(tuple(pairs), len(ref), len(cand), "call site", parted)
     if out.share < MIN_SHARE and ref and cand:
         p2, parted2 = _match([_key(r, False) for r in ref], [_key(r, False) for r in cand])
