@@ -62,9 +62,10 @@ def align(ref: list[dict], cand: list[dict]) -> Alignment:
     against the fifth's). Where that pairs clearly fewer ops (one run calls an op at a site more often, and every
     later pass shifts), by op and site alone."""
     pairs, parted = _match([_key(r, True, True) for r in ref], [_key(r, True, True) for r in cand])
-    loose, loose_parted = _match([_key(r, True) for r in ref], [_key(r, True) for r in cand])
-    if len(pairs) < LOOSE_SHARE * len(loose):
-        pairs, parted = loose, loose_parted
+    if len(pairs) < LOOSE_SHARE * min(len(ref), len(cand)):   # else no loose matching can pair clearly more
+        loose, loose_parted = _match([_key(r, True) for r in ref], [_key(r, True) for r in cand])
+        if len(pairs) < LOOSE_SHARE * len(loose):
+            pairs, parted = loose, loose_parted
     out = Alignment(tuple(pairs), len(ref), len(cand), "call site", parted)
     if out.share < MIN_SHARE and ref and cand:
         p2, parted2 = _match([_key(r, False) for r in ref], [_key(r, False) for r in cand])

@@ -181,12 +181,12 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
                          + div["words"], first_divergence=div, first_bitwise=bitwise, rows=tuple(rows), **base)
     only = (f", an op only the {first[6]} runs" if first[1].get("op") != INPUT
             and first[1]["i"] not in (matched_c if first[6] == "candidate" else matched_r) else "")
-    sentence = (f"The runs diverge at {where(first[1])}{only}{_variant(first)}: " + div["words"])
+    sentence = (f"The runs diverge at {where(first[1])}{only}{_other_kernel(first)}: " + div["words"])
     return Judgement("diverged", sentence, first_divergence=div, first_bitwise=bitwise, rows=tuple(rows),
                      keep=keep, **base)
 
 
-def _variant(first) -> str:
+def _other_kernel(first) -> str:
     """', which the candidate runs as aten.X (another backend's kernel for the same call)' where the paired ops
     are one computation run by two backends' kernels."""
     n, x, y, fig, ins, via, side = first

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpulab.numerics.reduction import base_name
+
 BITS = {"tf32": 10, "bf16": 7}
 NAMES = {"tf32": "TF32", "bf16": "bfloat16"}
 SLACK = 2.5   # two rounded factors (2 x 2^-p when truncated), float32 accumulation, the final rounding
@@ -23,9 +25,8 @@ CONVS = frozenset({"convolution", "_convolution", "convolution_backward", "cudnn
 
 
 def family(op: str) -> str | None:
-    """'matmul', 'conv' or None, for an op's name ('aten.mm.default', 'aten::convolution')."""
-    base = op.replace("::", ".").split(".")
-    name = base[1] if len(base) > 1 and base[0] == "aten" else base[0]
+    """'matmul', 'conv' or None, for an op's name ('aten.mm.default')."""
+    name = base_name(op)
     return "matmul" if name in GEMMS else "conv" if name in CONVS else None
 
 

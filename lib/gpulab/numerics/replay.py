@@ -83,8 +83,10 @@ def _on_cpu(func, args64, kwargs64):
 
 
 def _by_name(func, args, kwargs) -> dict:
-    names = [x.name for x in func._schema.arguments]
-    return {**{names[i]: v for i, v in enumerate(args) if i < len(names)}, **kwargs}
+    """The call's arguments by their schema names ('#i' for a positional one past the schema's)."""
+    schema = getattr(func, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    return {**{(names[i] if i < len(names) else f"#{i}"): v for i, v in enumerate(args)}, **kwargs}
 
 
 _NOT_THE_CALL = frozenset({"device", "pin_memory", "layout", "memory_format", "non_blocking", "generator", "out"})
@@ -99,13 +101,8 @@ def arguments(func, args, kwargs) -> dict[str, str]:
     """The call's plain arguments by their schema names, as text: flags, sizes, scalars, modes (training=True,
     approximate='tanh', reduction). Left out: tensors, and what legitimately differs between compared runs
     (devices, dtypes, layouts, generators)."""
-    schema = getattr(func, "_schema", None)
-    names = [a.name for a in schema.arguments] if schema is not None else []
-    got = {}
-    for name, v in [*((names[i] if i < len(names) else f"#{i}", v) for i, v in enumerate(args)), *kwargs.items()]:
-        if name not in _NOT_THE_CALL and _plain(v):
-            got[name] = repr(v)
-    return got
+    return {name: repr(v) for name, v in _by_name(func, args, kwargs).items()
+            if name not in _NOT_THE_CALL and _plain(v)}
 
 
 def _other_arguments(ref: dict, cand: dict) -> list[tuple[str, str | None, str | None]]:

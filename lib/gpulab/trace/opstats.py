@@ -193,8 +193,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
             top = None
         compiled = _compiled_ran()
         why = nancause.cause(str(func), ins, o, top, first=True, compiled=compiled)
-        f = caller() if node is None else None
-        key = ((func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)) if node is None else None
+        key = now.get(get_ident(), (None,))[0] if node is None else None   # as note() keyed this op
         history = dict(zip(("first_pass", "first", "last_pass", "last"), peaks[key])) if key in peaks else None
         why = nancause.grown(why, str(func), o.dtype, history)
         src = neginf_from(args[why.input]) if why.kind == "input_neginf" and why.input is not None else None
@@ -205,7 +204,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
                "written": sorted(written), "output": o.to_dict(), "backward": node is not None,
                "compiled": compiled}
         if node is None:
-            at, file = site(key[1], key[2])
+            at, file = site(key[1], key[2]) if key is not None else (None, None)
             rec.update(call_site=at, file=file, **{"pass": counts.get(key)})
         else:
             made = fwd.get(node._sequence_nr())

@@ -170,20 +170,19 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     sig = end.signal or (signal.SIGKILL if stopped else None)
     ops = {x: _started(x) for x in follow.child_logs(procs, children)}   # each header read once
     shown, shown_log = "", log
-    elsewhere = firstnan.made_elsewhere(log, list(ops)) if mode == "stats" and ops else None
-    if elsewhere is not None and ops.get(elsewhere, 0) > 0:   # the NaN was made there, the root only read it
-        snap, ops = None, {elsewhere: ops[elsewhere]}
-    if (snap is None or snap.started == 0) and ops:
+    # in stats mode, a process whose op made the first NaN/Inf that the root only received (a DataLoader worker's)
+    pick = firstnan.made_elsewhere(log, list(ops)) if mode == "stats" and ops else None
+    if pick is None and (snap is None or snap.started == 0) and ops:
         # a launcher (torchrun's agent, mp.spawn's parent) runs no op of its own: show the busiest process, or
         # in stats mode the one where an op made the first NaN/Inf (another rank may only have received it)
         nan = firstnan.first_of_job(list(ops)) if mode == "stats" else None
         pick = nan[0] if nan is not None else max(ops, key=ops.get)
-        if ops.get(pick, 0) > 0:
-            meta = next((m for m in children if Path(procs) / m.get("log", "") == pick), {})
-            shown = (f"process {meta.get('pid')}" + (f" (rank {meta['rank']})" if meta.get("rank") is not None
-                                                    else f" (DataLoader worker {meta['worker']})"
-                                                    if meta.get("worker") is not None else "")) if meta else pick.stem
-            shown_log, snap = pick, read(pick)
+    if pick is not None and ops.get(pick, 0) > 0:
+        meta = next((m for m in children if Path(procs) / m.get("log", "") == pick), {})
+        shown = (f"process {meta.get('pid')}" + (f" (rank {meta['rank']})" if meta.get("rank") is not None
+                                                else f" (DataLoader worker {meta['worker']})"
+                                                if meta.get("worker") is not None else "")) if meta else pick.stem
+        shown_log, snap = pick, read(pick)
     return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(shown_log), tuple(cmd), tail,
                      end.status, stall_s, len(children), sum(ops.values()), shown)
 
