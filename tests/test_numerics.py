@@ -695,3 +695,21 @@ def test_a_run_of_one_op_at_one_line_interrupted_on_one_side_is_paired_by_occurr
     assert all(ro[a]["pass"] == co[b]["pass"] for a, b in pairs), [(ro[a]["pass"], co[b]["pass"]) for a, b in pairs]
     j = judge.judge(ref, cand)
     assert j.status == "agree" and j.aligned == 7, j.sentence
+
+
+def _run(*devices: str):
+    from gpulab.numerics import compare
+    return compare.Run("reference", ("python",), (), "ok", 0, 1.0, "", tuple({"device": d} for d in devices))
+
+
+@pytest.mark.parametrize("devices, wrote, cores, together", [
+    ((("cpu",), ("cuda:0",)), [], 16, True),             # CPU against CUDA: they share no device
+    ((("cpu",), ("cpu",)), [], 16, True),
+    ((("cuda:0",), ("cpu", "cuda:0")), [], 16, False),   # both on a GPU: a program sized for it may not fit twice
+    ((("cpu",), ("cuda:0",)), ["ckpt.pt"], 16, False),   # a file the runs write: one side could read the other's
+    ((("cpu",), ("cuda:0",)), None, 16, False),          # what they wrote is not known (too many files)
+    ((("cpu",), ("cuda:0",)), [], 2, False),             # no spare cores
+])
+def test_the_two_replays_run_at_once_only_where_they_cannot_meet(devices, wrote, cores, together):
+    from gpulab.numerics import compare
+    assert compare.side_by_side([_run(*d) for d in devices], wrote, cores) is together

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,28 @@ def test_c_a_rerun_that_resumes_from_the_first_runs_checkpoint_is_said_to_take_a
     assert c.aligned["candidate_ops"] < c.aligned["reference_ops"]
     assert c.reference_wrote == ("ckpt.pt",) and "ckpt.pt appeared or changed in the working folder" in c.summary
     assert c.first_divergence is None and c.replay is None   # nothing is judged or replayed across unlike steps
+
+
+def test_the_replays_run_at_once_on_spare_cores_with_the_same_verdict(tmp_path, monkeypatch):
+    """Both sides of a CPU program's replay at once (the rule's cores lowered to this machine's): their runs
+    overlap in time, and the verdict is the one the sequential replay gives (the kernel wrong on one side)."""
+    spans, said = {}, []
+    run_side = compare.run_side
+
+    def timed(side, *a, **kw):
+        t0 = time.monotonic()
+        r = run_side(side, *a, **kw)
+        spans[kw.get("name") or side] = (t0, time.monotonic())
+        return r
+    monkeypatch.setattr(compare, "run_side", timed)
+    monkeypatch.setattr(compare, "SIDE_BY_SIDE_CORES", 1)
+    cmd = [PY, str(FIX / "custom_op_train.py"), "--steps", "3", "--impl"]
+    c = compare.run([*cmd, "good"], [*cmd, "bad"], tmp_path, stall_s=120, log=said.append)
+    assert c.status == "diverged" and c.first_divergence["op"] == "numfix.fused_silu.default", c.summary
+    assert c.replay["reference_right"] is True and c.replay["candidate_right"] is False, c.summary
+    assert any("both sides at once" in s for s in said), said
+    (a0, a1), (b0, b1) = spans["reference.replay"], spans["candidate.replay"]
+    assert max(a0, b0) < min(a1, b1), spans                 # they overlapped
 
 
 def test_ops_found_to_be_rounding_are_replayed_in_one_run_per_side(tmp_path):

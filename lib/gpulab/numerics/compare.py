@@ -19,7 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpulab import lastwords, proc, report
+from concurrent.futures import ThreadPoolExecutor
+
+from gpulab import device, lastwords, proc, report
 from gpulab.numerics import judge as _judge
 from gpulab.numerics import lines, workdir
 from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INSTALL
@@ -29,6 +31,7 @@ from gpulab.trace.run import keep_followed
 STATUSES = ("agree", "diverged", "unaligned", "failed")
 ROUNDING_REPLAYS = 4   # ops a replay may find right on both sides (rounding) before the verdict stands as it is
 SIDES = ("reference", "candidate")
+SIDE_BY_SIDE_CORES = 4   # usable cores from which the two replays run at once (each side's own threads keep theirs)
 
 
 @dataclass(frozen=True)
@@ -236,8 +239,13 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
                        f"{summary}")
         if j.status == "diverged" and replay and j.keep and not job:   # a collective's peers cannot be replayed
             plan, after = _plan(ref, cand, j, rtol, atol, same)
-            say(f"replaying the diverging op alone (each side again, up to that op{_also(plan)})")
-            reps = _replay(argvs, envs, out, plan, rtol, atol, timeout_s, stall_s)
+            now = workdir.snapshot(os.getcwd(), skip=(out,))
+            wrote_by_runs = (workdir.written(snaps[0], now, root=os.getcwd())
+                             if snaps[0] is not None and now is not None else None)
+            together = side_by_side((ref, cand), wrote_by_runs, device.usable_cores())
+            say(f"replaying the diverging op alone ({'both sides at once' if together else 'each side'} again, up "
+                f"to that op{_also(plan)})")
+            reps = _replay(argvs, envs, out, plan, rtol, atol, timeout_s, stall_s, together)
             for n, (j, rep) in enumerate(zip(plan, reps)):   # past each op both runs compute right: rounding
                 if (not (rep.get("reference_right") and rep.get("candidate_right")) or rep.get("arguments")
                         or n == ROUNDING_REPLAYS):
@@ -305,15 +313,32 @@ def _also(plan: list) -> str:
     return f", keeping the {len(plan) - 1} named next in case it is rounding" if len(plan) > 1 else ""
 
 
-def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, timeout_s, stall_s) -> list[dict]:
+def side_by_side(runs: Sequence[Run], wrote: Sequence[str] | None, cores: int) -> bool:
+    """Whether the two replays may run at once: then they take the longer one's time, not the sum. Only where
+    they cannot meet: spare cores, at most one side on a GPU (a program sized for a GPU's memory may not fit
+    twice) and no file the runs wrote in the working folder (one side could read what the other writes; None:
+    not known)."""
+    if wrote is None or wrote or cores < SIDE_BY_SIDE_CORES:
+        return False
+    on_gpu = [any(r.get("device", "cpu") != "cpu" for r in run.records) for run in runs]
+    return sum(on_gpu) <= 1
+
+
+def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, timeout_s, stall_s,
+            together: bool = False) -> list[dict]:
     """One run per side keeps every planned op's inputs: per op, which run is right (replay.judge)."""
     from gpulab.numerics import replay
 
-    dirs = []
-    for side, argv, env, n in zip(SIDES, argvs, envs, (0, 1)):
-        r = run_side(side, argv, out, env=env, timeout_s=timeout_s, stall_s=stall_s,
-                     keep="\n".join(p.keep[n] for p in plan), name=f"{side}.replay")
-        dirs.append(Path(r.folder))
+    def side(n: int) -> Path:
+        r = run_side(SIDES[n], argvs[n], out, env=envs[n], timeout_s=timeout_s, stall_s=stall_s,
+                     keep="\n".join(p.keep[n] for p in plan), name=f"{SIDES[n]}.replay")
+        return Path(r.folder)
+
+    if together:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="replay") as pool:
+            dirs = list(pool.map(side, (0, 1)))
+    else:
+        dirs = [side(0), side(1)]
     reps = []
     for n in range(len(plan)):
         try:
