@@ -77,6 +77,17 @@ for s in "$@"; do case $s in
   chaintime) step chaintime 560 python3 benchmarks/bench_chain_time.py --out $RES/chaintime --device cuda --cases ${CASES:-builtin,healthy,failing} ;;
   seeds)    step seeds ${SEEDS_LIMIT:-580} python3 -m pytest -q -p no:cacheprovider -p no:randomly -rs \
               --basetemp=$RES/seeds/t tests/test_seeds_gpu.py ${SEEDS_K:+-k "$SEEDS_K"} ;;   # the seeds' scenarios, whole chains
+  two)      step two 500 python3 -m pytest -q -p no:cacheprovider -rs -m gpu -n 4 --dist loadfile --basetemp=$RES/two/t \
+              tests/test_jobs.py tests/test_fsdp_job.py tests/test_watch_long.py tests/test_fixes.py tests/test_numerics_runs.py ;;  # 2 GPUs
+  fpgpu)    step fpgpu 300 python3 -m pytest -q -p no:cacheprovider -rs tests/test_fingerprints_gpu.py ;;
+  nangpu)   step nangpu 300 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_nan_cause_recorded.py ;;
+  tf32)     step tf32 400 python3 -m pytest -q -p no:cacheprovider -rs -n 3 tests/test_numerics_gpu.py -k "tf32 or gpt" ;;
+  bct)      step bct 560 python3 benchmarks/bench_compare_time.py --out $RES/bct --device cuda ${BCT_CASES:+--cases $BCT_CASES} ;;
+  setupchain) step setupchain 400 bash -c 'python3 -c "from gpulab.trace import native; native.ensure_all()" && \
+              python3 benchmarks/bench_chain_time.py --out $0 --device cuda --cases builtin' $RES/setupchain ;;
+  sbs)      step sbs 300 python3 benchmarks/bench_chain_time.py --out $RES/sbs --device cuda --cases builtin ;;   # as the machine allows
+  pair)     step pair 400 bash -c 'CUDA_CACHE_PATH=$0/ccA python3 benchmarks/bench_chain_time.py --out $0/a --device cuda --cases builtin && \
+              CUDA_CACHE_PATH=$0/ccB GPULAB_NOTEBOOKS_SIDE_BY_SIDE=0 python3 benchmarks/bench_chain_time.py --out $0/b --device cuda --cases builtin' $RES/pair ;;
   *) echo "unknown step $s" ;;
 esac; done
 sleep 3  # guards of children that just ended finish their last sweep (about 1 s) before the check

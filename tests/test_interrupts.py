@@ -41,15 +41,21 @@ def _wait_for(path: Path, p: subprocess.Popen, limit_s: float = 90) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_to_gpulab_run_mid_notebook(tmp_path, sig):
+@pytest.mark.parametrize("sig, side_by_side", [(signal.SIGTERM, False), (signal.SIGINT, False),
+                                               (signal.SIGTERM, True)])
+def test_signal_to_gpulab_run_mid_notebook(tmp_path, sig, side_by_side):
+    """Side by side too: each waits for the one before's products, the later kernels already started ahead;
+    every one ends with the run."""
     nbs = {"01_first": notebook("First", "", RECORD.format(name="01_first", headline="first done")),
            "02_busy": notebook("Busy", "", BUSY_CELL),
            "03_later": notebook("Later", "", RECORD.format(name="03_later", headline="later"))}
+    nbs["02_busy"].metadata["gpulab"] = {"after": {"01_first": "always"}}
+    nbs["03_later"].metadata["gpulab"] = {"after": {"02_busy": "always"}}
     proj = project(tmp_path / "proj", nbs, base="device: cpu\n")   # no device=auto child (test_runner's)
     name, mark = new_marker()
+    env = {**_env(tmp_path, name, mark), "GPULAB_NOTEBOOKS_SIDE_BY_SIDE": "always" if side_by_side else "0"}
     p = subprocess.Popen([sys.executable, "-m", "gpulab", "run", "--out", str(tmp_path / "out")], cwd=proj,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path, name, mark))
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         run_dir = None
         deadline = time.monotonic() + 90
@@ -66,6 +72,7 @@ def test_signal_to_gpulab_run_mid_notebook(tmp_path, sig):
             p.wait()
     assert p.returncode == 128 + sig, err
     assert "Traceback" not in err
+    assert ("side by side" in err) is side_by_side, err
     assert f"interrupted by {signal.Signals(sig).name}" in err.strip().splitlines()[-1]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "interrupted" and signal.Signals(sig).name in run["note"]

@@ -181,6 +181,37 @@ def test_a_head_start_for_a_notebook_that_is_then_skipped_leaves_nothing(tmp_pat
     assert left_after(name, mark) == []   # 03's papermill child and its idle kernel were ended
 
 
+SPAN = """import time, pathlib
+t0 = time.time(); time.sleep({s}); pathlib.Path("span_{name}").write_text(f"{{t0}} {{time.time()}}")"""
+
+
+def test_notebooks_that_time_nothing_run_side_by_side_and_a_timed_one_alone(tmp_path, monkeypatch):
+    """With cores to spare (the rule's cores lowered to this machine's): 01 and 02 read nothing of each other's
+    and run at once; 03 reads 01's products and times something, so it starts once both have ended. The index
+    lists them in the chain's order whatever order they finished in."""
+    monkeypatch.setattr(runner, "SIDE_BY_SIDE_CORES", 1)
+    nbs = {f"0{i}_{n}": notebook(n, "", SPAN.format(s=s, name=f"0{i}"), RECORD.format(name=f"0{i}_{n}", headline=n))
+           for i, n, s in ((1, "a", 4), (2, "b", 6), (3, "c", 0))}
+    nbs["03_c"].metadata["gpulab"] = {"timed": True, "after": {"01_a": "always"}}
+    proj = project(tmp_path, nbs)
+    said, shown = [], []
+    begin = runner.RunState.begin
+
+    def begin_and_read(self, scen, name, ipynb):   # what the index says once a notebook has begun
+        begin(self, scen, name, ipynb)
+        shown.append([(n["name"], n["status"]) for n in self.summary()["scenarios"][0]["notebooks"]])
+    monkeypatch.setattr(runner.RunState, "begin", begin_and_read)
+    code, idx = runner.run(_cfg(proj), progress=said.append)
+    run = json.loads((idx.parent / "run.json").read_text())
+    nb = run["scenarios"][0]["notebooks"]
+    assert [("01_a", "running"), ("02_b", "running")] in shown, shown   # both shown running, in the chain's order
+    assert code == 0 and [(n["name"], n["status"]) for n in nb] == [("01_a", "ok"), ("02_b", "ok"), ("03_c", "ok")]
+    (a0, a1), (b0, b1), (c0, _) = (map(float, (proj / f"span_0{i}").read_text().split()) for i in (1, 2, 3))
+    assert max(a0, b0) < min(a1, b1), "01 and 02 did not overlap"
+    assert c0 > max(a1, b1), "03 (timed) started while another notebook ran"
+    assert any("side by side" in m for m in said), said
+
+
 def test_second_run_never_overwrites_the_first(tmp_path):
     proj = project(tmp_path, {"01_ok": _nbs()["01_ok"]})
     _, first = runner.run(_cfg(proj), progress=lambda m: None)

@@ -137,8 +137,8 @@ def execute(ahead: Ahead, *, notebook_timeout_s: float, progress: Callable[[str]
             if now >= next_beat:
                 done, total, _ = cells_done(out_ipynb)
                 last = last_progress(out_ipynb.parent / "progress.log", nb_path.stem)
-                progress(f"    ... {nb_path.stem} running {now - t0:.0f} s (cell {done}/{total} done)"
-                         + (f": {last}" if last else ""))
+                where = f"cell {done}/{total} done" if total else "its kernel starting"   # no cell saved yet
+                progress(f"    ... {nb_path.stem} running {now - t0:.0f} s ({where})" + (f": {last}" if last else ""))
                 next_beat = now + HEARTBEAT_S
     finally:
         ahead.close()

@@ -4,7 +4,9 @@ The index and run.json are rewritten after every notebook, so a run stopped at a
 says so: an interrupt (SIGINT/SIGTERM/SIGHUP) stops every child, marks the notebook it cut off as
 `interrupted` and the rest `not run`, and the index says interrupted; a full disk ends the run as
 `failed`, never as a success. Scenarios may run side by side (`jobs`), each in its own thread that only
-waits on its papermill child.
+waits on its papermill child. Within a scenario the built-in workload's notebooks run side by side on a
+machine with cores to spare, each once those whose products it reads have finished, and a notebook that
+times something (`timed` in its metadata) with nothing beside it (`schedule`).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -26,12 +28,14 @@ import yaml
 from gpulab import paramsets, proc, project, report
 from gpulab.chain import notebook, params, verdict
 from gpulab.chain.state import NotebookResult, RunState, ScenarioResult, follow, rel
-from gpulab.device import AUTO_ENV, kind as device_kind, no_gpu_files
+from gpulab.device import AUTO_ENV, kind as device_kind, no_gpu_files, usable_cores
 from gpulab.fixes import scenario_env
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+SIDE_BY_SIDE_CORES = 8   # usable cores from which a scenario's notebooks may run side by side
+SIDE_BY_SIDE_ENV = "GPULAB_NOTEBOOKS_SIDE_BY_SIDE"   # 0: one at a time; always: side by side on any machine
 
 
 @dataclass(frozen=True)
@@ -108,10 +112,35 @@ def _point_latest(out: Path, run_dir: Path) -> None:
         (out / "LATEST").write_text(run_dir.name + "\n")
 
 
+def _meta(nb_path: Path) -> dict:
+    return json.loads(nb_path.read_text()).get("metadata", {}).get("gpulab", {})
+
+
 def needs(nb_path: Path) -> list[str]:
     """Notebooks whose products this one cannot do without (notebook metadata gpulab.needs)."""
-    meta = json.loads(nb_path.read_text()).get("metadata", {})
-    return list(meta.get("gpulab", {}).get("needs", []))
+    return list(_meta(nb_path).get("needs", []))
+
+
+def waits_for(metas: Mapping[str, dict], program: bool) -> dict[str, set[str]]:
+    """Per notebook, the notebooks of this run whose products it reads, from each one's metadata: `needs`, and
+    `after` ({notebook: "always" or "program"}: read only when the workload is the user's program)."""
+    return {name: {n for n, when in {**{k: "always" for k in m.get("needs", [])}, **m.get("after", {})}.items()
+                   if n in metas and n != name and (when == "always" or program)}
+            for name, m in metas.items()}
+
+
+def schedule(pending: Sequence[str], running: set[str], done: set[str], after: Mapping[str, set[str]],
+             timed: set[str]) -> list[str]:
+    """Pure: which pending notebooks start now. Those whose inputs are done may start together, but a timed one
+    (it measures time: a benchmark, a recorder's or a fix's cost) only with nothing running, and nothing starts
+    beside it; a ready timed one goes first and holds the others back (it would wait for ever behind them)."""
+    if running & timed:
+        return []
+    ready = [n for n in pending if after.get(n, set()) <= done]
+    first = next((n for n in ready if n in timed), None)
+    if first is not None:
+        return [] if running else [first]
+    return ready
 
 
 def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, ScenarioResult]]:
@@ -207,13 +236,13 @@ class _NextUp:
 
 
 def _run_notebook(run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict,
-                  ahead: notebook.Ahead | None = None) -> NotebookResult:
+                  ahead: notebook.Ahead | None = None, ask: bool = False) -> NotebookResult:
     cfg, name = run.cfg, nb_path.stem
     if ahead is None:
         ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
                        # the question is the next notebook's (_NextUp asks it): with none, as in `--only 03`, the
-                       # answer would come after this kernel asked torch itself
-                       _device_env(run, _scenario_env(scen, run) or os.environ, values, ask=False))
+                       # answer would come after this kernel asked torch itself (side by side, later ones use it)
+                       _device_env(run, _scenario_env(scen, run) or os.environ, values, ask=ask))
     out_ipynb = ahead.out_ipynb
     run.say(f"[{scen}] {name}: running")
     run.begin(scen, name, out_ipynb)
@@ -290,6 +319,9 @@ def _run_scenario(run: RunState, scen: str, schema: dict) -> None:
         run.say(f"[{scen}] not applicable here: {why_not}; its notebooks are not run")
         run.add(scen, *(NotebookResult(p.stem, verdict.NOT_APPLICABLE, error=why_not) for p in run.notebooks))
         return
+    if _side_by_side(run, values):
+        _run_side_by_side(run, scen, sc_dir, schema, values)
+        return
     status_of: dict[str, str] = {}
     ahead: notebook.Ahead | None = None   # this notebook's child, started while the one before ran
     try:
@@ -326,6 +358,84 @@ def _run_scenario(run: RunState, scen: str, schema: dict) -> None:
     finally:
         if ahead is not None:
             ahead.close()
+
+
+def _side_by_side(run: RunState, values: Mapping[str, Any]) -> bool:
+    """Whether a scenario's notebooks may run side by side: the built-in workload (its memory and time are
+    known to be small; a user's program keeps the GPU and the cores to itself, notebook after notebook), one
+    scenario at a time, and cores to spare; $GPULAB_NOTEBOOKS_SIDE_BY_SIDE: 0 never (a timing pair), always
+    whatever the cores (the chain's tests on a small machine)."""
+    alone = run.cfg.jobs == 1 or len(run.cfg.scenarios) == 1
+    asked = os.environ.get(SIDE_BY_SIDE_ENV, "auto")
+    return (alone and asked != "0" and str(values.get("workload", "builtin")) == "builtin" and len(run.notebooks) > 1
+            and (asked == "always" or usable_cores() >= SIDE_BY_SIDE_CORES))
+
+
+def _run_side_by_side(run: RunState, scen: str, sc_dir: Path, schema: dict, values: dict) -> None:
+    """The scenario's notebooks as `schedule` allows, each in a thread that waits on its papermill child; only
+    this thread adds their results (an interrupt cuts off the running ones here, and their threads' late
+    results are dropped)."""
+    paths = {p.stem: p for p in run.notebooks}
+    metas = {name: _meta(p) for name, p in paths.items()}
+    after = waits_for(metas, program=False)
+    timed = {name for name, m in metas.items() if m.get("timed")}
+    pending, running, done, status_of = list(paths), {}, set(), {}
+    run.say(f"[{scen}] notebooks side by side where they read nothing of each other's ({usable_cores()} cores); "
+            f"{', '.join(sorted(timed))} alone")
+    pool = ThreadPoolExecutor(max_workers=len(paths), thread_name_prefix="notebook")
+    # every notebook's papermill child and kernel started now, each waiting for its turn: their start-up (seconds
+    # a kernel) overlaps the notebooks before them, as the next one's does in the one-at-a-time chain
+    heads = {name: _NextUp(run, scen, sc_dir, paths[name], schema, values) for name in pending}
+    ended = False
+    try:
+        while (pending or running) and not run.stopping.is_set():
+            starts = schedule(pending, set(running), done, after, timed)
+            if not (starts or running):   # metadata whose `after` goes round in a circle
+                raise RuntimeError(f"notebooks {', '.join(pending)} each wait for another of them (their metadata's "
+                                   f"`after`: {', '.join(f'{n} after {sorted(after[n])}' for n in pending)})")
+            for name in starts:
+                pending.remove(name)
+                missing = [n for n in metas[name].get("needs", []) if status_of.get(n, "ok") != "ok"]
+                if missing:
+                    started = heads.pop(name).take()
+                    if started is not None:
+                        started.close()
+                    run.say(f"[{scen}] {name}: skipped (needs {', '.join(missing)})")
+                    run.add(scen, NotebookResult(name, "skipped", error=f"skipped: needs {', '.join(missing)}, "
+                                                 "which did not succeed"))
+                    done.add(name)
+                    continue
+                running[name] = pool.submit(_run_notebook, run, scen, sc_dir, paths[name], schema, values,
+                                            heads.pop(name).take(), True)
+            finished, _ = wait(list(running.values()), timeout=0.2, return_when=FIRST_COMPLETED)
+            for name, fut in list(running.items()):
+                if fut in finished:
+                    del running[name]
+                    done.add(name)
+                    try:
+                        res = fut.result()
+                    except OSError as exc:
+                        if exc.errno not in DISK_ERRNOS:
+                            raise
+                        run.add(scen, NotebookResult(name, "failed", error=str(_disk(exc, sc_dir))))
+                        raise _disk(exc, sc_dir) from None
+                    status_of[name] = res.status
+                    run.add(scen, res)
+        ended = not (pending or running)
+    except proc.Interrupted as exc:
+        for name in running:
+            run.add(scen, _cut_off(run, sc_dir, name, exc))
+        running.clear()
+        raise
+    finally:
+        if not ended:   # cut short: the children end, and with them the threads waiting on them
+            run.stopping.set()
+            proc.stop_all(grace_s=1)
+        for head in heads.values():   # the started children of notebooks that never ran
+            started = head.take()
+            if started is not None:
+                started.close()
+        pool.shutdown(wait=True)
 
 
 def _cut_off(run: RunState, sc_dir: Path, name: str, exc: proc.Interrupted) -> NotebookResult:

@@ -83,7 +83,13 @@ class RunState:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, notebooks: list[Path],
                  resolved: dict[str, ScenarioResult], say: Callable[[str], None]):
-        self.cfg, self.run_dir, self.notebooks, self.say = cfg, run_dir, notebooks, say
+        self.cfg, self.run_dir, self.notebooks = cfg, run_dir, notebooks
+        said = threading.Lock()
+
+        def say_whole(msg: str) -> None:   # one line at a time from the threads of notebooks side by side
+            with said:
+                say(msg)
+        self.say = say_whole
         self.started = time.time()
         self.lock = threading.RLock()
         self.stopping = threading.Event()
@@ -95,7 +101,9 @@ class RunState:
         # scenarios that share a machine (no GPU of their own) time each other's load in 06
         self.shared_jobs = cfg.jobs if parallel and len(self.gpu_load) < cfg.jobs else 1
         self.gpu_of: dict[str, str] = {}
-        self.current: dict[str, tuple[str, Path, float]] = {}   # scenario -> (notebook, its .ipynb, start)
+        # scenario -> {notebook: (its .ipynb, start)}: those running now (several where they run side by side)
+        self.current: dict[str, dict[str, tuple[Path, float]]] = {}
+        self._order = {p.stem: i for i, p in enumerate(notebooks)}
         self.auto = AutoDevice()   # device=auto's answer per scenario environment, for the later kernels
 
     def take_gpu(self, scen: str) -> None:
@@ -115,25 +123,40 @@ class RunState:
     def begin(self, scen: str, name: str, ipynb: Path) -> None:
         """A notebook starts: the index says so at once (and follows its cells, `follow`)."""
         with self.lock:
-            self.current[scen] = (name, ipynb, time.monotonic())
+            self.current.setdefault(scen, {})[name] = (ipynb, time.monotonic())
             self.write_index()
 
     def add(self, scen: str, *res: NotebookResult) -> None:
         with self.lock:
             r = self.results[scen]
-            self.results[scen] = replace(r, notebooks=r.notebooks + res)
-            if scen in self.current and any(n.name == self.current[scen][0] for n in res):
-                del self.current[scen]
+            self.results[scen] = replace(r, notebooks=self._ordered(r.notebooks + res))
+            for n in res:
+                self.current.get(scen, {}).pop(n.name, None)
             self.write_index()
 
+    def _ordered(self, nbs: tuple[NotebookResult, ...]) -> tuple[NotebookResult, ...]:
+        """In the chain's order, whatever order they finished in (notebooks that ran side by side)."""
+        return tuple(sorted(nbs, key=lambda n: self._order.get(n.name, len(self._order))))
+
+    def running_all(self, scen: str) -> list[dict[str, Any]]:
+        """The notebooks a scenario is running now and how far each got (papermill saves after every cell)."""
+        out = []
+        for name, (ipynb, t0) in sorted(self.current.get(scen, {}).items(), key=lambda kv: self._order.get(kv[0], 0)):
+            done, total, _ = notebook.cells_done(ipynb)
+            out.append({"notebook": name, "cells_done": done, "cells": total,
+                        "seconds": round(time.monotonic() - t0, 1), "text": running_text(name, done, total)})
+        return out
+
     def running(self, scen: str) -> dict[str, Any] | None:
-        """The notebook a scenario is running now and how far it got (papermill saves after every cell)."""
-        if scen not in self.current:
+        """What a scenario is running now, in one entry (several notebooks' texts joined), or None."""
+        now = self.running_all(scen)
+        if not now:
             return None
-        name, ipynb, t0 = self.current[scen]
-        done, total, _ = notebook.cells_done(ipynb)
-        return {"notebook": name, "cells_done": done, "cells": total, "seconds": round(time.monotonic() - t0, 1),
-                "text": running_text(name, done, total)}
+        if len(now) == 1:
+            return now[0]
+        return {"notebook": ", ".join(n["notebook"] for n in now), "cells_done": tuple(n["cells_done"] for n in now),
+                "cells": tuple(n["cells"] for n in now), "seconds": max(n["seconds"] for n in now),
+                "text": "; ".join(n["text"] for n in now) + " (side by side)"}
 
     def complete(self, s: ScenarioResult) -> bool:
         """Every notebook of the scenario has its result (or the run ended): only then is there a verdict."""
@@ -146,7 +169,8 @@ class RunState:
         v = verdict.judge(nbs, metrics, s.name, s.fixes) if nbs and self.complete(s) else None
         now = None if v else self.running(s.name)
         if now:
-            nbs.append(asdict(NotebookResult(now["notebook"], "running", now["seconds"], now["text"])))
+            nbs.extend(asdict(NotebookResult(n["notebook"], "running", n["seconds"], n["text"]))
+                       for n in self.running_all(s.name))
         waiting = (f"{len(self.notebooks) - len(s.notebooks)} of {len(self.notebooks)} notebooks still to run"
                    if not v else "")
         return {"name": s.name, "description": s.description, "params": s.params, "changed": s.changed,
@@ -193,7 +217,7 @@ class RunState:
             for scen, r in self.results.items():
                 done = {n.name for n in r.notebooks}
                 rest = tuple(NotebookResult(p.stem, status, error=why) for p in self.notebooks if p.stem not in done)
-                self.results[scen] = replace(r, notebooks=r.notebooks + rest)
+                self.results[scen] = replace(r, notebooks=self._ordered(r.notebooks + rest))
 
 
 def running_text(name: str, done: int, total: int) -> str:

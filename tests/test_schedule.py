@@ -1,0 +1,58 @@
+"""Which of a scenario's notebooks run side by side (gpulab.chain.runner.schedule), read from the shipped
+notebooks' metadata: each after the notebooks whose products it reads, a timed one alone."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT
+from gpulab.chain import runner
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+METAS = {p.stem: runner._meta(p) for p in NOTEBOOKS}
+TIMED = {n for n, m in METAS.items() if m.get("timed")}
+
+
+def _starts(program: bool) -> list[list[str]]:
+    """The groups that start together when every running notebook ends before the next decision."""
+    after = runner.waits_for(METAS, program)
+    pending, done, groups = sorted(METAS), set(), []
+    while pending:
+        group = runner.schedule(pending, set(), done, after, TIMED)
+        assert group, f"nothing can start: {pending} wait for {[after[n] for n in pending]}"
+        groups.append(group)
+        pending = [n for n in pending if n not in group]
+        done |= set(group)
+    return groups
+
+
+def test_the_timed_notebooks_are_the_ones_that_measure_time():
+    assert TIMED == {"02_instrument", "04_fix_scenarios", "06_benchmark"}
+
+
+@pytest.mark.parametrize("program", [False, True])
+def test_the_chain_starts_with_the_recorder_alone_then_what_does_not_time_anything_side_by_side(program):
+    assert _starts(program) == [["02_instrument"], ["01_environment", "03_bisect_hang", "05_oracle"],
+                                ["04_fix_scenarios"], ["06_benchmark"]]
+
+
+@pytest.mark.parametrize("program, waits", [(False, set()), (True, {"02_instrument"})])
+def test_the_oracle_reads_the_recorded_attention_only_of_a_users_program(program, waits):
+    assert runner.waits_for(METAS, program)["05_oracle"] == waits
+
+
+@pytest.mark.parametrize("pending, running, done, expect", [
+    (["04_fix_scenarios", "06_benchmark"], {"05_oracle"}, {"03_bisect_hang"}, []),   # a ready timed one holds back
+    (["06_benchmark"], set(), {"05_oracle"}, ["06_benchmark"]),
+    (["01_environment"], {"02_instrument"}, set(), []),                              # nothing beside a timed one
+    (["03_bisect_hang", "05_oracle"], {"01_environment"}, {"02_instrument"}, ["03_bisect_hang", "05_oracle"]),
+    (["04_fix_scenarios"], set(), set(), []),                                      # its input not done yet
+])
+def test_a_step_of_the_schedule(pending, running, done, expect):
+    after = runner.waits_for(METAS, False)
+    assert runner.schedule(pending, running, done, after, TIMED) == expect
+
+
+def test_a_notebook_outside_the_run_is_not_waited_for():
+    """`--only 03 04`: 03's input from 02 is in an earlier run's folder or nowhere; it does not block."""
+    metas = {n: m for n, m in METAS.items() if n[:2] in ("03", "04")}
+    assert runner.waits_for(metas, True) == {"03_bisect_hang": set(), "04_fix_scenarios": {"03_bisect_hang"}}
