@@ -212,6 +212,26 @@ def test_notebooks_that_time_nothing_run_side_by_side_and_a_timed_one_alone(tmp_
     assert any("side by side" in m for m in said), said
 
 
+def test_a_running_notebook_is_listed_in_the_chains_order_before_a_later_one_that_finished(tmp_path, monkeypatch):
+    """01 reads 02's products, so 02 runs first: while 01 runs the index lists 01 (running) above 02 (ok)."""
+    monkeypatch.setattr(runner, "SIDE_BY_SIDE_CORES", 1)
+    nbs = {f"0{i}_{n}": notebook(n, "", RECORD.format(name=f"0{i}_{n}", headline=n)) for i, n in ((1, "a"), (2, "b"))}
+    nbs["01_a"].metadata["gpulab"] = {"after": {"02_b": "always"}}
+    proj = project(tmp_path, nbs)
+    shown = []
+    begin = runner.RunState.begin
+
+    def begin_and_read(self, scen, name, ipynb):
+        begin(self, scen, name, ipynb)
+        sc = self.summary()["scenarios"][0]
+        shown.append(([(n["name"], n["status"]) for n in sc["notebooks"]], sc["evidence"]))
+    monkeypatch.setattr(runner.RunState, "begin", begin_and_read)
+    code, _ = runner.run(_cfg(proj), progress=lambda m: None)
+    assert code == 0
+    assert shown[-1][0] == [("01_a", "running"), ("02_b", "ok")], shown
+    assert shown[-1][1].endswith("(1 of 2 notebooks still to finish)"), shown
+
+
 def test_second_run_never_overwrites_the_first(tmp_path):
     proj = project(tmp_path, {"01_ok": _nbs()["01_ok"]})
     _, first = runner.run(_cfg(proj), progress=lambda m: None)
@@ -255,6 +275,13 @@ def test_index_render_is_pure_and_escapes():
         {"name": "02_y", "status": "ok", "headline": "fine", "duration_s": 2.0}]}]})
     assert "&lt;boom&gt;" in html and "<boom>" not in html
     assert "FAILED: 1 failed, 1 ok" in html and 'href="baseline/01_x.html"' in html
+
+
+def test_a_running_index_counts_only_the_notebooks_that_ended_as_finished():
+    nbs = [{"name": "01_x", "status": "running"}, {"name": "02_y", "status": "ok"}, {"name": "03_z", "status": "running"}]
+    line = index.run_summary({"status": "running", "progress": "baseline: running 01_x; running 03_z (side by side)",
+                              "scenarios": [{"name": "baseline", "notebooks": nbs}]})
+    assert line.endswith("finished so far: 1 ok"), line
 
 
 def test_only_still_validates_against_every_notebook(tmp_path):

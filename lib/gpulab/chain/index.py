@@ -75,7 +75,8 @@ def run_summary(run: Mapping[str, Any]) -> str:
         return f"INTERRUPTED ({run.get('note') or 'by a signal'}): {parts}"
     if status == "running":
         now = run.get("progress") or "between notebooks"
-        return f"running ({now}); finished so far: {parts or 'nothing yet'}"
+        ended = ", ".join(f"{n} {STATUS_STYLE.get(k, ('', k))[1]}" for k, n in counts.items() if k != "running")
+        return f"running ({now}); finished so far: {ended or 'nothing yet'}"
     if status == "failed" or any(k not in FINISHED for k in counts):
         return f"FAILED{' (' + run['note'] + ')' if run.get('note') else ''}: {parts}"
     na = counts.get(NOT_APPLICABLE, 0)

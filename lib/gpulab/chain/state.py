@@ -171,7 +171,8 @@ class RunState:
         if now:
             nbs.extend(asdict(NotebookResult(n["notebook"], "running", n["seconds"], n["text"]))
                        for n in self.running_all(s.name))
-        waiting = (f"{len(self.notebooks) - len(s.notebooks)} of {len(self.notebooks)} notebooks still to run"
+            nbs.sort(key=lambda n: self._order.get(n["name"], len(self._order)))
+        waiting = (f"{len(self.notebooks) - len(s.notebooks)} of {len(self.notebooks)} notebooks still to finish"
                    if not v else "")
         return {"name": s.name, "description": s.description, "params": s.params, "changed": s.changed,
                 "fixes": list(s.fixes), "notebooks": nbs, "verdict": v.verdict if v else "running",
