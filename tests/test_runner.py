@@ -277,6 +277,14 @@ def test_index_render_is_pure_and_escapes():
     assert "FAILED: 1 failed, 1 ok" in html and 'href="baseline/01_x.html"' in html
 
 
+def test_a_bad_side_by_side_setting_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv(runner.SIDE_BY_SIDE_ENV, "yes")
+    proj = project(tmp_path, _nbs())
+    with pytest.raises(runner.params.ParamError, match="'yes' is not valid; it must be one of auto, 0, always"):
+        runner.run(_cfg(proj), progress=lambda m: None)
+    assert not (proj / "outputs").exists() or not any((proj / "outputs").glob("2*"))
+
+
 def test_a_running_index_counts_only_the_notebooks_that_ended_as_finished():
     nbs = [{"name": "01_x", "status": "running"}, {"name": "02_y", "status": "ok"}, {"name": "03_z", "status": "running"}]
     line = index.run_summary({"status": "running", "progress": "baseline: running 01_x; running 03_z (side by side)",

@@ -36,6 +36,7 @@ DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 SIDE_BY_SIDE_CORES = 8   # usable cores from which a scenario's notebooks may run side by side
 SIDE_BY_SIDE_ENV = "GPULAB_NOTEBOOKS_SIDE_BY_SIDE"   # 0: one at a time; always: side by side on any machine
+SIDE_BY_SIDE_CHOICES = ("auto", "0", "always")
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,10 @@ def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[
     """Everything that can be wrong with the input, checked before any notebook runs; each scenario's
     parameters and fixes are resolved here, once."""
     paramsets.check_scenarios(cfg.root, cfg.scenarios)
+    asked = os.environ.get(SIDE_BY_SIDE_ENV, "auto")
+    if asked not in SIDE_BY_SIDE_CHOICES:
+        raise params.ParamError(f"{SIDE_BY_SIDE_ENV}={asked!r} is not valid; it must be one of "
+                                f"{', '.join(SIDE_BY_SIDE_CHOICES)}")
     notebooks = discover(cfg.root, cfg.only)
     # The schema comes from every notebook, so a shared params file stays valid with --only.
     schema = params.notebook_schema(discover(cfg.root))
