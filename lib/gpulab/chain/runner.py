@@ -385,8 +385,8 @@ def _run_side_by_side(run: RunState, scen: str, sc_dir: Path, schema: dict, valu
     after = waits_for(metas, program=False)
     timed = {name for name, m in metas.items() if m.get("timed")}
     pending, running, done, status_of = list(paths), {}, set(), {}
-    run.say(f"[{scen}] notebooks side by side where they read nothing of each other's ({usable_cores()} cores); "
-            f"{', '.join(sorted(timed))} alone")
+    run.say(f"[{scen}] notebooks side by side where they read nothing of each other's ({usable_cores()} cores)"
+            + (f"; {', '.join(sorted(timed))} alone (they time something)" if timed else ""))
     pool = ThreadPoolExecutor(max_workers=len(paths), thread_name_prefix="notebook")
     # every notebook's papermill child and kernel started now, each waiting for its turn: their start-up (seconds
     # a kernel) overlaps the notebooks before them, as the next one's does in the one-at-a-time chain
