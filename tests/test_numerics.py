@@ -713,3 +713,21 @@ def _run(*devices: str):
 def test_the_two_replays_run_at_once_only_where_they_cannot_meet(devices, wrote, cores, together):
     from gpulab.numerics import compare
     assert compare.side_by_side([_run(*d) for d in devices], wrote, cores) is together
+
+
+def _rec(op: str, npass: int, total: float, ck: int) -> dict:
+    return {"op": op, "site": "train.py:9 in step", "pass": npass, "out": 0, "dtype": "float32", "shape": [4], "n": 4,
+            "sum": total, "asum": abs(total), "amax": abs(total) / 4, "ck": ck, "nan": 0, "inf": 0,
+            "sample": [total / 4] * 4}
+
+
+@pytest.mark.parametrize("again, expect", [
+    ([_rec("aten.mm.default", 3, 8.0, 1)], True),                 # the same bits
+    ([_rec("aten.mm.default", 3, 8.0 * (1 + 1e-7), 2)], True),    # the last bits (a GPU's atomics)
+    ([_rec("aten.mm.default", 3, 9.0, 3)], False),                # other values: another path, or other data
+    ([_rec("aten.mm.default", 2, 8.0, 1)], None),                 # the replay never made that record
+])
+def test_a_replay_run_is_checked_against_its_first_run_at_the_kept_op(again, expect):
+    from gpulab.numerics import compare
+    first = [_rec("aten.mm.default", 2, 1.0, 9), _rec("aten.mm.default", 3, 8.0, 1)]
+    assert compare.reproduced(first, again, "aten.mm.default|train.py:9 in step|3|0") is expect

@@ -100,6 +100,7 @@ def test_the_replays_run_at_once_on_spare_cores_with_the_same_verdict(tmp_path, 
     c = compare.run([*cmd, "good"], [*cmd, "bad"], tmp_path, stall_s=120, log=said.append)
     assert c.status == "diverged" and c.first_divergence["op"] == "numfix.fused_silu.default", c.summary
     assert c.replay["reference_right"] is True and c.replay["candidate_right"] is False, c.summary
+    assert c.replay["reproduced"] is True and "other values than its first run" not in c.summary
     assert any("both sides at once" in s for s in said), said
     (a0, a1), (b0, b1) = spans["reference.replay"], spans["candidate.replay"]
     assert max(a0, b0) < min(a1, b1), spans                 # they overlapped

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gpulab import device, lastwords, proc, report
 from gpulab.numerics import judge as _judge
-from gpulab.numerics import lines, workdir
+from gpulab.numerics import figures, lines, workdir
+from gpulab.numerics.tolerance import for_dtypes
 from gpulab.numerics.names import ENV_DIR, ENV_KEEP, INSTALL
 from gpulab.trace import follow, liveness, preload
 from gpulab.trace.run import keep_followed
@@ -245,10 +246,11 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
             together = side_by_side((ref, cand), wrote_by_runs, device.usable_cores())
             say(f"replaying the diverging op alone ({'both sides at once' if together else 'each side'} again, up "
                 f"to that op{_also(plan)})")
-            reps = _replay(argvs, envs, out, plan, rtol, atol, timeout_s, stall_s, together)
+            reps = _replay(argvs, envs, out, plan, rtol, atol, timeout_s, stall_s, together,
+                           (ref.records, cand.records))
             for n, (j, rep) in enumerate(zip(plan, reps)):   # past each op both runs compute right: rounding
                 if (not (rep.get("reference_right") and rep.get("candidate_right")) or rep.get("arguments")
-                        or n == ROUNDING_REPLAYS):
+                        or rep.get("reproduced") is False or n == ROUNDING_REPLAYS):
                     break
                 op, site, npass, _ = j.keep[0].split("|")
                 say(f"{op} at {_judge.short(site)} (pass {npass}): its difference is rounding (both sides right "
@@ -324,27 +326,46 @@ def side_by_side(runs: Sequence[Run], wrote: Sequence[str] | None, cores: int) -
     return sum(on_gpu) <= 1
 
 
+def reproduced(first: Sequence[dict], again: Sequence[dict], keep: str, rtol=None, atol=None) -> bool | None:
+    """Whether a replay run gave the kept op (its key) the values its first run gave, within the dtype's
+    tolerance (a GPU's atomics may change the last bits); None where either run lacks its record."""
+    a = next((r for r in first if _judge.key(r) == keep), None)
+    b = next((r for r in again if _judge.key(r) == keep), None)
+    if a is None or b is None:
+        return None
+    return figures.compare(a, b, for_dtypes(a.get("dtype"), rtol=rtol, atol=atol)).within
+
+
 def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, timeout_s, stall_s,
-            together: bool = False) -> list[dict]:
-    """One run per side keeps every planned op's inputs: per op, which run is right (replay.judge)."""
+            together: bool = False, firsts: Sequence[Sequence[dict]] = ((), ())) -> list[dict]:
+    """One run per side keeps every planned op's inputs: per op, which run is right (replay.judge), and whether
+    each replay run reproduced its first run at that op (else its judgement is of other inputs: a program whose
+    runs differ, or one reading what another run wrote)."""
     from gpulab.numerics import replay
 
-    def side(n: int) -> Path:
-        r = run_side(SIDES[n], argvs[n], out, env=envs[n], timeout_s=timeout_s, stall_s=stall_s,
-                     keep="\n".join(p.keep[n] for p in plan), name=f"{SIDES[n]}.replay")
-        return Path(r.folder)
+    def side(n: int) -> Run:
+        return run_side(SIDES[n], argvs[n], out, env=envs[n], timeout_s=timeout_s, stall_s=stall_s,
+                        keep="\n".join(p.keep[n] for p in plan), name=f"{SIDES[n]}.replay")
 
     if together:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="replay") as pool:
-            dirs = list(pool.map(side, (0, 1)))
+            again = list(pool.map(side, (0, 1)))
     else:
-        dirs = [side(0), side(1)]
+        again = [side(0), side(1)]
     reps = []
-    for n in range(len(plan)):
+    for n, p in enumerate(plan):
         try:
-            reps.append(replay.judge(dirs[0], dirs[1], rtol, atol, n))
+            rep = replay.judge(Path(again[0].folder), Path(again[1].folder), rtol, atol, n)
         except Exception as exc:  # noqa: BLE001 - the verdict stands without its replay
-            reps.append({"available": False, "words": f"no replay: {type(exc).__name__}: {exc}"[:300]})
+            rep = {"available": False, "words": f"no replay: {type(exc).__name__}: {exc}"[:300]}
+        same = {s: reproduced(firsts[k], again[k].records, p.keep[k], rtol, atol) for k, s in enumerate(SIDES)}
+        rep["reproduced"] = False if False in same.values() else (None if None in same.values() else True)
+        off = [s for s, ok in same.items() if ok is False]
+        if off and rep.get("available", True):
+            rep["words"] = (rep.get("words", "").rstrip(".") + f"; but the {' and the '.join(off)}'s replay run gave "
+                            "this op other values than its first run (a program whose runs differ, or one that reads "
+                            "what another run wrote), so the replay judged other inputs than the ones compared")
+        reps.append(rep)
     return reps
 
 
