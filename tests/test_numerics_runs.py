@@ -106,6 +106,21 @@ def test_the_replays_run_at_once_on_spare_cores_with_the_same_verdict(tmp_path, 
     assert max(a0, b0) < min(a1, b1), spans                 # they overlapped
 
 
+def test_a_replay_that_does_not_reproduce_its_first_run_says_so_and_judges_nothing(tmp_path, monkeypatch):
+    """A program that reads a counter it left in its folder: the replays start from yet another state, so their
+    calls (a scale of 0.75 and 1.0, not the compared 0.25 and 0.5) must not be reported as the runs'."""
+    monkeypatch.chdir(tmp_path)
+    cmd = ["python", str(FIX / "run_counter.py")]   # a bare python: gpulab's own interpreter, as for watch
+    c = compare.run(cmd, cmd, tmp_path / "cmp", stall_s=120)
+    fd = c.first_divergence
+    assert c.status == "diverged" and fd["op"] == "aten.mul.Tensor", c.summary
+    assert fd["call_site"].endswith(f"run_counter.py:{_line('run_counter.py', 'loss = ')} in <module>")
+    assert fd["pass"] == 1
+    assert c.replay["available"] is False and c.replay["reproduced"] is False, c.replay
+    assert "other values than their first runs" in c.summary and "0.75" not in c.summary, c.summary
+    assert "count.txt" in c.summary                        # what the reference left where the candidate ran
+
+
 def test_ops_found_to_be_rounding_are_replayed_in_one_run_per_side(tmp_path):
     """float32 against bfloat16 autocast: the first diverging ops are each right for their dtype; the ops named
     next if they are (up to ROUNDING_REPLAYS more) are kept by the same replay run, not one run pair each."""

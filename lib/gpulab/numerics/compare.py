@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gpulab import device, lastwords, proc, report
+from gpulab.hang.watchdog.launch import bare_python
 from gpulab.numerics import judge as _judge
 from gpulab.numerics import figures, lines, workdir
 from gpulab.numerics.tolerance import for_dtypes
@@ -104,10 +105,13 @@ class Comparison:
 
 
 def argv_of(command: str | Sequence[str]) -> list[str]:
-    """A command as one string (split as a shell would) or an argv list."""
+    """A command as one string (split as a shell would) or an argv list. A bare `python` is the interpreter gpulab
+    runs in, as for `gpulab watch` (gpulab.hang.watchdog.launch): PATH's may be another, without torch."""
     argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
     if not argv:
         raise ValueError("an empty command; give the program to run, e.g. 'python train.py'")
+    if bare_python(argv[0]):
+        argv[0] = sys.executable
     return argv
 
 
@@ -361,10 +365,13 @@ def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, ti
         same = {s: reproduced(firsts[k], again[k].records, p.keep[k], rtol, atol) for k, s in enumerate(SIDES)}
         rep["reproduced"] = False if False in same.values() else (None if None in same.values() else True)
         off = [s for s, ok in same.items() if ok is False]
-        if off and rep.get("available", True):
-            rep["words"] = (rep.get("words", "").rstrip(".") + f"; but the {' and the '.join(off)}'s replay run gave "
-                            "this op other values than its first run (a program whose runs differ, or one that reads "
-                            "what another run wrote), so the replay judged other inputs than the ones compared")
+        if off:   # what it kept is not what was compared: its judgement (which run is right, the call) is not said
+            many = len(off) > 1
+            rep = {"available": False, "reproduced": False, "replayed": rep,
+                   "words": f"no replay: {' and '.join(f'the {s}' + chr(39) + 's' for s in off)} replay "
+                            f"run{'s' if many else ''} gave this op other values than {'their' if many else 'its'} "
+                            f"first run{'s' if many else ''} (a program whose runs differ, or one that reads what "
+                            "another run wrote), so what the replay kept is not what was compared"}
         reps.append(rep)
     return reps
 

@@ -21,6 +21,11 @@ _PY_FLAGS_NOARG = {"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-b", "-bb",
 FIXES_VAR = "GPULAB_FIXES"   # gpulab.fixes.compose.FIXES_VAR: names the fixes a child installs
 
 
+def bare_python(first: str) -> bool:
+    """`python`, `python3`, `python3.12` with no folder: the interpreter gpulab runs in is meant (below)."""
+    return os.sep not in first and bool(_PY.match(first))
+
+
 def python_command(command: Sequence[str]) -> tuple[str, list[str], list[str]] | None:
     """(interpreter, interpreter flags, target args) when COMMAND runs a Python program, else None.
 
