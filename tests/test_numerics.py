@@ -721,13 +721,15 @@ def _rec(op: str, npass: int, total: float, ck: int) -> dict:
             "sample": [total / 4] * 4}
 
 
-@pytest.mark.parametrize("again, expect", [
-    ([_rec("aten.mm.default", 3, 8.0, 1)], True),                 # the same bits
-    ([_rec("aten.mm.default", 3, 8.0 * (1 + 1e-7), 2)], True),    # the last bits (a GPU's atomics)
-    ([_rec("aten.mm.default", 3, 9.0, 3)], False),                # other values: another path, or other data
-    ([_rec("aten.mm.default", 2, 8.0, 1)], None),                 # the replay never made that record
+@pytest.mark.parametrize("again, apart, expect", [
+    ([_rec("aten.mm.default", 3, 8.0, 1)], 1.0, True),                 # the same bits
+    ([_rec("aten.mm.default", 3, 8.0 * (1 + 1e-7), 2)], 1.0, True),    # the last bits (a GPU's atomics)
+    ([_rec("aten.mm.default", 3, 8.0 * (1 + 1e-4), 2)], 1e3, True),    # far closer than the two runs are
+    ([_rec("aten.mm.default", 3, 8.0 * (1 + 1e-4), 2)], 1.0, False),   # as far as the two runs are apart
+    ([_rec("aten.mm.default", 3, 9.0, 3)], 1e3, False),                # other values: another path, or other data
+    ([_rec("aten.mm.default", 2, 8.0, 1)], 1.0, None),                 # the replay never made that record
 ])
-def test_a_replay_run_is_checked_against_its_first_run_at_the_kept_op(again, expect):
+def test_a_replay_run_is_checked_against_its_first_run_at_the_kept_op(again, apart, expect):
     from gpulab.numerics import compare
     first = [_rec("aten.mm.default", 2, 1.0, 9), _rec("aten.mm.default", 3, 8.0, 1)]
-    assert compare.reproduced(first, again, "aten.mm.default|train.py:9 in step|3|0") is expect
+    assert compare.reproduced(first, again, "aten.mm.default|train.py:9 in step|3|0", apart=apart) is expect

@@ -330,14 +330,16 @@ def side_by_side(runs: Sequence[Run], wrote: Sequence[str] | None, cores: int) -
     return sum(on_gpu) <= 1
 
 
-def reproduced(first: Sequence[dict], again: Sequence[dict], keep: str, rtol=None, atol=None) -> bool | None:
-    """Whether a replay run gave the kept op (its key) the values its first run gave, within the dtype's
-    tolerance (a GPU's atomics may change the last bits); None where either run lacks its record."""
+def reproduced(first: Sequence[dict], again: Sequence[dict], keep: str, rtol=None, atol=None,
+               apart: float = 1.0) -> bool | None:
+    """Whether a replay run gave the kept op (its key) the values its first run gave: closer to them than the two
+    compared runs are to each other (`apart`: their difference over the tolerance) and than the tolerance (a GPU's
+    atomics may change the last bits); None where either run lacks its record."""
     a = next((r for r in first if _judge.key(r) == keep), None)
     b = next((r for r in again if _judge.key(r) == keep), None)
     if a is None or b is None:
         return None
-    return figures.compare(a, b, for_dtypes(a.get("dtype"), rtol=rtol, atol=atol)).within
+    return figures.compare(a, b, for_dtypes(a.get("dtype"), rtol=rtol, atol=atol)).excess < max(1.0, apart)
 
 
 def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, timeout_s, stall_s,
@@ -362,7 +364,9 @@ def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, ti
             rep = replay.judge(Path(again[0].folder), Path(again[1].folder), rtol, atol, n)
         except Exception as exc:  # noqa: BLE001 - the verdict stands without its replay
             rep = {"available": False, "words": f"no replay: {type(exc).__name__}: {exc}"[:300]}
-        same = {s: reproduced(firsts[k], again[k].records, p.keep[k], rtol, atol) for k, s in enumerate(SIDES)}
+        apart = ((p.first_divergence or {}).get("error") or {}).get("excess")
+        apart = apart if isinstance(apart, (int, float)) else float("inf")   # "inf" (a NaN on one side): as far as can be
+        same = {s: reproduced(firsts[k], again[k].records, p.keep[k], rtol, atol, apart) for k, s in enumerate(SIDES)}
         rep["reproduced"] = False if False in same.values() else (None if None in same.values() else True)
         off = [s for s, ok in same.items() if ok is False]
         if off:   # what it kept is not what was compared: its judgement (which run is right, the call) is not said
