@@ -15,11 +15,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
-
-from concurrent.futures import ThreadPoolExecutor
 
 from gpulab import device, lastwords, proc, report
 from gpulab.hang.watchdog.launch import bare_python
@@ -342,6 +341,13 @@ def reproduced(first: Sequence[dict], again: Sequence[dict], keep: str, rtol=Non
     return figures.compare(a, b, for_dtypes(a.get("dtype"), rtol=rtol, atol=atol)).excess < max(1.0, apart)
 
 
+def _not_reproduced(sides: Sequence[str]) -> str:
+    whose = " and ".join(f"the {s}'s" for s in sides)
+    runs, their = ("runs", "their first runs") if len(sides) > 1 else ("run", "its first run")
+    return (f"no replay: {whose} replay {runs} gave this op other values than {their} (a program whose runs differ, "
+            "or one that reads what another run wrote), so what the replay kept is not what was compared")
+
+
 def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, timeout_s, stall_s,
             together: bool = False, firsts: Sequence[Sequence[dict]] = ((), ())) -> list[dict]:
     """One run per side keeps every planned op's inputs: per op, which run is right (replay.judge), and whether
@@ -365,17 +371,12 @@ def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, ti
         except Exception as exc:  # noqa: BLE001 - the verdict stands without its replay
             rep = {"available": False, "words": f"no replay: {type(exc).__name__}: {exc}"[:300]}
         apart = ((p.first_divergence or {}).get("error") or {}).get("excess")
-        apart = apart if isinstance(apart, (int, float)) else float("inf")   # "inf" (a NaN on one side): as far as can be
+        apart = apart if isinstance(apart, (int, float)) else float("inf")   # "inf": NaN on one side, as far as can be
         same = {s: reproduced(firsts[k], again[k].records, p.keep[k], rtol, atol, apart) for k, s in enumerate(SIDES)}
         rep["reproduced"] = False if False in same.values() else (None if None in same.values() else True)
         off = [s for s, ok in same.items() if ok is False]
         if off:   # what it kept is not what was compared: its judgement (which run is right, the call) is not said
-            many = len(off) > 1
-            rep = {"available": False, "reproduced": False, "replayed": rep,
-                   "words": f"no replay: {' and '.join(f'the {s}' + chr(39) + 's' for s in off)} replay "
-                            f"run{'s' if many else ''} gave this op other values than {'their' if many else 'its'} "
-                            f"first run{'s' if many else ''} (a program whose runs differ, or one that reads what "
-                            "another run wrote), so what the replay kept is not what was compared"}
+            rep = {"available": False, "reproduced": False, "replayed": rep, "words": _not_reproduced(off)}
         reps.append(rep)
     return reps
 
