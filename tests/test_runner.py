@@ -74,6 +74,20 @@ def test_needs_skips_dependents_of_a_failed_notebook(tmp_path):
     assert code == 1 and statuses == ["failed", "skipped"]
 
 
+@pytest.mark.parametrize("side_by_side", ["0", "always"])
+def test_what_needs_a_skipped_notebook_is_skipped_too(tmp_path, monkeypatch, side_by_side):
+    monkeypatch.setenv(runner.SIDE_BY_SIDE_ENV, side_by_side)
+    nbs = _nbs()
+    nbs["03_after"].metadata["gpulab"] = {"needs": ["02_bad"]}
+    nbs["04_last"] = notebook("Last", "", RECORD.format(name="04_last", headline="last"))
+    nbs["04_last"].metadata["gpulab"] = {"needs": ["03_after"]}
+    proj = project(tmp_path, nbs)
+    code, idx = runner.run(_cfg(proj, only=("02", "03", "04")), progress=lambda m: None)
+    run = json.loads((idx.parent / "run.json").read_text())
+    statuses = [n["status"] for n in run["scenarios"][0]["notebooks"]]
+    assert code == 1 and statuses == ["failed", "skipped", "skipped"]
+
+
 KERNEL_STARTED = """import os, pathlib
 ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
 btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime"))

@@ -311,6 +311,20 @@ def _on_gpu(run: RunState, scen: str, schema: dict) -> None:
         run.give_gpu(scen)
 
 
+def _skipped(run: RunState, scen: str, name: str, missing: Sequence[str]) -> NotebookResult:
+    """A notebook not run because a notebook it needs did not succeed (metadata `needs`)."""
+    run.say(f"[{scen}] {name}: skipped (needs {', '.join(missing)})")
+    return NotebookResult(name, "skipped", error=f"skipped: needs {', '.join(missing)}, which did not succeed")
+
+
+def _disk_failed(run: RunState, scen: str, name: str, sc_dir: Path, exc: OSError) -> DiskFull:
+    """A notebook ended by a full disk: its row says so, and the run stops (raise what this returns)."""
+    if exc.errno not in DISK_ERRNOS:
+        raise exc
+    run.add(scen, NotebookResult(name, "failed", error=str(_disk(exc, sc_dir))))
+    return _disk(exc, sc_dir)
+
+
 def _run_scenario(run: RunState, scen: str, schema: dict) -> None:
     values, fixes = run.results[scen].params, run.results[scen].fixes
     sc_dir = run.run_dir / scen
@@ -336,9 +350,7 @@ def _run_scenario(run: RunState, scen: str, schema: dict) -> None:
             name = nb_path.stem
             missing = [n for n in needs(nb_path) if status_of.get(n, "ok") != "ok"]
             if missing:
-                res = NotebookResult(name, "skipped", error=f"skipped: needs {', '.join(missing)}, which did not "
-                                     "succeed")
-                run.say(f"[{scen}] {name}: skipped (needs {', '.join(missing)})")
+                res = _skipped(run, scen, name, missing)
                 if ahead is not None:
                     ahead.close()
                     ahead = None
@@ -352,10 +364,7 @@ def _run_scenario(run: RunState, scen: str, schema: dict) -> None:
                     run.add(scen, _cut_off(run, sc_dir, name, exc))
                     raise
                 except OSError as exc:
-                    if exc.errno not in DISK_ERRNOS:
-                        raise
-                    run.add(scen, NotebookResult(name, "failed", error=str(_disk(exc, sc_dir))))
-                    raise _disk(exc, sc_dir) from None
+                    raise _disk_failed(run, scen, name, sc_dir, exc) from None
                 finally:
                     ahead = next_up.take() if next_up is not None else None
             status_of[name] = res.status
@@ -405,9 +414,8 @@ def _run_side_by_side(run: RunState, scen: str, sc_dir: Path, schema: dict, valu
                     started = heads.pop(name).take()
                     if started is not None:
                         started.close()
-                    run.say(f"[{scen}] {name}: skipped (needs {', '.join(missing)})")
-                    run.add(scen, NotebookResult(name, "skipped", error=f"skipped: needs {', '.join(missing)}, "
-                                                 "which did not succeed"))
+                    status_of[name] = "skipped"   # and so is what needs it
+                    run.add(scen, _skipped(run, scen, name, missing))
                     done.add(name)
                     continue
                 running[name] = pool.submit(_run_notebook, run, scen, sc_dir, paths[name], schema, values,
@@ -420,10 +428,7 @@ def _run_side_by_side(run: RunState, scen: str, sc_dir: Path, schema: dict, valu
                     try:
                         res = fut.result()
                     except OSError as exc:
-                        if exc.errno not in DISK_ERRNOS:
-                            raise
-                        run.add(scen, NotebookResult(name, "failed", error=str(_disk(exc, sc_dir))))
-                        raise _disk(exc, sc_dir) from None
+                        raise _disk_failed(run, scen, name, sc_dir, exc) from None
                     status_of[name] = res.status
                     run.add(scen, res)
         ended = not (pending or running)

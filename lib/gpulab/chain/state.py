@@ -134,22 +134,27 @@ class RunState:
                 self.current.get(scen, {}).pop(n.name, None)
             self.write_index()
 
+    def _rank(self, name: str) -> int:
+        """A notebook's place in the chain: results and running rows are listed in it, whatever order they
+        finished in (notebooks that ran side by side)."""
+        return self._order.get(name, len(self._order))
+
     def _ordered(self, nbs: tuple[NotebookResult, ...]) -> tuple[NotebookResult, ...]:
-        """In the chain's order, whatever order they finished in (notebooks that ran side by side)."""
-        return tuple(sorted(nbs, key=lambda n: self._order.get(n.name, len(self._order))))
+        return tuple(sorted(nbs, key=lambda n: self._rank(n.name)))
 
     def running_all(self, scen: str) -> list[dict[str, Any]]:
         """The notebooks a scenario is running now and how far each got (papermill saves after every cell)."""
         out = []
-        for name, (ipynb, t0) in sorted(self.current.get(scen, {}).items(), key=lambda kv: self._order.get(kv[0], 0)):
+        for name, (ipynb, t0) in sorted(self.current.get(scen, {}).items(), key=lambda kv: self._rank(kv[0])):
             done, total, _ = notebook.cells_done(ipynb)
             out.append({"notebook": name, "cells_done": done, "cells": total,
                         "seconds": round(time.monotonic() - t0, 1), "text": running_text(name, done, total)})
         return out
 
-    def running(self, scen: str) -> dict[str, Any] | None:
-        """What a scenario is running now, in one entry (several notebooks' texts joined), or None."""
-        now = self.running_all(scen)
+    def running(self, scen: str, now: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+        """What a scenario is running now, in one entry (several notebooks' texts joined), or None; `now`: its
+        running_all, when the caller has read it already."""
+        now = self.running_all(scen) if now is None else now
         if not now:
             return None
         if len(now) == 1:
@@ -167,11 +172,11 @@ class RunState:
         metrics = report.load_metrics(sc_dir)
         nbs = [asdict(n) for n in s.notebooks]
         v = verdict.judge(nbs, metrics, s.name, s.fixes) if nbs and self.complete(s) else None
-        now = None if v else self.running(s.name)
+        each = [] if v else self.running_all(s.name)   # each running .ipynb read once per index
+        now = self.running(s.name, each)
         if now:
-            nbs.extend(asdict(NotebookResult(n["notebook"], "running", n["seconds"], n["text"]))
-                       for n in self.running_all(s.name))
-            nbs.sort(key=lambda n: self._order.get(n["name"], len(self._order)))
+            nbs.extend(asdict(NotebookResult(n["notebook"], "running", n["seconds"], n["text"])) for n in each)
+            nbs.sort(key=lambda n: self._rank(n["name"]))
         waiting = (f"{len(self.notebooks) - len(s.notebooks)} of {len(self.notebooks)} notebooks still to finish"
                    if not v else "")
         return {"name": s.name, "description": s.description, "params": s.params, "changed": s.changed,

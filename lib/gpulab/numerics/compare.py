@@ -329,13 +329,24 @@ def side_by_side(runs: Sequence[Run], wrote: Sequence[str] | None, cores: int) -
     return sum(on_gpu) <= 1
 
 
+def _by_key(records: Sequence[dict], keys: set[str]) -> dict[str, dict]:
+    """The records of these keys (op|site|pass|out), in one pass over a run's records."""
+    out: dict[str, dict] = {}
+    for r in records:
+        k = _judge.key(r)
+        if k in keys and k not in out:
+            out[k] = r
+    return out
+
+
 def reproduced(first: Sequence[dict], again: Sequence[dict], keep: str, rtol=None, atol=None,
                apart: float = 1.0) -> bool | None:
     """Whether a replay run gave the kept op (its key) the values its first run gave: closer to them than the two
     compared runs are to each other (`apart`: their difference over the tolerance) and than the tolerance (a GPU's
-    atomics may change the last bits); None where either run lacks its record."""
-    a = next((r for r in first if _judge.key(r) == keep), None)
-    b = next((r for r in again if _judge.key(r) == keep), None)
+    atomics may change the last bits); None where either run lacks its record. `first`/`again`: the runs' records,
+    or only those of the kept keys (_by_key)."""
+    a = _by_key(first, {keep}).get(keep)
+    b = _by_key(again, {keep}).get(keep)
     if a is None or b is None:
         return None
     return figures.compare(a, b, for_dtypes(a.get("dtype"), rtol=rtol, atol=atol)).excess < max(1.0, apart)
@@ -364,6 +375,9 @@ def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, ti
             again = list(pool.map(side, (0, 1)))
     else:
         again = [side(0), side(1)]
+    keys = [{p.keep[k] for p in plan} for k in (0, 1)]   # each run's records read once for every planned op
+    firsts = [_by_key(firsts[k], keys[k]) for k in (0, 1)]
+    kept = [_by_key(again[k].records, keys[k]) for k in (0, 1)]
     reps = []
     for n, p in enumerate(plan):
         try:
@@ -372,7 +386,8 @@ def _replay(argvs, envs, out: Path, plan: list[_judge.Judgement], rtol, atol, ti
             rep = {"available": False, "words": f"no replay: {type(exc).__name__}: {exc}"[:300]}
         apart = ((p.first_divergence or {}).get("error") or {}).get("excess")
         apart = apart if isinstance(apart, (int, float)) else float("inf")   # "inf": NaN on one side, as far as can be
-        same = {s: reproduced(firsts[k], again[k].records, p.keep[k], rtol, atol, apart) for k, s in enumerate(SIDES)}
+        same = {s: reproduced(list(firsts[k].values()), list(kept[k].values()), p.keep[k], rtol, atol, apart)
+                for k, s in enumerate(SIDES)}
         rep["reproduced"] = False if False in same.values() else (None if None in same.values() else True)
         off = [s for s, ok in same.items() if ok is False]
         if off:   # what it kept is not what was compared: its judgement (which run is right, the call) is not said
