@@ -1,12 +1,14 @@
 """What cuDNN's attention costs at first use, by the state of the CUDA driver's JIT cache: why notebook 05 on a
 freshly started GPU machine is slower than on the same machine later.
 
-    python benchmarks/bench_cudnn_jit.py --out DIR [--parts 3]
+    python benchmarks/bench_cudnn_jit.py --out DIR [--parts 3] [--splits-only]
 
 The cudnn candidate alone over the oracle's 320 default cases (bfloat16), the first call of each shape timed,
 in fresh child processes: with an empty cache (CUDA_CACHE_PATH a new folder), again with that cache filled,
 with the cache off (CUDA_CACHE_DISABLE=1), and the cases split over --parts processes side by side (empty
-cache, then none). Prints one JSON line per variant and writes DIR/cudnn_jit.json. Needs a CUDA GPU.
+cache, then none). `--parts 3,6,8 --splits-only`: only the split variants with an empty cache, one per count
+(how many oracle workers side by side pay off). Prints one JSON line per variant and writes
+DIR/cudnn_jit.json. Needs a CUDA GPU.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def variant(name: str, parts: int, env: dict, out: Path) -> dict:
     wall = time.monotonic() - t0
     firsts = []
     for k in range(parts):
-        lines = (out / f"{name}.{k}.out").read_text().split()
+        lines = (out / f"{name}.{k}.out").read_text().splitlines()
         firsts.append(json.loads(lines[-1])["first_calls_s"] if lines else None)
     return {"variant": name, "processes": parts, "wall_s": round(wall, 1), "first_calls_s": firsts, "exit": codes}
 
@@ -72,24 +74,30 @@ def variant(name: str, parts: int, env: dict, out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--parts", type=int, default=3, help="processes side by side for the split variants")
+    ap.add_argument("--parts", default="3", help="processes side by side for the split variants (a comma list)")
+    ap.add_argument("--splits-only", action="store_true", help="only the split variants, an empty cache each")
     ap.add_argument("--part", nargs=2, type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.part:
         part(*a.part)
         return 0
-    if a.out is None or a.parts < 1:
-        ap.error("--out DIR is required, and --parts must be >= 1")
+    try:
+        counts = [int(x) for x in a.parts.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if a.out is None or not counts or min(counts) < 1:
+        ap.error(f"--out DIR is required, and --parts must be whole numbers >= 1 (got {a.parts!r})")
     from gpulab.device import has_gpu
     if not has_gpu():
         ap.error("needs a CUDA GPU: cuDNN's attention runs on one only")
     a.out.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_CACHE_")}
     empty = {**base, "CUDA_CACHE_PATH": str(a.out / "cache1")}
-    split = {**base, "CUDA_CACHE_PATH": str(a.out / "cache2")}
     off = {**base, "CUDA_CACHE_DISABLE": "1"}
-    plan = [("empty_cache", 1, empty), ("filled_cache", 1, empty), ("no_cache", 1, off),
-            (f"empty_cache_x{a.parts}", a.parts, split), (f"no_cache_x{a.parts}", a.parts, off)]
+    splits = [(f"empty_cache_x{n}", n, {**base, "CUDA_CACHE_PATH": str(a.out / f"cache_x{n}")}) for n in counts]
+    plan = splits if a.splits_only else [("empty_cache", 1, empty), ("filled_cache", 1, empty),
+                                         ("no_cache", 1, off), *splits,
+                                         *[(f"no_cache_x{n}", n, off) for n in counts]]
     rows = []
     with proc.session("bench_cudnn_jit"):
         for name, parts, env in plan:

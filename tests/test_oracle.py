@@ -547,8 +547,8 @@ def test_cpu_oracle_workers_get_their_share_of_threads_unless_the_user_set_it(mo
     assert pooled._worker_env("cpu", 2) is None
 
 
-@pytest.mark.parametrize("cores,n_cases,expected", [(16, 320, 3), (64, 320, 3), (8, 320, 2), (4, 320, 1),
-                                                    (2, 320, 1), (16, 2, 2), (16, 1, 1), (16, 0, 1)])
+@pytest.mark.parametrize("cores,n_cases,expected", [(16, 320, 6), (64, 320, 6), (8, 320, 4), (4, 320, 2),
+                                                    (2, 320, 1), (1, 320, 1), (16, 2, 2), (16, 1, 1), (16, 0, 1)])
 def test_oracle_workers_on_a_gpu(cores, n_cases, expected):
     from gpulab.device import oracle_workers
     assert oracle_workers("cuda", n_cases, cores=cores) == expected

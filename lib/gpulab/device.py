@@ -82,6 +82,7 @@ def has_gpu() -> bool:
 GPU_TRIAL_JOBS = 2      # trials side by side on one GPU: they share it (reports say so)
 GPU_LIGHT_TRIAL_JOBS = 4  # ... when each needs little of it (the built-in workload at small sizes)
 CPU_JOBS_MAX = 4         # CPU trials, or CPU oracle workers, side by side (one per core up to this)
+GPU_ORACLE_WORKERS_MAX = 6  # oracle workers side by side on a GPU (more gained nothing: see oracle_workers)
 
 
 def trial_jobs(jobs: int, device: str = "auto", light: bool = False) -> int:
@@ -100,7 +101,9 @@ def trial_jobs(jobs: int, device: str = "auto", light: bool = False) -> int:
 
 def oracle_workers(device: str, n_cases: int, cores: int | None = None) -> int:
     """Warm workers side by side for the oracle (gpulab.oracle.pooled). On a GPU its time is CPU-side (Python,
-    cuDNN building a plan per shape): one per 4 cores, at most 3 (each holds a CUDA context on the shared GPU).
+    cuDNN building a plan per shape, which the driver compiles at first use): one per 2 cores, at most 6 (each
+    holds a CUDA context on the shared GPU; cuDNN's first calls over the default cases took 28.5 s on 3
+    processes, 20.3 s on 6, 19.1 s on 8 and 19.7 s on 12, start-up included, on a 16-core H200 host).
     On the CPU one per core, at most 4, each with its share of the cores as torch threads (oracle_threads):
     the cases are small, and torch's threads gain 1.35x on two cores where two workers gain 1.9x (this
     project's 2-core machine). Never more than the cases. `cores`: the usable cores, counted when None."""
@@ -108,7 +111,7 @@ def oracle_workers(device: str, n_cases: int, cores: int | None = None) -> int:
     cores = usable_cores() if cores is None else cores
     if not (dev.startswith("cuda") or (dev == "auto" and has_gpu())):
         return max(1, min(CPU_JOBS_MAX, cores, n_cases))
-    return max(1, min(3, max(1, cores // 4), n_cases))
+    return max(1, min(GPU_ORACLE_WORKERS_MAX, max(1, cores // 2), n_cases))
 
 
 def oracle_threads(workers: int, cores: int | None = None) -> int:

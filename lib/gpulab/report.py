@@ -107,11 +107,29 @@ def product(out_dir: str | os.PathLike, name: str) -> Path:
 
 def record(out_dir: str | os.PathLike, notebook: str, headline: str, **metrics: Any) -> None:
     """Store a notebook's headline finding and metrics under its name in `out_dir/metrics.json`. Returns
-    nothing, so a notebook's last cell shows nothing (the finding is stated in words above it)."""
+    nothing, so a notebook's last cell shows nothing (the finding is stated in words above it). Notebooks that
+    run side by side record into one file: each read-and-rewrite holds a lock, so none drops another's entry."""
     path = product(out_dir, METRICS_FILE)
-    data = read_json(path, default={}) or {}
-    data[notebook] = {"headline": headline, "metrics": _jsonable(metrics)}
-    write_json(path, data)
+    with _locked(path.with_name("." + METRICS_FILE + ".lock")):
+        data = read_json(path, default={}) or {}
+        data[notebook] = {"headline": headline, "metrics": _jsonable(metrics)}
+        write_json(path, data)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    """An exclusive lock on `lock_path` between processes (none where the platform has no fcntl)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def load_metrics(out_dir: str | os.PathLike) -> dict:
