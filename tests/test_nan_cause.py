@@ -16,8 +16,8 @@ def f32(**kw) -> T:
     return T("float32", (4, 4), **kw)
 
 
-def out(nan: int = 0, posinf: int = 0, dtype: str = "float32") -> T:
-    return T(dtype, (4, 4), nan=nan, posinf=posinf)
+def out(nan: int = 0, posinf: int = 0, dtype: str = "float32", shape: tuple = (4, 4)) -> T:
+    return T(dtype, shape, nan=nan, posinf=posinf)
 
 
 CASES = [
@@ -76,6 +76,13 @@ CASES = [
      "input_neginf", 0, "input 0 holds -Inf (1 value"),
     ("aten.add.Tensor", [f32(min=0.0, max=1.0), f32(min=0.0, max=1.0)], out(nan=1), "unknown", None,
      "no input holds NaN/Inf"),
+    # a group of one element: Bessel's correction divides by N - 1 = 0
+    ("aten.var.correction", [T("float32", (1, 1), min=0.5, max=0.5)], out(nan=1, shape=()), "variance_dof", 0,
+     "var of 1 element per value: with the default correction (Bessel's, dividing by N - 1) that is 0/0"),
+    ("aten.std.correction", [T("float32", (4, 1), min=0.5, max=2.0), None], out(nan=4, shape=(4,)), "variance_dof",
+     0, "std of 1 element per value"),
+    ("aten.var.correction", [T("float32", (8,), min=0.5, max=2.0)], out(nan=1, shape=()), "unknown", None,
+     "no input holds NaN/Inf"),   # 8 elements: 0/0 is not what made it
 ]
 
 

@@ -14,6 +14,8 @@ from typing import Any, Mapping, Sequence
 # what to change at the line, by cause (nancause.KINDS); the program's line is where it is fixed
 REMEDY = {
     "zero_divisor": "keep the divisor away from 0 with an eps or clamp(min=eps), or skip the rows where it is 0",
+    "variance_dof": "a variance of one element is 0/0 with the default correction: skip groups of fewer than 2 "
+                    "elements, or pass correction=0 (unbiased=False)",
     "log_domain": "clamp the log's argument above 0 with clamp_min(eps), or find why it reaches <= 0 (the log of "
                   "a softmax: log_softmax, or cross_entropy on the logits)",
     "sqrt_domain": "clamp at 0 before the sqrt, or find why its argument goes negative",

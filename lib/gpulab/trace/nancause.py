@@ -4,8 +4,8 @@ compare` and tests share one judgement. `cause()` is pure; `facts_of()` reads a 
 tensor's own methods (torch is never imported here).
 
 The cause says whose fault the NaN is in the op's terms: a divisor with zeros, a log or sqrt outside its
-domain, an exp or a matmul or a cast past the dtype's range, a softmax row that is all -inf, or an input that
-already held NaN/+Inf (the cause is earlier: look at the op that made it).
+domain, a variance of one element, an exp or a matmul or a cast past the dtype's range, a softmax row that is
+all -inf, or an input that already held NaN/+Inf (the cause is earlier: look at the op that made it).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ DTYPE_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355
              "float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0, "float8_e5m2fnuz": 57344.0}
 LOW_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 
-KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "log_domain", "sqrt_domain", "pow_domain",
+KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "variance_dof", "log_domain", "sqrt_domain", "pow_domain",
          "overflow", "matmul_overflow", "cast_overflow", "softmax_masked_row", "growth", "unknown")
 GROWTH = 1e3          # an op's outputs that grew this many times over ...
 GROWTH_PASSES = 3     # ... at least this many earlier passes, then overflow: the run diverges
@@ -37,6 +37,7 @@ _MATMUL = ("mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear", "mv", 
            "convolution", "conv1d", "conv2d", "conv3d", "scaled_mm", "addmm_activation", "tensordot")
 _CAST = ("to_copy", "to", "copy", "to_dtype", "type_as", "convert_element_type", "npu_dtype_cast")
 _SOFTMAX = ("softmax", "log_softmax", "safe_softmax", "softmax_backward_data")
+_VARIANCE = ("var", "std", "var_mean", "std_mean")   # N - correction elements to divide by
 _FROM_STORAGE = ("set", "from_file", "from_blob")   # ops that make a tensor of existing memory (set_: its storage)
 
 
@@ -145,13 +146,14 @@ def is_log(op: str) -> bool:
     return base_name(op) in _LOG + _LOG1P
 
 
-def log_made(why: Cause, op: str, log: Mapping[str, Any]) -> Cause:
-    """why (an input's -Inf that op turns into NaN: input_neginf) when a log made that -Inf: log is where it ran
-    (op, call_site, pass) and how many zeros / values <= 0 it read."""
+def log_made(why: Cause, op: str, log: Mapping[str, Any], made: str = "NaN") -> Cause:
+    """why (an input's -Inf that op turns into NaN or +Inf: input_neginf) when a log made that -Inf, here or
+    through ops that passed it on: log is where it ran (op, call_site, pass) and how many zeros / values <= 0 it
+    read."""
     what = (f"{log['zeros']} zero(s)" if log.get("zeros") else
             f"{log['nonpositive']} value(s) <= 0" if log.get("nonpositive") else "values <= 0")
     return Cause("log_domain", f"input {why.input} holds -Inf that {base_name(log['op'])} made at {log['call_site']} "
-                 f"(pass {log['pass']}) from {what} (the log of 0 is -Inf), and {base_name(op)} turns it into NaN",
+                 f"(pass {log['pass']}) from {what} (the log of 0 is -Inf), and {base_name(op)} turns it into {made}",
                  why.input)
 
 
@@ -305,6 +307,12 @@ def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dt
         if output.posinf:
             return Cause("overflow", f"{base}'s result exceeds {output.dtype}'s range (inputs finite; largest "
                          f"{_g(top)})", None)
+    if base in _VARIANCE and output.nan and finite_in and given and given[0][0] == 0:
+        n = math.prod(given[0][1].shape) // max(1, math.prod(output.shape))
+        if n <= 1:
+            return Cause("variance_dof", f"{base} of {_n(n, 'element')} per value: with the default correction "
+                         f"(Bessel's, dividing by N - 1) that is 0/0 (input 0 has shape {list(given[0][1].shape)}, "
+                         f"the output {list(output.shape)})", 0)
     for i, f in given:
         if f.neginf:
             return Cause("input_neginf", f"input {i} holds -Inf ({_n(f.neginf, 'value')}, e.g. a mask value) and "

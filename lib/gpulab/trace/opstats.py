@@ -140,24 +140,39 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     def made_neginf(func: Any, args: Any, out: Any) -> None:
         """After an op whose output holds -Inf: a log of zeros is remembered (where, from what), so that a NaN
         its -Inf makes later (0 * log(0) in a hand-written cross entropy) is not put down to a mask's -Inf.
-        Masks are made by other ops (full, where, masked_fill): they are not remembered."""
-        if not (args and isinstance(out, torch.Tensor) and nancause.is_log(str(func))):
+        An op that passes a remembered -Inf on (`-log(p).mean()`: mean, then neg's +Inf) carries the log's
+        memory to its output. Masks are made by other ops (full, where, masked_fill): they are not remembered."""
+        if not (args and isinstance(out, torch.Tensor)):
+            return
+        if not nancause.is_log(str(func)):
+            src = next((got for got in map(_remembered, _tensors(args)) if got is not None), None)
+            if src is not None:
+                _remember(out, *src)
             return
         f = caller()
         key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
+        given = args[1] if nancause.base_name(str(func)) == "xlogy" and len(args) > 1 else args[0]   # log's argument
+        _remember(out, (*key, counts.get(key)), nancause.facts_of(given))
+
+    def _remember(out: Any, where: tuple, facts: Any) -> None:
         if len(neg) >= 64:
             neg.pop(next(iter(neg)))
-        given = args[1] if nancause.base_name(str(func)) == "xlogy" and len(args) > 1 else args[0]   # log's argument
-        neg[out.untyped_storage().data_ptr()] = (weakref.ref(out), (*key, counts.get(key)), nancause.facts_of(given))
+        neg[out.untyped_storage().data_ptr()] = (weakref.ref(out), where, facts)
+
+    def _remembered(value: Any) -> tuple | None:
+        got = neg.get(value.untyped_storage().data_ptr())
+        return None if got is None or got[0]() is None else got[1:]
+
+    def _tensors(args: Any) -> list:
+        flat = [y for x in args for y in (x if isinstance(x, (list, tuple)) else (x,))]
+        return [x for x in flat if isinstance(x, torch.Tensor)]
 
     def neginf_from(value: Any) -> dict | None:
         """The remembered log that made value's -Inf (value is its output or a view of it), if any."""
-        if not isinstance(value, torch.Tensor):
+        got = _remembered(value) if isinstance(value, torch.Tensor) else None
+        if got is None:
             return None
-        got = neg.get(value.untyped_storage().data_ptr())
-        if got is None or got[0]() is None:
-            return None
-        (fop, code, lasti, n), facts = got[1], got[2]
+        (fop, code, lasti, n), facts = got
         at, file = site(code, lasti)
         return {"op": str(fop), "call_site": at, "file": file, "pass": n,
                 "zeros": facts.zeros if facts else None, "nonpositive": facts.nonpositive if facts else None}
@@ -198,7 +213,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         why = nancause.grown(why, str(func), o.dtype, history)
         src = neginf_from(args[why.input]) if why.kind == "input_neginf" and why.input is not None else None
         if src is not None:   # the -Inf is a log's of values <= 0, not a mask's
-            why = nancause.log_made(why, str(func), src)
+            why = nancause.log_made(why, str(func), src, made="NaN" if o.nan else "+Inf")
         rec = {"seq": seq, "op": str(func), "cause": why.to_dict(), "inputs": [f.to_dict() if f else None for f in ins],
                "neginf_from": src, "history": history,
                "written": sorted(written), "output": o.to_dict(), "backward": node is not None,
