@@ -68,6 +68,36 @@ def test_the_verdict_names_the_op_that_introduces_the_difference_not_the_first_t
     assert j.keep == ("numfix.fused_silu.default|t.py:9 in forward|1|0",) * 2
 
 
+def _small_grads(grad_rel: float) -> tuple[list[dict], list[dict]]:
+    """A weight, its gradient (values of 1e-6) off by grad_rel in the candidate, an optimizer's sqrt of it (1e-3)."""
+    ref = [rec(0, "aten.randn.default", value=1.0),
+           rec(1, "aten.mm.default", site="t.py:5 in step", ins=[0], value=1e-6, bwd=True),
+           rec(2, "aten.sqrt.default", site="t.py:9 in step", ins=[1], value=1e-3)]
+    cand = [dict(ref[0]), rec(1, "aten.mm.default", site="t.py:5 in step", ins=[0], value=1e-6 * (1 + grad_rel),
+                              bwd=True),
+            rec(2, "aten.sqrt.default", site="t.py:9 in step", ins=[1], value=1e-3 * (1 + grad_rel) ** 0.5)]
+    return ref, cand
+
+
+def test_an_op_wrong_on_values_smaller_than_atol_is_named_not_the_op_after_it_that_shows_it():
+    # the gradient's difference (30%, 3e-7 at most) is within assert_close's atol of 1e-5; the sqrt after it is
+    # beyond it, but its input does not agree at its own scale: the gradient's op made the difference
+    j = judge.judge(*_small_grads(0.3))
+    assert j.status == "diverged", j.sentence
+    fd = j.first_divergence
+    assert (fd["op"], fd["call_site"], fd["backward"]) == ("aten.mm.default", "t.py:5 in step", True), j.sentence
+    assert fd["error"]["tolerance"]["atol_scaled_to"] == pytest.approx(2.5e-6)
+    assert "its atol scaled to the values' mean magnitude 2.5e-06" in j.sentence, j.sentence
+
+
+def test_rounding_on_small_values_is_not_named_and_what_agrees_still_agrees():
+    j = judge.judge(*_small_grads(1e-6))          # float32 rounding of small values: within at any scale
+    assert j.status == "agree", j.sentence
+    ref, cand = _small_grads(0.3)
+    cand[2] = dict(ref[2])                        # nothing beyond assert_close's tolerance: the runs agree by it
+    assert judge.judge(ref, cand).status == "agree"
+
+
 def _attention(rel: float, k: int) -> tuple[list[dict], list[dict]]:
     """q, k (max-abs 3), their scores (a k-term bmm) off by rel in the candidate, the softmax that passes it on, and
     an output that agrees again."""

@@ -21,12 +21,16 @@ class Tolerance:
     atol: float
     dtypes: tuple[str, ...] = ()
     set_by_user: bool = False
+    scale: float | None = None   # atol was shrunk to values of this mean magnitude (gpulab.numerics.judge)
 
     def to_dict(self) -> dict:
-        return {"rtol": self.rtol, "atol": self.atol, "dtypes": list(self.dtypes), "set_by_user": self.set_by_user}
+        return {"rtol": self.rtol, "atol": self.atol, "dtypes": list(self.dtypes), "set_by_user": self.set_by_user,
+                **({"atol_scaled_to": self.scale} if self.scale is not None else {})}
 
     def words(self) -> str:
         how = "set by the user" if self.set_by_user else f"assert_close's for {'/'.join(self.dtypes) or 'float32'}"
+        if self.scale is not None:
+            how += f", its atol scaled to the values' mean magnitude {self.scale:.3g}"
         return f"rtol {self.rtol:g}, atol {self.atol:g} ({how})"
 
     def at(self, magnitude: float) -> float:

@@ -70,13 +70,32 @@ def key(r: dict) -> str:
 
 
 def _inputs(r: dict, c: dict, R: dict, C: dict, rtol, atol) -> list[tuple[dict | None, dict | None, Figures | None]]:
+    """Each input's two records (by producer) and how they compare, at the input's own scale (_at_scale)."""
     out = []
     n = shared_inputs(r.get("op"), c.get("op"))   # two backends' kernels: only the inputs they share
     for pr, pc in list(zip(r.get("in") or (), c.get("in") or ()))[:n]:
         rr, cc = R.get(pr), C.get(pc)
-        fig = compare(rr, cc, for_dtypes(rr.get("dtype"), cc.get("dtype"), rtol=rtol, atol=atol)) if rr and cc else None
+        fig = (compare(rr, cc, _at_scale(for_dtypes(rr.get("dtype"), cc.get("dtype"), rtol=rtol, atol=atol), rr))
+               if rr and cc else None)
         out.append((rr, cc, fig))
     return out
+
+
+def _at_scale(tol: Tolerance, r: dict) -> Tolerance:
+    """An input's tolerance with atol shrunk to the input's mean magnitude where that is below 1: assert_close's
+    atol is an allowance at unit scale, and held fixed it calls any two tensors of small values equal (the
+    gradients of a mean loss, 1e-4 each, differing by 30%, or an optimizer's squared-gradient average of 1e-9),
+    so an op reading them would be named as making a difference it was given. Outputs keep assert_close's
+    tolerance, so nothing that agrees by it is called diverged; a tolerance the user set stands as set."""
+    if tol.set_by_user:
+        return tol
+    try:
+        scale = abs(float(r.get("asum"))) / max(int(r.get("n") or 0), 1)
+    except (TypeError, ValueError):
+        return tol
+    if not (math.isfinite(scale) and scale < 1.0):
+        return tol
+    return Tolerance(tol.rtol, tol.atol * scale, tol.dtypes, tol.set_by_user, scale)
 
 
 def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol: float | None = None,
@@ -101,6 +120,7 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
     matched_c = {co[b]["i"] for _, b in al.pairs}
     judged_r, judged_c = set(), set()     # aligned ops already judged: a difference they pass on is not new
     explained: list[tuple] = []           # beyond assert_close's tolerance, but rounding: (n, r, c, figures, how)
+    small = None                          # the first op that makes a difference only its values' scale shows
     accepted = set(rounding)
     for n, (a, b) in enumerate(al.pairs):
         r, c = ro[a], co[b]
@@ -118,6 +138,8 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
             continue
         if bit is None and not fig.bitwise:
             bit, bit_at = (r, c, fig), a
+        if small is None and first is None and plain.within and not fig.bitwise:
+            small = _small_values(n, r, c, R, C, tol_rc, rtol, atol)
         if first is None and not plain.within:
             if fig.within:
                 explained.append((n, r, c, plain, f"within its allowance for a {max(r.get('k') or 1, c.get('k') or 1)}"
@@ -141,6 +163,11 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
         return _other_paths(al, ro, co, base)
     if shown is not None and (first is None or (shown[0] < first[0] and _derived(first))):
         first = _unseen(shown, matched_r, matched_c, R, C, rtol, atol)
+    # a difference that only the values' scale shows comes first where a later op is beyond tolerance anyway
+    # (never where the runs agree by assert_close's tolerance, or by rounding that stays within it at the end)
+    beyond = first is not None or (explained and _end([x["plain_excess"] for x in rows]) > 1.0)
+    if small is not None and beyond and (first is None or small[0] < first[0]):
+        first = small
     if incoming is not None and (first is None or incoming[0] < first[0]):   # it came in before any op made one
         div, _ = _divergence(incoming, rows, al)
         div["from_other_rank"] = True
@@ -244,11 +271,36 @@ def _unseen(shown, matched_r, matched_c, R: dict, C: dict, rtol, atol):
                 fed = _fed(op, other, X, rtol, atol)
                 if fed and op["i"] not in (matched_c if side == "candidate" else matched_r):
                     return n, op, other, f, fed, (r, c, fig), side
-            cand_side = cc.get("op") == INPUT or (rr.get("op") != INPUT and rr["i"] in matched_r
-                                                  and cc["i"] not in matched_c)
+            # the candidate's maker when the reference's is aligned, or when neither is (each run makes the value
+            # with ops of its own) and only the candidate's runs code at a line the reference never reaches (a
+            # custom backward of its own)
+            cand_side = cc.get("op") == INPUT or (rr.get("op") != INPUT and cc["i"] not in matched_c and (
+                rr["i"] in matched_r or _own_code(cc, R) and not _own_code(rr, C)))
             return ((n, cc, rr, f, [], (r, c, fig), "candidate") if cand_side
                     else (n, rr, cc, f, [], (r, c, fig), "reference"))
     return (n, r, c, fig, ins, None, "reference")
+
+
+SMALL_EXCESS = 100.0   # how far past the tolerance at its values' scale an op in tolerance must be to be named
+
+
+def _small_values(n: int, r: dict, c: dict, R: dict, C: dict, tol: Tolerance, rtol, atol) -> tuple | None:
+    """An aligned op within assert_close's tolerance only because its values are small (gradients of 1e-4 that
+    differ by 30% are within an atol of 1e-5), whose inputs agree: it is the one that makes the difference.
+    Judged at the values' scale (_at_scale) and named only when far past it (SMALL_EXCESS): rounding is not."""
+    fig = compare(r, c, _at_scale(tol, r))
+    if not (fig.comparable and fig.excess > SMALL_EXCESS):
+        return None
+    ins = _inputs(r, c, R, C, rtol, atol)
+    if not all(f is None or f.within for _, _, f in ins) or not [f for _, _, f in ins if f is not None]:
+        return None
+    return (n, r, c, fig, ins, None, "reference")
+
+
+def _own_code(x: dict, other_run: dict) -> bool:
+    """Whether x's call site is a line the other run's recorded ops never ran."""
+    site = x.get("site")
+    return site is not None and all(y.get("site") != site for y in other_run.values())
 
 
 def _derived(first) -> bool:
@@ -323,6 +375,9 @@ def _divergence(first, rows: list[dict], al) -> tuple[dict, tuple[str, str] | No
             other = "reference" if side == "candidate" else "candidate"
             words += (f", while its input agrees with what the {other} run reads unchanged "
                       f"({ins[0][2].excess:.3g}x the tolerance)")
+        elif c.get("op") not in (INPUT, r.get("op")):   # each run makes the value with ops of its own
+            other = "reference" if side == "candidate" else "candidate"
+            words += f", where the {other} run makes that value with {where(c)}"
         words += f"; first seen in the aligned op {where(via[0])}"
     words += f"; {then}."
     out = {**_op(r), "error": fig.to_dict(), "tolerance": fig.tol.to_dict() if fig.tol else None,
