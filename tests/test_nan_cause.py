@@ -162,6 +162,9 @@ def test_the_sentence_names_op_line_pass_cause_and_whose_code():
     bwd = firstnan.sentence(_rec(backward=True, backward_node="SqrtBackward0", forward_op="aten.sqrt.default"))
     assert "in backward (SqrtBackward0), the gradient of aten.sqrt.default at nan/train.py:23 in main (pass 5)" in bwd
     assert "sqrt has an infinite gradient at 0" in bwd
+    # a feature masked out for a whole batch: std is 0 there, and its gradient 0/0
+    std = firstnan.next_step(_rec(backward=True, backward_node="StdBackward0", forward_op="aten.std.correction"))
+    assert "std's gradient where it is 0 (a constant or masked-out feature) is 0/0: use sqrt(var + eps)" in std, std
 
 
 def test_fp32_softmax_is_advised_only_where_a_softmax_can_answer_it():

@@ -35,6 +35,8 @@ BACKWARD_REMEDY = {   # a NaN first made in backward: the forward line's functio
     "sqrt": "sqrt has an infinite gradient at 0: add an eps inside it, sqrt(x + eps)",
     "pow": "a fractional power has an infinite gradient at 0: add an eps to the base",
     "norm": "a norm's gradient at 0 is 0/0: add an eps",
+    "std": "std's gradient where it is 0 (a constant or masked-out feature) is 0/0: use sqrt(var + eps), or leave "
+           "such features out",
     "div": "the gradient of a division by a value near 0 overflows: keep the divisor away from 0",
     "log": "log's gradient at 0 is infinite: clamp its argument above 0",
 }
