@@ -86,6 +86,29 @@ def test_02_names_the_first_nans_op_line_pass_and_cause(tmp_path, fixture, mark,
     assert "**Why:**" in note and report.esc(where) in note, note
 
 
+def test_the_overflows_a_gradscaler_catches_are_no_fault_and_a_nan_it_does_not_catch_is_named(tmp_path):
+    # float16 AMP as PyTorch's recipe writes it: the scaled gradients overflow (the scaler skips those steps and
+    # halves its scale), clip_grad_norm_ reads the Inf gradients after unscale_; neither is the program's fault
+    rec = trace_run.record([sys.executable, str(NAN / "amp_scaler.py")], mode="stats", out_dir=tmp_path / "ok",
+                           name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    assert firstnan.caught(got) and got["caught"] >= 3 and got["backward"], got
+    assert got["first_caught"]["pass"] == 1 and firstnan.next_step(got) == ""
+    headline, metrics = analysis.finding(rec, None, rec, None, "cpu", "ops.log", mode="ops")
+    assert "no NaN/Inf that the GradScaler did not catch" in headline and "not a fault" in headline, headline
+    assert metrics["first_nonfinite_op"] is None and metrics["first_nonfinite_caught_by"] == "GradScaler", metrics
+    assert "**No NaN/Inf that the GradScaler did not catch**" in analysis.nonfinite_note(rec)
+    # a log of a zero in forward, at step 6: no scaler catches it, and the overflows it caught before are said
+    bug = trace_run.record([sys.executable, str(NAN / "amp_scaler.py"), "--bug"], mode="stats",
+                           out_dir=tmp_path / "bug", name="stats", timeout_s=240, stall_s=60)
+    got = firstnan.read(bug.log)
+    assert not firstnan.caught(got) and got["cause"]["kind"] == "log_domain", got
+    assert f"log made at {line_of('amp_scaler.py', 'LOG')} (pass 6)" in got["cause"]["words"], got["cause"]
+    assert "(before it, the GradScaler caught" in firstnan.sentence(got)
+    assert firstnan.next_step(got).startswith(f"fix the program's line {line_of('amp_scaler.py', 'LOG')}")
+
+
 @pytest.mark.parametrize("path", ["native", "python"])
 def test_both_dispatch_hot_paths_keep_the_line_and_pass(tmp_path, path):
     """In process, on the C and the Python hot path alike: the divisor with zeros in the third call."""

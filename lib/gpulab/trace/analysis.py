@@ -199,7 +199,10 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: st
     cost, per_op, ratio = _cost(ov, mode)
     checked = stats_rec is not None and stats_rec.snapshot is not None
     bad = first_nonfinite(stats_rec.snapshot) if checked else None
-    if not checked:
+    scaled = firstnan.read(getattr(stats_rec, "log", None)) if bad else None
+    if firstnan.caught(scaled):   # a GradScaler's overflow, caught: no NaN/Inf of the program's
+        bad, nan = None, "no NaN/Inf that the GradScaler did not catch: " + firstnan.sentence(scaled)
+    elif not checked:
         nan = "NaN/Inf not checked"
     else:
         nan = ((firstnan.sentence(firstnan.read(getattr(stats_rec, "log", None)))
@@ -229,7 +232,8 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: st
                    first_nonfinite_seq=bad.seq if bad else None, nonfinite_checked=checked,
                    in_flight_op=open_op.name if open_op else None, last_op=last.name if last else None, log=log,
                    processes=getattr(rec, "processes", 0), process_ops=getattr(rec, "process_ops", 0),
-                   **(firstnan.metrics(getattr(stats_rec, "log", None), stats_rec.snapshot) if bad else {}))
+                   **(firstnan.metrics(getattr(stats_rec, "log", None), stats_rec.snapshot) if bad or scaled
+                      else {}))
     return headline, metrics
 
 
@@ -298,7 +302,11 @@ def nonfinite_note(stats_rec: Any, note: str = "") -> str:
         return note or "**NaN/Inf not checked:** the stats-mode rerun left no op log."
     snapshot = stats_rec.snapshot
     bad = first_nonfinite(snapshot)
-    if bad is None:
+    scaled = firstnan.read(getattr(stats_rec, "log", None)) if bad is not None else None
+    if firstnan.caught(scaled):
+        text = (f"**No NaN/Inf that the GradScaler did not catch** in {snapshot.started} recorded ops: "
+                f"{report.esc(firstnan.sentence(scaled))}.")
+    elif bad is None:
         text = f"**No op produced NaN/Inf** in {snapshot.started} recorded ops (stats mode checks every output)."
     else:
         text = (f"**First op to produce NaN/Inf:** {report.code(bad.name)} (op {bad.seq}) at "

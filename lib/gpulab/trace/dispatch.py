@@ -143,11 +143,14 @@ def make_mode(rec):
                 nan_watch.note(func)
             if id(func) not in uninitialized:  # empty() holds garbage: NaNs there are not a fault
                 if compute_stats(out, slots + (seq % cap) * slot_size, seq) and nan_watch is not None:
-                    nan_watch.first(func, args, out, seq)
+                    if nan_watch.first(func, args, out, seq):   # what a GradScaler caught, passed on
+                        state["nonfinite_set"] = False
                 elif nan_watch is not None:
                     if state.get("neginf"):
                         nan_watch.made_neginf(func, args, out)
                     nan_watch.seen(state.get("amax"))
+                    if nan_watch.scaler_check(func, args):   # caught by a GradScaler: watch for the next one
+                        state["nonfinite_set"] = False
 
     # ------------------------------------------------------------------ composite records (SDPA)
     def begin(name: bytes, args, kind: int, site: int) -> tuple[int, int]:

@@ -70,7 +70,7 @@ def first_of_job(logs: Sequence[str | os.PathLike]) -> tuple[Path, dict] | None:
     """Of a job's processes (their op logs), the one whose record says where the NaN/Inf was made, and that
     record: a process where an op made it before one where it came in from outside (in a job, from another
     process through a collective as well as from the data: a DDP rank's gradients hold the NaN another rank's
-    op made), then the one that wrote it first."""
+    op made), then the one that wrote it first; one whose GradScaler caught it last of all."""
     found = []
     for log in logs:
         rec = read(log)
@@ -79,10 +79,10 @@ def first_of_job(logs: Sequence[str | os.PathLike]) -> tuple[Path, dict] | None:
                 when = path(log).stat().st_mtime
             except OSError:
                 when = float("inf")
-            found.append((_unseen(rec), when, str(log), rec))
+            found.append((caught(rec), _unseen(rec), when, str(log), rec))
     if not found:
         return None
-    _, _, log, rec = min(found, key=lambda x: x[:3])
+    *_, log, rec = min(found, key=lambda x: x[:4])
     return Path(log), rec
 
 
@@ -135,6 +135,30 @@ def where(rec: Mapping[str, Any]) -> str:
             return f"{rec['op']} in backward ({node}), the gradient of {fwd}{at}{step}"
         return f"{rec['op']} in backward ({node}; its forward line was not seen)"
     return f"{rec['op']}{at}{step}"
+
+
+def caught(rec: Mapping[str, Any] | None) -> bool:
+    """Whether the record is of scaled gradients' overflow that a GradScaler caught (it skipped the step and
+    lowered its scale, as float16 mixed precision does while it finds its scale): no fault, and nothing after
+    it in that run made a NaN/Inf the scaler did not catch."""
+    return bool(rec) and rec.get("caught_by") == "GradScaler"
+
+
+SCALER_MANY = 10   # skipped steps from which the words say what it means if it goes on
+
+
+def caught_sentence(rec: Mapping[str, Any]) -> str:
+    n = int(rec.get("caught") or 1)
+    first = rec.get("first_caught") or rec
+    at = f" at {first['call_site']}" if first.get("call_site") else ""
+    text = (f"the scaled gradients overflowed in backward in {n} step(s) (first {first.get('op')} in "
+            f"{first.get('backward_node') or 'backward'}{at}, pass {first.get('pass')}), and the GradScaler caught "
+            f"each: it skipped those steps and lowered its scale, as float16 mixed precision does while it finds its "
+            f"scale; not a fault")
+    if n >= SCALER_MANY:
+        text += (" unless it goes on: a scaler that skips step after step (its scale falling toward 1) has "
+                 "gradients that overflow float16 unscaled; train in bfloat16, or find the op that overflows")
+    return text
 
 
 def _unseen(rec: Mapping[str, Any]) -> bool:
@@ -190,7 +214,10 @@ def whose(rec: Mapping[str, Any]) -> str:
 
 
 def next_step(rec: Mapping[str, Any]) -> str:
-    """The index's next step: whose code to change, where, and how (the line named, as a hang's is)."""
+    """The index's next step: whose code to change, where, and how (the line named, as a hang's is); empty for
+    an overflow a GradScaler caught (nothing to change)."""
+    if caught(rec):
+        return ""
     site = rec.get("call_site")
     n = rec.get("pass")
     if _from_data(rec):
@@ -217,9 +244,14 @@ def sentence(rec: Mapping[str, Any] | None) -> str:
     if not rec:
         return ""
     cause = rec.get("cause") or {}
+    if caught(rec):
+        return caught_sentence(rec)
     if rec.get("error"):
         return f"{made(rec)} first made by {rec.get('op')} (its cause could not be read: {rec['error']})"
-    return f"{made(rec)} first made by {where(rec)}: {cause.get('words') or 'cause unknown'} — {whose(rec)}"
+    before = rec.get("scaler_caught_before") or {}
+    also = (f" (before it, the GradScaler caught {before['count']} overflow(s) of the scaled gradients)"
+            if before.get("count") else "")
+    return f"{made(rec)} first made by {where(rec)}: {cause.get('words') or 'cause unknown'}{also} — {whose(rec)}"
 
 
 SOFTMAX_AFTER = 8   # ops after the first NaN/Inf in which a softmax counts as taking it in
@@ -239,6 +271,9 @@ def metrics(log: str | os.PathLike | None, snapshot: Any = None) -> dict[str, An
     rec = read(log)
     if rec is None:
         return {}
+    if caught(rec):   # no fault: said, and nothing for the chain's verdict to act on
+        return {"first_nonfinite_caught_by": rec.get("caught_by"), "first_nonfinite_caught": rec.get("caught"),
+                "first_nonfinite_sentence": sentence(rec)}
     cause = rec.get("cause") or {}
     who, lib = owner(rec.get("file"))
     out = rec.get("output") or {}

@@ -186,11 +186,23 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     def site(code: Any, lasti: int) -> tuple[str | None, str | None]:
         return (site_label(code, line(code, lasti)), code.co_filename) if code is not None else (None, None)
 
-    def first(func: Any, args: Any, out: Any, seq: int) -> None:
+    def first(func: Any, args: Any, out: Any, seq: int) -> bool:
+        """Write the first NaN/+Inf's record; True (nothing written) for an op that only passes on what a
+        GradScaler caught (clip_grad_norm_ of the overflowed gradients), so the watch goes on for a real one."""
+        if caught and any(_is_caught(x) for x in _tensors(args)):
+            for x in ([out] if isinstance(out, torch.Tensor) else _tensors(out if isinstance(out, (list, tuple))
+                                                                           else ())):
+                caught[x.untyped_storage().data_ptr()] = weakref.ref(x)
+            return True
         try:
             _write(func, args, out, seq)
         except Exception as exc:  # noqa: BLE001 - the recording goes on; the reader says the cause is unknown
             firstnan.write(log, {"seq": seq, "op": str(func), "error": f"{type(exc).__name__}: {exc}"})
+        return False
+
+    def _is_caught(x: Any) -> bool:
+        got = caught.get(x.untyped_storage().data_ptr())
+        return got is not None and got() is not None
 
     def _write(func: Any, args: Any, out: Any, seq: int) -> None:
         node = current_node()
@@ -230,6 +242,39 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
                 rec.update(forward_op=str(fop), call_site=at, file=file, **{"pass": n})
             else:
                 rec.update(forward_op=None, call_site=None, file=None, **{"pass": None})
+        if scaler["caught"]:   # what the GradScaler caught before this one, which it did not
+            rec["scaler_caught_before"] = {"count": scaler["caught"], "first": scaler["first"]}
+        scaler["pending"] = rec
         firstnan.write(log, rec)
 
-    return SimpleNamespace(note=note, first=first, made_neginf=made_neginf, seen=seen)
+    scaler = {"pending": None, "caught": 0, "first": None}
+    caught: dict = {}       # storage -> its tensor: the gradients a GradScaler found overflowed, and what they made
+    check_ops = {id(op) for op in (getattr(getattr(torch.ops.aten, "_amp_foreach_non_finite_check_and_unscale_",
+                                                   None), "default", None),) if op is not None}
+
+    def scaler_check(func: Any, args: Any) -> bool:
+        """After each op: when it is a GradScaler's check of the gradients (`scaler.step`, `scaler.unscale_`) that
+        found Inf/NaN in them, and the first NaN/+Inf was made in backward since the last check, that NaN is the
+        scaled gradients' overflow the scaler exists to catch: it skips the step and lowers its scale. The record
+        says so (caught_by, how many times), and True re-arms the watch for a NaN the scaler does not catch (in
+        forward, or in the weights)."""
+        rec = scaler["pending"]
+        if id(func) not in check_ops or rec is None or not rec.get("backward") or len(args) < 2:
+            return False
+        try:
+            found = float(args[1].item())
+        except Exception:  # noqa: BLE001 - another torch's signature: not judged
+            return False
+        if not found > 0:
+            return False
+        scaler["caught"] += 1
+        scaler["first"] = scaler["first"] or {k: rec.get(k) for k in ("op", "call_site", "pass", "backward_node")}
+        caught.clear()   # the gradients it checked: what reads them before the next step passes the overflow on
+        for g in _tensors(args[0] if isinstance(args[0], (list, tuple)) else (args[0],)):
+            caught[g.untyped_storage().data_ptr()] = weakref.ref(g)
+        firstnan.write(log, {**rec, "caught_by": "GradScaler", "caught": scaler["caught"],
+                             "first_caught": scaler["first"]})
+        scaler["pending"] = None
+        return True
+
+    return SimpleNamespace(note=note, first=first, made_neginf=made_neginf, seen=seen, scaler_check=scaler_check)

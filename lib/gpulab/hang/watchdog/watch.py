@@ -343,7 +343,9 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
         if ended_by_us:
             changes.update(status="interrupted", signal=None, cls=None)
     nan = first_nonfinite(launch) if mode == "stats" else None
-    if nan:
+    if nan and nan.get("caught_by"):   # a GradScaler's overflow, caught: said, and no fault
+        extra.append(f"NaN/Inf: none that the GradScaler did not catch: {nan['sentence']}")
+    elif nan:
         extra.append(f"first NaN/Inf: {nan['sentence']}")
         changes["first_nonfinite"] = nan
     v = dataclasses.replace(v, evidence=tuple(v.evidence) + tuple(extra), **changes)
@@ -377,7 +379,8 @@ def first_nonfinite(launch: Launch) -> dict | None:
         if worker is not None else "")
     return {"op": rec.get("op"), "call_site": rec.get("call_site"), "pass": rec.get("pass"),
             "backward": bool(rec.get("backward")), "cause": cause.get("words"), "rank": rank, "worker": worker,
-            "sentence": who + firstnan.sentence(rec), "next_step": firstnan.next_step(rec)}
+            "sentence": who + firstnan.sentence(rec), "next_step": firstnan.next_step(rec),
+            "caught_by": rec.get("caught_by")}
 
 
 def exit_code(v: Verdict) -> int:
