@@ -83,6 +83,10 @@ CASES = [
      0, "std of 1 element per value"),
     ("aten.var.correction", [T("float32", (8,), min=0.5, max=2.0)], out(nan=1, shape=()), "unknown", None,
      "no input holds NaN/Inf"),   # 8 elements: 0/0 is not what made it
+    # a cosine that rounding pushed past 1
+    ("aten.acos.default", [f32(min=-0.25, max=1.0000001)], out(nan=1), "unit_domain", 0,
+     "acos of values outside [-1, 1] (input 0: min -0.25, max 1.0000001)"),
+    ("aten.asin.default", [f32(min=-0.5, max=0.5)], out(nan=1), "unknown", None, "no input holds NaN/Inf"),
 ]
 
 
@@ -165,6 +169,11 @@ def test_the_sentence_names_op_line_pass_cause_and_whose_code():
     # a feature masked out for a whole batch: std is 0 there, and its gradient 0/0
     std = firstnan.next_step(_rec(backward=True, backward_node="StdBackward0", forward_op="aten.std.correction"))
     assert "std's gradient where it is 0 (a constant or masked-out feature) is 0/0: use sqrt(var + eps)" in std, std
+    # torch.linalg.vector_norm (torch.norm's op) of two equal points; acos of a cosine of exactly 1
+    norm = firstnan.next_step(_rec(backward=True, forward_op="aten.linalg_vector_norm.default"))
+    assert "a norm's gradient at 0 (a vector minus itself: two equal points) is 0/0" in norm, norm
+    acos = firstnan.next_step(_rec(backward=True, forward_op="aten.acos.default"))
+    assert "acos has an infinite gradient at -1 and 1" in acos, acos
 
 
 def test_fp32_softmax_is_advised_only_where_a_softmax_can_answer_it():

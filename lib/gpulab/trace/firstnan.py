@@ -16,6 +16,7 @@ REMEDY = {
     "zero_divisor": "keep the divisor away from 0 with an eps or clamp(min=eps), or skip the rows where it is 0",
     "variance_dof": "a variance of one element is 0/0 with the default correction: skip groups of fewer than 2 "
                     "elements, or pass correction=0 (unbiased=False)",
+    "unit_domain": "clamp the argument to [-1, 1]: rounding (a cosine of equal vectors) pushes it just past",
     "log_domain": "clamp the log's argument above 0 with clamp_min(eps), or find why it reaches <= 0 (the log of "
                   "a softmax: log_softmax, or cross_entropy on the logits)",
     "sqrt_domain": "clamp at 0 before the sqrt, or find why its argument goes negative",
@@ -35,6 +36,12 @@ BACKWARD_REMEDY = {   # a NaN first made in backward: the forward line's functio
     "sqrt": "sqrt has an infinite gradient at 0: add an eps inside it, sqrt(x + eps)",
     "pow": "a fractional power has an infinite gradient at 0: add an eps to the base",
     "norm": "a norm's gradient at 0 is 0/0: add an eps",
+    "linalg_vector_norm": "a norm's gradient at 0 (a vector minus itself: two equal points) is 0/0: add an eps "
+                          "inside, sqrt((x ** 2).sum() + eps)",
+    "cdist_forward": "a distance's gradient at 0 (a point and itself) is 0/0: add an eps inside the square root",
+    "acos": "acos has an infinite gradient at -1 and 1 (a cosine of two equal vectors): clamp its argument to "
+            "[-1 + eps, 1 - eps]",
+    "asin": "asin has an infinite gradient at -1 and 1: clamp its argument to [-1 + eps, 1 - eps]",
     "std": "std's gradient where it is 0 (a constant or masked-out feature) is 0/0: use sqrt(var + eps), or leave "
            "such features out",
     "div": "the gradient of a division by a value near 0 overflows: keep the divisor away from 0",

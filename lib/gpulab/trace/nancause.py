@@ -20,7 +20,7 @@ DTYPE_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355
              "float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0, "float8_e5m2fnuz": 57344.0}
 LOW_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 
-KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "variance_dof", "log_domain", "sqrt_domain", "pow_domain",
+KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "variance_dof", "unit_domain", "log_domain", "sqrt_domain", "pow_domain",
          "overflow", "matmul_overflow", "cast_overflow", "softmax_masked_row", "growth", "unknown")
 GROWTH = 1e3          # an op's outputs that grew this many times over ...
 GROWTH_PASSES = 3     # ... at least this many earlier passes, then overflow: the run diverges
@@ -267,6 +267,11 @@ def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dt
         if f is not None and f.nonpositive:
             return Cause("log_domain", f"{base} of values <= 0 (input {j}: {_n(f.nonpositive, 'value')} <= 0, "
                          f"{_n(f.zeros, 'zero')}, min {_g(f.min)})", j)
+    if base in ("acos", "asin") and given and output.nan:
+        f = ins[0]
+        if f is not None and ((f.max is not None and f.max > 1) or (f.min is not None and f.min < -1)):
+            return Cause("unit_domain", f"{base} of values outside [-1, 1] (input 0: min {f.min:.9g}, max "
+                         f"{f.max:.9g})", 0)
     if base in _LOG1P and given:
         f = ins[0]
         if f is not None and f.min is not None and f.min <= -1:
