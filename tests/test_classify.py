@@ -141,3 +141,36 @@ DSA_FOOTER = "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions
 def test_memory_faults_are_read_from_the_programs_last_words(status, stderr, cls):
     got = classify.classify(classify.Evidence(status=status, stderr_tail=stderr))
     assert got.cls == cls, got.facts
+
+
+STDERR_DIED = """step 3 loss 0.5
+Exception in thread prefetch:
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner
+    self.run()
+  File "/usr/lib/python3.11/threading.py", line 982, in run
+    self._target(*self._args, **self._kwargs)
+  File "/home/u/train.py", line 41, in fill
+    batch = next(it)
+StopIteration
+Exception in thread Thread-2 (log):
+Traceback (most recent call last):
+  File "/home/u/train.py", line 17, in log
+    raise ValueError(f"bad loss {x}")
+ValueError: bad loss nan
+Traceback (most recent call last):
+  File "/home/u/other.py", line 3, in <module>
+KeyError: 'x'
+"""
+
+
+def test_threads_that_died_are_read_from_pythons_report_with_their_error_and_innermost_frame():
+    got = classify.dead_threads(STDERR_DIED)
+    assert [(d["thread"], d["error"], d["file"], d["line"], d["func"]) for d in got] == [
+        ("prefetch", "StopIteration", "/home/u/train.py", 41, "fill"),
+        ("Thread-2 (log)", "ValueError: bad loss nan", "/home/u/train.py", 17, "log")]
+    assert classify.dead_threads("Traceback (most recent call last):\nKeyError: 'x'\n") == []
+    facts = classify.classify(classify.Evidence(status="hang", stderr_tail=STDERR_DIED)).facts
+    assert "before the hang, thread prefetch died: StopIteration at /home/u/train.py:41 in fill" in facts[1], facts
+    ok = classify.classify(classify.Evidence(status="ok", stderr_tail=STDERR_DIED)).facts
+    assert not any("died" in f for f in ok)   # said only where something waits

@@ -121,6 +121,19 @@ def test_custom_op_deadlock_gil_released(tmp_path):
     _assert_hang_evidence(v)
 
 
+def test_a_hang_after_a_thread_of_the_program_died_names_that_thread_with_the_waiting_line(tmp_path):
+    # a logging thread dies of an exception; the end-of-epoch Queue.join waits for its task_done for ever
+    v = _run(tmp_path, ["python", str(FIX / "queue_hang.py")])
+    lines = (FIX / "queue_hang.py").read_text().splitlines()
+    join, raised = (next(n for n, t in enumerate(lines, 1) if t.rstrip().endswith(m)) for m in ("# JOIN", "# RAISE"))
+    assert (v.status, v.in_flight_op) == ("hang", None), v.evidence
+    died = f"thread metrics-logger died: ValueError: bad loss"
+    assert any(f.startswith(f"before the hang, {died}") and f"queue_hang.py:{raised} in logger" in f
+               for f in v.evidence), v.evidence
+    assert v.owner["kind"] == "program" and f"queue_hang.py:{join} in main" in v.owner["where"], v.owner
+    assert died in v.owner["why"] and "a Queue's task_done" in v.owner["why"], v.owner
+
+
 def test_unmodified_script_library_deadlock_is_startup_library_load(tmp_path):
     lib = faults.build_library()
     v = _run(tmp_path, ["python", str(FIX / "libload_deadlock.py"), str(lib)])

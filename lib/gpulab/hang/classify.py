@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from gpulab import lastwords
 from gpulab.hang.capture import Thread, parse_native, parse_python
 from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vocabulary
 from gpulab.trace.vocab import (describe_op, layout_problems, noncontiguous_args, op_kind,  # the op vocabulary:
@@ -161,6 +162,44 @@ def _hits(frames: Iterable[str], marks: Sequence[str]) -> list[str]:
     return found
 
 
+TB_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+_THREAD_DIED = re.compile(r"^Exception in thread (?P<name>.+?):\s*$")
+
+
+def dead_threads(text: str) -> list[dict]:
+    """Threads that died of an exception, as Python's threading reports them on stderr ('Exception in thread
+    NAME:' and its traceback): each one's name, its exception line, and the innermost frame of its traceback.
+    A hang after one is often the work that thread would have done, waited for (Queue.join, Thread.join, an
+    Event)."""
+    out, cur = [], None
+    for line in (text or "").splitlines():
+        m = _THREAD_DIED.match(line)
+        if m:
+            cur = {"thread": m.group("name"), "frames": [], "text": []}
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        f = TB_FRAME.match(line)
+        if f:
+            cur["frames"].append((f.group("func").strip(), f.group("file"), f.group("line")))
+        cur["text"].append(line)
+        if cur["frames"] and line.strip() and not line[:1].isspace() and not line.startswith("Traceback"):
+            cur = None   # its exception's line ends the report: what follows is the program's other output
+    died = []
+    for d in out:
+        said = lastwords.of("\n".join(d["text"]))
+        if not (d["frames"] and said):
+            continue
+        func, file, line = d["frames"][-1]
+        died.append({"thread": d["thread"], "error": said, "file": file, "line": int(line), "func": func})
+    return died
+
+
+def died_words(d: Mapping[str, Any]) -> str:
+    return f"thread {d['thread']} died: {d['error']} at {d['file']}:{d['line']} in {d['func']}"
+
+
 def main_thread(threads: Sequence[Thread]) -> Thread | None:
     for t in threads:
         if t.main:
@@ -221,6 +260,9 @@ def classify(ev: Evidence) -> Classification:
     facts.append(f"status {ev.status}, phase {ev.phase}")
     if ev.signal:
         facts.append(f"the process was killed by {ev.signal}")
+    if ev.status in ("hang", "timeout"):
+        facts.extend(f"before the hang, {died_words(d)} (what waits may wait for its work)"
+                     for d in dead_threads(ev.stderr_tail)[:3])
     if op:
         facts.append(f"in-flight op: {describe_op(op)}")
     if ev.host_blocked_in and ev.host_blocked_in.get("driver"):

@@ -49,7 +49,7 @@ _DRIVER_API = re.compile(r"^(cu|cuda|hip|hsa)[A-Z_]\w*$")
 _LOAD_OR_LAUNCH = re.compile(r"^(cu|cuda|hip)(LaunchKernel\w*|LaunchCooperativeKernel\w*|ModuleLaunchKernel\w*|"
                              r"ModuleLoad\w*|ModuleGetFunction|LibraryLoad\w*|LibraryGetKernel|KernelGetFunction)$")
 _FRAME = re.compile(r"(?P<func>.*) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
-_TB = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+_TB = classify.TB_FRAME
 _REGISTER = re.compile(
     r"""(?:custom_op|triton_op|define|register_fake|_register_fake|register_kernel|register_autograd|impl)\s*\(\s*[rbuf]?["'](?P<ns>[A-Za-z_]\w*)::(?P<op>\w+)"""
     r"""|Library\s*\(\s*["'](?P<lib>[A-Za-z_]\w*)["']"""
@@ -430,9 +430,13 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
                                                    or not _in_torch_below(py or tb, fr)):
             how = ("a ctypes call from the program's code" if lib and lib[0] == "ctypes" or
                    _calls_ctypes(py or tb, fr) else "the program's own code")
+            died = classify.dead_threads(v.get("stderr_tail") or "") if v.get("status") in ("hang", "timeout") else []
             return Owner("program", place + (f" (inside {name})" if name else ""),
                          f"{_what(v)} in {how} at {place}"
-                         + (f", inside its custom op {name}" if name and ns not in TORCH_NAMESPACES else ""))
+                         + (f", inside its custom op {name}" if name and ns not in TORCH_NAMESPACES else "")
+                         + (f"; before it, the program's {classify.died_words(died[0])}: what waits here may wait "
+                            f"for that thread's work (a Queue's task_done, a join, an Event it would have set)"
+                            if died else ""))
         if who == "library" and pkg != "PyTorch":
             return Owner("library", f"{pkg} ({place})", f"the failure happened in the package {pkg} at {place}")
 
