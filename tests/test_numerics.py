@@ -98,6 +98,26 @@ def test_rounding_on_small_values_is_not_named_and_what_agrees_still_agrees():
     assert judge.judge(ref, cand).status == "agree"
 
 
+@pytest.mark.parametrize("factor,scaled", [(2.0 ** 24, True), (1000.0, False), (4.0, False)])
+def test_a_loss_scalers_multiply_only_one_run_makes_is_said_to_be_one(factor, scaled):
+    """float32 against float16 AMP: the AMP run's backward starts from the loss scale (GradScaler's 2^16 and up),
+    where the float32 run's starts from ones."""
+    site = "train.py:30 in main"
+    ref = [rec(0, "aten.randn.default", value=1.0), rec(1, "aten.mm.default", ins=[0], value=2.0),
+           rec(2, "aten.ones_like.default", site=site, ins=[1], value=1.0, bwd=True),
+           rec(3, "aten.nll_loss_backward.default", site=site, ins=[2], value=0.5, bwd=True)]
+    cand = [dict(ref[0]), dict(ref[1]), dict(ref[2]),
+            rec(3, "aten.mul.Tensor", site=site, ins=[2], value=factor, bwd=True),
+            rec(4, "aten.nll_loss_backward.default", site=site, ins=[3], value=0.5 * factor, bwd=True)]
+    j = judge.judge(ref, cand)
+    fd = j.first_divergence
+    assert j.status == "diverged" and fd["op"] == "aten.mul.Tensor" and fd["run"] == "candidate", j.sentence
+    assert ("loss_scale" in fd) is scaled and ("a loss scale" in j.sentence) is scaled, j.sentence
+    if scaled:
+        assert fd["loss_scale"] == 2.0 ** 24 and "times 2^24 exactly" in j.sentence
+        assert "GradScaler(init_scale=1.0, growth_interval=10**9)" in j.sentence
+
+
 def _attention(rel: float, k: int) -> tuple[list[dict], list[dict]]:
     """q, k (max-abs 3), their scores (a k-term bmm) off by rel in the candidate, the softmax that passes it on, and
     an output that agrees again."""

@@ -17,6 +17,7 @@ from gpulab.numerics import reduction as _reduction
 from gpulab.numerics.figures import Figures, compare
 from gpulab.numerics.names import INPUT, collective, computation, random_op, shared_inputs
 from gpulab.numerics.tolerance import Tolerance, for_dtypes
+from gpulab.trace.nancause import base_name
 
 GROWS = 10.0   # a difference that reaches this many times its size at the divergence "grows"
 
@@ -208,9 +209,37 @@ def judge(ref: list[dict], cand: list[dict], *, rtol: float | None = None, atol:
                          + div["words"], first_divergence=div, first_bitwise=bitwise, rows=tuple(rows), **base)
     only = (f", an op only the {first[6]} runs" if first[1].get("op") != INPUT
             and first[1]["i"] not in (matched_c if first[6] == "candidate" else matched_r) else "")
+    scale = _loss_scale(first) if only else None
+    if scale is not None:   # a mixed-precision loss scaler's multiply: by design, not a wrong number
+        div["loss_scale"] = 2.0 ** scale
+        div["words"] = div["words"].rstrip(".") + (
+            f"; its values are the other run's times 2^{scale} exactly: a loss scale, as torch.amp.GradScaler's "
+            f"scaler.scale(loss) makes (a power-of-two factor of the program's own reads the same), so that run's "
+            f"gradients stay scaled until scaler.unscale_ or scaler.step. To see "
+            f"where its numbers themselves part from the other run's, compare with the scale fixed at 1 "
+            f"(GradScaler(init_scale=1.0, growth_interval=10**9)) or the scaler disabled (enabled=False).")
     sentence = (f"The runs diverge at {where(first[1])}{only}{_other_kernel(first)}: " + div["words"])
     return Judgement("diverged", sentence, first_divergence=div, first_bitwise=bitwise, rows=tuple(rows),
                      keep=keep, **base)
+
+
+LOSS_SCALE_MIN = 8   # 2^k of at least this: a loss scaler's (GradScaler starts at 2^16), not a program's factor
+
+
+def _loss_scale(first) -> int | None:
+    """k where an op only one run runs is a multiply whose output is the other run's value times 2^k exactly (k
+    >= LOSS_SCALE_MIN): a mixed-precision loss scale."""
+    n, x, y, fig, ins, via, side = first
+    if base_name(x.get("op")) != "mul" or via is None:
+        return None
+    try:
+        a, b = float(x.get("sum")), float(y.get("sum"))
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(a) and math.isfinite(b) and a and b) or (a > 0) != (b > 0):
+        return None
+    k = math.log2(a / b)
+    return round(k) if abs(k - round(k)) < 1e-6 and round(k) >= LOSS_SCALE_MIN else None
 
 
 def _other_kernel(first) -> str:
