@@ -86,8 +86,9 @@ def _at_scale(tol: Tolerance, r: dict) -> Tolerance:
     """An input's tolerance with atol shrunk to the input's mean magnitude where that is below 1: assert_close's
     atol is an allowance at unit scale, and held fixed it calls any two tensors of small values equal (the
     gradients of a mean loss, 1e-4 each, differing by 30%, or an optimizer's squared-gradient average of 1e-9),
-    so an op reading them would be named as making a difference it was given. Outputs keep assert_close's
-    tolerance, so nothing that agrees by it is called diverged; a tolerance the user set stands as set."""
+    so an op reading them would be named as making a difference it was given. Outputs are judged this way only
+    where a later op is beyond assert_close's tolerance anyway (_small_values), so nothing that agrees by it is
+    called diverged; a tolerance the user set stands as set."""
     if tol.set_by_user:
         return tol
     try:
