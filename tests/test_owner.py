@@ -333,3 +333,12 @@ def test_watch_names_a_custom_op_registered_by_the_programs_own_module(tmp_path)
     assert v.owner["kind"] == "program", v.owner
     assert "registered at ops/locked.py:9" in v.owner["where"] and "helper_fixture" in v.owner["why"], v.owner
     assert "upstream" not in owner.next_step(v.owner) and not v.suggested
+
+
+def test_an_error_no_class_names_is_said_in_the_programs_own_last_words():
+    # a DataLoader worker's Dataset raises: the main process re-raises it, naming the worker's frames
+    tb = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 11, in __getitem__\n'
+          '    raise KeyError(f"sample {i} missing its label")\nKeyError: \'sample 37 missing its label\'\n')
+    got = owner.decide(v(status="error", cls="unknown", stderr=tb), {})
+    assert got.kind == "program" and "train.py:11 in __getitem__" in got.where, got
+    assert got.why.startswith("an error (KeyError: 'sample 37 missing its label') in the program's own code"), got

@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from gpulab import lastwords
 from gpulab.hang import capture, classify, memcheck
 
 KINDS = ("program", "library", "platform", "unknown")
@@ -456,9 +457,12 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
 
 
 def _what(v: Mapping[str, Any]) -> str:
-    """How the run failed, in a few words: 'a crash (SIGSEGV)', 'a hang (host_lock)', 'an error (illegal_address)'."""
+    """How the run failed, in a few words: 'a crash (SIGSEGV)', 'a hang (host_lock)', 'an error (illegal_address)',
+    or for an error no class names, the program's last words ('an error (KeyError: ...)')."""
     status, cls = v.get("status"), v.get("class")
     detail = v.get("signal") if status == "crash" and v.get("signal") else cls
+    if status == "error" and cls in (None, "unknown"):
+        detail = lastwords.of(v.get("stderr_tail") or "")[:200] or detail
     return f"{'an' if status in ('error',) else 'a'} {status}" + (f" ({detail})" if detail else "")
 
 
