@@ -199,15 +199,14 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: st
     cost, per_op, ratio = _cost(ov, mode)
     checked = stats_rec is not None and stats_rec.snapshot is not None
     bad = first_nonfinite(stats_rec.snapshot) if checked else None
-    scaled = firstnan.read(getattr(stats_rec, "log", None)) if bad else None
-    if firstnan.caught(scaled):   # a GradScaler's overflow, caught: no NaN/Inf of the program's
-        bad, nan = None, "no NaN/Inf that the GradScaler did not catch: " + firstnan.sentence(scaled)
+    why = firstnan.read(getattr(stats_rec, "log", None)) if bad else None   # its line, pass and cause
+    if firstnan.caught(why):   # a GradScaler's overflow, caught: no NaN/Inf of the program's
+        bad, nan = None, "no NaN/Inf that the GradScaler did not catch: " + firstnan.sentence(why)
     elif not checked:
         nan = "NaN/Inf not checked"
     else:
-        nan = ((firstnan.sentence(firstnan.read(getattr(stats_rec, "log", None)))
-                or f"first op to produce NaN/Inf: {bad.name}")
-               if bad else "no op produced NaN/Inf")
+        nan = ((firstnan.sentence(why) or f"first op to produce NaN/Inf: {bad.name}") if bad
+               else "no op produced NaN/Inf")
     open_op, last = _where(rec)
     if rec.ok:
         counted = f"{started} ops recorded" if snap is not None else "no op log kept"
@@ -232,8 +231,7 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: st
                    first_nonfinite_seq=bad.seq if bad else None, nonfinite_checked=checked,
                    in_flight_op=open_op.name if open_op else None, last_op=last.name if last else None, log=log,
                    processes=getattr(rec, "processes", 0), process_ops=getattr(rec, "process_ops", 0),
-                   **(firstnan.metrics(getattr(stats_rec, "log", None), stats_rec.snapshot) if bad or scaled
-                      else {}))
+                   **(firstnan.metrics(why, stats_rec.snapshot) if why else {}))
     return headline, metrics
 
 
@@ -302,16 +300,16 @@ def nonfinite_note(stats_rec: Any, note: str = "") -> str:
         return note or "**NaN/Inf not checked:** the stats-mode rerun left no op log."
     snapshot = stats_rec.snapshot
     bad = first_nonfinite(snapshot)
-    scaled = firstnan.read(getattr(stats_rec, "log", None)) if bad is not None else None
-    if firstnan.caught(scaled):
+    rec = firstnan.read(getattr(stats_rec, "log", None)) if bad is not None else None   # its line, pass and cause
+    if firstnan.caught(rec):
         text = (f"**No NaN/Inf that the GradScaler did not catch** in {snapshot.started} recorded ops: "
-                f"{report.esc(firstnan.sentence(scaled))}.")
+                f"{report.esc(firstnan.sentence(rec))}.")
     elif bad is None:
         text = f"**No op produced NaN/Inf** in {snapshot.started} recorded ops (stats mode checks every output)."
     else:
         text = (f"**First op to produce NaN/Inf:** {report.code(bad.name)} (op {bad.seq}) at "
                 f"{report.code(bad.call_site)}, inputs {report.code(_args_brief(bad.args))}.")
-        why = firstnan.sentence(firstnan.read(getattr(stats_rec, "log", None)))   # its line, pass and cause
+        why = firstnan.sentence(rec)
         if why:
             text += f" **Why:** {report.esc(why)}."
     return f"{text} {note}".strip()

@@ -272,10 +272,11 @@ def into_softmax(snapshot: Any, seq: int | None) -> bool:
     return any("softmax" in r.name for r in getattr(snapshot, "records", ()) if seq <= r.seq <= seq + SOFTMAX_AFTER)
 
 
-def metrics(log: str | os.PathLike | None, snapshot: Any = None) -> dict[str, Any]:
+def metrics(log: str | os.PathLike | Mapping[str, Any] | None, snapshot: Any = None) -> dict[str, Any]:
     """02's metrics of the first NaN's cause (empty when there is no record): what the chain's verdict reads.
-    snapshot: the stats-mode recording, to tell whether the NaN/Inf went into a softmax."""
-    rec = read(log)
+    log: the op log whose record to read, or the record itself; snapshot: the stats-mode recording, to tell
+    whether the NaN/Inf went into a softmax."""
+    rec = log if isinstance(log, Mapping) else read(log)   # the record itself, where the caller read it
     if rec is None:
         return {}
     if caught(rec):   # no fault: said, and nothing for the chain's verdict to act on

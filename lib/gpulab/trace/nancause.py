@@ -20,8 +20,9 @@ DTYPE_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355
              "float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0, "float8_e5m2fnuz": 57344.0}
 LOW_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 
-KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "variance_dof", "unit_domain", "log_domain", "sqrt_domain", "pow_domain",
-         "overflow", "matmul_overflow", "cast_overflow", "softmax_masked_row", "growth", "unknown")
+KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "variance_dof", "unit_domain", "log_domain",
+         "sqrt_domain", "pow_domain", "overflow", "matmul_overflow", "cast_overflow", "softmax_masked_row", "growth",
+         "unknown")
 GROWTH = 1e3          # an op's outputs that grew this many times over ...
 GROWTH_PASSES = 3     # ... at least this many earlier passes, then overflow: the run diverges
 

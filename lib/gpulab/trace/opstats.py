@@ -190,8 +190,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         """Write the first NaN/+Inf's record; True (nothing written) for an op that only passes on what a
         GradScaler caught (clip_grad_norm_ of the overflowed gradients), so the watch goes on for a real one."""
         if caught and any(_is_caught(x) for x in _tensors(args)):
-            for x in ([out] if isinstance(out, torch.Tensor) else _tensors(out if isinstance(out, (list, tuple))
-                                                                           else ())):
+            for x in _tensors((out,)):   # a tensor or a list of them
                 caught[x.untyped_storage().data_ptr()] = weakref.ref(x)
             return True
         try:
@@ -270,7 +269,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         scaler["caught"] += 1
         scaler["first"] = scaler["first"] or {k: rec.get(k) for k in ("op", "call_site", "pass", "backward_node")}
         caught.clear()   # the gradients it checked: what reads them before the next step passes the overflow on
-        for g in _tensors(args[0] if isinstance(args[0], (list, tuple)) else (args[0],)):
+        for g in _tensors(args[:1]):   # the gradients it checked (a list)
             caught[g.untyped_storage().data_ptr()] = weakref.ref(g)
         firstnan.write(log, {**rec, "caught_by": "GradScaler", "caught": scaler["caught"],
                              "first_caught": scaler["first"]})
