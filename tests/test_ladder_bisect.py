@@ -117,6 +117,34 @@ def test_ladder_finds_an_intermittent_hang_with_an_interval_holding_the_true_rat
     assert saved["first_failing_rung"] == "big" and len(saved["rungs"]) == 2
 
 
+def _exits(name: str, code: int) -> ladder.Rung:
+    return ladder.Rung(name, (sys.executable, "-c", f"import sys; sys.exit({code})"))
+
+
+@pytest.mark.parametrize("codes, ran, first_failing", [
+    ((0, 0, 0), ["top"], None),                     # the top passed every trial: the rungs below are covered
+    ((0, 1, 1), ["low", "mid", "top"], "mid"),      # it failed: the rungs below climb to the smallest that fails
+    ((1, 0, 1), ["low", "top"], "low"),
+])
+def test_top_first_runs_the_rungs_below_only_when_the_top_fails(tmp_path, codes, ran, first_failing):
+    from gpulab.fixes.matrix import MatrixConfig, reusable
+
+    rungs = [_exits(n, c) for n, c in zip(("low", "mid", "top"), codes)]
+    res = ladder.run(rungs, repeats=2, jobs=2, stall_s=5.0, timeout_s=60, out_dir=tmp_path / "l", record=False,
+                     stacks=False, progress=lambda m: None, stop_at_first_failure=True, top_first=True)
+    assert [r.name for r in res.rungs] == ran and res.first_failing_rung == first_failing
+    assert sorted({p.name.split("-")[0] for p in (tmp_path / "l").glob("*-0*")}) == sorted(ran)
+    saved = ladder.LadderResult.from_dict(json.loads((tmp_path / "l" / "ladder.json").read_text()))
+    assert [r.name for r in saved.rungs] == ran and saved.covered == res.covered == (() if first_failing else ("low", "mid"))
+    rows = ladder.table_rows(res)
+    assert [r["rung"] for r in rows] == [*res.covered, *ran]
+    # 04's baseline takes 03's ladder as what it would have climbed itself: bottom up to the first failure
+    prior = reusable(res.to_dict(), rungs, MatrixConfig(repeats=2, stall_s=5.0, timeout_s=60))
+    assert prior is not None and [r.name for r in prior.rungs] == (["top"] if first_failing is None else
+                                                                   ran[:ran.index(first_failing) + 1])
+    assert reusable(res.to_dict(), rungs[1:], MatrixConfig(repeats=2, stall_s=5.0, timeout_s=60)) is None
+
+
 def test_ladder_cli_exit_codes(tmp_path):
     ok = gpulab(["ladder", "--json", str(tmp_path / "ok.json"), "--out", str(tmp_path / "l1"), "--repeats", "2", "--no-record",
                  "--rung", f"a={sys.executable} {HANG} --seq 3", "--rung", f"b={sys.executable} {HANG} --seq 4"])

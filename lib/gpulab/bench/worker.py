@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -35,8 +36,11 @@ REFUSED = "No available kernel"  # what SDPA raises when the forced backend refu
 _NOISE = re.compile(r"runtime disabled|not used because:\s*$")
 
 
+_T0 = time.monotonic()   # the worker's imports done: each line of benchmark.log says how far in it was written
+
+
 def _say(msg: str) -> None:
-    print(f"[06_benchmark] {msg}", file=sys.stderr, flush=True)
+    print(f"[06_benchmark +{time.monotonic() - _T0:.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
@@ -181,6 +185,7 @@ def worker(spec: Spec, result_path: Path) -> dict[str, Any]:
     res["decision"] = asdict(decision)
     save("decided")
     roof = None
+    _say("the device's peak, then the sweep over sequence lengths")
     try:
         roof = flops.device_roof(dev, call.dtype, max_time_s=min(1.0, spec.max_time_s))
         res["roof"] = asdict(roof)

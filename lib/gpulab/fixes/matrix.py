@@ -308,10 +308,17 @@ def reusable(lr_dict: Mapping[str, Any] | None, rungs: Sequence[ladder.Rung], cf
         lr = ladder.LadderResult.from_dict(lr_dict)
     except (TypeError, ValueError, KeyError):   # another version's ladder.json: run the baseline again
         return None
+    want = [r.command for r in rungs]
+    if lr.covered:   # 03 ran the top rung first and it passed every trial: the rungs below are parts of it
+        shape = (lr.passed and [r.command for r in lr.rungs] == want[-1:]
+                 and list(lr.covered) == [r.name for r in rungs[:-1]])
+    else:            # bottom up to the first failing rung, as the baseline climbs (03 may have run the top too)
+        cut = next((i + 1 for i, r in enumerate(lr.rungs) if r.failed), len(lr.rungs))
+        lr = dataclasses.replace(lr, rungs=lr.rungs[:cut])
+        shape = (bool(lr.rungs) and [r.command for r in lr.rungs] == want[:cut]
+                 and (lr.rungs[-1].failed or cut == len(rungs)))
     same = (lr.repeats == cfg.repeats and lr.stall_s == cfg.stall_s and lr.timeout_s == cfg.timeout_s
-            and lr.mode == cfg.mode and lr.drill == cfg.fault and not lr.fixes
-            and [r.command for r in lr.rungs] == [r.command for r in rungs][:len(lr.rungs)]
-            and (any(r.failed for r in lr.rungs) or len(lr.rungs) == len(rungs)))
+            and lr.mode == cfg.mode and lr.drill == cfg.fault and not lr.fixes and shape)
     return lr if same else None
 
 

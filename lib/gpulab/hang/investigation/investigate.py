@@ -56,13 +56,15 @@ def climb(cfg: workloads.WorkloadConfig, out_dir: str | Path, *, repeats: int, j
           timeout_s: float, mode: str, fault: str | None, progress: Callable[[str], None] | None = None
           ) -> ladder.LadderResult:
     """The ladder, 02's recorded run counting as the first trial of its rung when it ran that very trial
-    (gpulab.hang.investigation.firstrun.as_trial)."""
+    (gpulab.hang.investigation.firstrun.as_trial). When that run passed, the top rung's other trials come first:
+    if none fails, the rungs below (parts of it) are not run, which halves a healthy workload's 03."""
     todo, lad_dir = rungs(cfg), Path(out_dir) / "ladder"
     given = {r.name: t for r in todo
              if (t := firstrun.as_trial(out_dir, r, mode=mode, fault=fault, stall_s=stall_s, ladder_dir=lad_dir))}
+    top_passed = bool(todo) and getattr(given.get(todo[-1].name), "outcome", None) == "pass"
     return ladder.run(todo, repeats=repeats, jobs=device.trial_jobs(jobs, cfg.device, light(cfg, out_dir)),
                       stall_s=stall_s, timeout_s=timeout_s, out_dir=lad_dir, mode=mode, fault=fault,
-                      stop_at_first_failure=True, progress=progress, given=given)
+                      stop_at_first_failure=True, progress=progress, given=given, top_first=top_passed)
 
 
 def first_failure(lad: ladder.LadderResult, out_dir: str | Path) -> Verdict | None:
@@ -170,9 +172,13 @@ def finding(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, v: Verdict 
         test = faults.self_test(lad.drill, v.status if v else "ok", (v.in_flight_op or {}).get("name") if v else None)
         drill = f"self-test of the watchdog {'passed' if test[0] else 'FAILED'} ({test[1]}): "
     if failing is None:
-        headline = (f"{drill}no hang in {sum(r.trials for r in lad.rungs)} runs up to the {top.name} rung "
-                    f"(stall window {lad.stall_s:g} s; the {top.name} rung ran {top.ops_completed} ops in "
-                    f"{top.median_s:.1f} s)" if top else "nothing ran")
+        n = len(lad.covered)
+        within = f", which also runs what the rung{'s' if n > 1 else ''} below it ({', '.join(lad.covered)}) run" \
+                 f"{'' if n > 1 else 's'}"
+        headline = (f"{drill}no hang in {sum(r.trials for r in lad.rungs)} runs "
+                    + (f"of the {top.name} rung{within}" if lad.covered else f"up to the {top.name} rung")
+                    + f" (stall window {lad.stall_s:g} s; the {top.name} rung ran {top.ops_completed} ops in "
+                      f"{top.median_s:.1f} s)" if top else "nothing ran")
     else:
         k = failing.trials - failing.counts["pass"]
         ci = ladder.interval_text(*failing.fail_rate_ci)
@@ -194,7 +200,7 @@ def finding(cfg: workloads.WorkloadConfig, lad: ladder.LadderResult, v: Verdict 
         "rungs": {r.name: {"trials": r.trials, "failed": r.trials - r.counts["pass"],
                            "fail_rate_ci": list(r.fail_rate_ci),
                            "leak": bool((r.memory_growth or {}).get("leak"))} for r in lad.rungs},
-        "runs": sum(r.trials for r in lad.rungs), "stall_s": lad.stall_s,
+        "runs": sum(r.trials for r in lad.rungs), "stall_s": lad.stall_s, "covered": list(lad.covered),
         "minimal": bis.minimal if bis else None, "probes": len(bis.probes) if bis else 0,
         "repro_verified": bool(rep and rep.verified), "workload": cfg.kind, "rung": cfg.rung,
         "suggested": [s["fix"] for s in v.suggested] if v else [], "jobs": lad.jobs,

@@ -144,6 +144,7 @@ class LadderResult:
     timeout_s: float | None = None
     fixes: tuple[str, ...] = ()
     jobs: int = 1
+    covered: tuple[str, ...] = ()   # rungs not run: the top rung, run first, passed every trial, and it runs them
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LadderResult":
@@ -153,6 +154,7 @@ class LadderResult:
                       for r in d.get("rungs") or ())
         kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "rungs"}
         kw["fixes"] = tuple(kw.get("fixes") or ())
+        kw["covered"] = tuple(kw.get("covered") or ())
         return cls(rungs=rungs, **kw)
 
     @property
@@ -282,10 +284,13 @@ def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: floa
         stop_at_first_failure: bool = False, fixes: Sequence[str] = (), env: Mapping[str, str] | None = None,
         progress: Callable[[str], None] | None = None, name: str = "ladder", stacks: bool = True,
         json_copy: str | Path | None = None, on_save: Callable[[LadderResult], None] | None = None,
-        given: Mapping[str, Trial] | None = None) -> LadderResult:
+        given: Mapping[str, Trial] | None = None, top_first: bool = False) -> LadderResult:
     """Climb the ladder; ladder.json (and a CSV, and `json_copy`) is rewritten after every trial, so an
     interrupt or a crash of this process keeps what was observed. `given`: a trial already run, by rung name
-    (02's recorded run, gpulab.hang.investigation.firstrun), counted as that rung's trial 0; the others run as usual."""
+    (02's recorded run, gpulab.hang.investigation.firstrun), counted as that rung's trial 0; the others run as usual.
+    `top_first`: the top rung runs first, and when it passes every trial the rungs below are not run (each rung
+    runs what the ones below it run: they are `covered`); when it fails, the rungs below climb as usual to find
+    the smallest that fails. Results are always in ladder order."""
     if repeats < 1 or jobs < 1:
         raise ValueError(f"repeats={repeats!r} and jobs={jobs!r} must both be >= 1")
     if not rungs:
@@ -293,12 +298,16 @@ def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: floa
     say = progress or (lambda m: print(f"[gpulab ladder] {m}", file=sys.stderr, flush=True))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results: list[RungResult] = []
+    done: dict[str, RungResult] = {}
     lock = threading.Lock()
+    top = rungs[-1]
+    first_top = top_first and len(rungs) > 1
 
-    def save(partial: Sequence[RungResult], interrupted: bool = False) -> LadderResult:
-        lr = LadderResult(tuple(partial), repeats, stall_s, interrupted, watch.resolve_fault(fault), mode, timeout_s,
-                          tuple(fixes), jobs)
+    def save(current: RungResult | None = None, interrupted: bool = False, covered: tuple[str, ...] = ()
+             ) -> LadderResult:
+        have = {**done, **({current.name: current} if current is not None else {})}
+        lr = LadderResult(tuple(have[r.name] for r in rungs if r.name in have), repeats, stall_s, interrupted,
+                          watch.resolve_fault(fault), mode, timeout_s, tuple(fixes), jobs, covered)
         with lock:
             for path in (out / f"{name}.json", *([Path(json_copy)] if json_copy else [])):
                 report.write_json(path, lr.to_dict())
@@ -307,7 +316,12 @@ def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: floa
             on_save(lr)
         return lr
 
-    for rung in rungs:
+    for rung in ([top, *rungs[:-1]] if first_top else rungs):
+        if first_top and rung is not top and not done[top.name].failed:
+            below = tuple(r.name for r in rungs[:-1])
+            say(f"{', '.join(below)}: not run: the {top.name} rung passed every trial, and it runs what "
+                f"{'each of them runs' if len(below) > 1 else below[0] + ' runs'}")
+            return save(covered=below)
         known = (given or {}).get(rung.name)
         say(f"{rung.name}: {repeats} trial(s), {min(jobs, repeats)} at a time: {' '.join(rung.command)}"
             + (f" (the first is 02's recorded run: {known.outcome})" if known else ""))
@@ -317,7 +331,7 @@ def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: floa
         def on_trial(t: Trial, rung: Rung = rung, t0: float = t0) -> None:
             trials.append(t)
             say(f"  {t.rung} #{t.index}: {t.outcome} in {t.seconds:.1f} s")
-            save(results + [summarize(rung, trials, time.monotonic() - t0)])   # so far: nothing lost
+            save(summarize(rung, trials, time.monotonic() - t0))   # so far: nothing lost
 
         try:
             if known:
@@ -326,16 +340,17 @@ def run(rungs: Sequence[Rung], *, repeats: int = 3, jobs: int = 1, stall_s: floa
                     mode=mode, fault=fault, record=record, fixes=fixes, env=env, stacks=stacks, on_trial=on_trial)
             trials.sort(key=lambda t: t.index)
         except proc.Interrupted:
-            save(results + [summarize(rung, trials, time.monotonic() - t0, interrupted=True)], interrupted=True)
+            save(summarize(rung, trials, time.monotonic() - t0, interrupted=True), interrupted=True)
             raise
         rr = summarize(rung, trials, time.monotonic() - t0)
-        results.append(rr)
+        done[rung.name] = rr
         say(f"{rung.name}: {rr.trials - rr.counts['pass']} of {rr.trials} failed "
-            f"(rate {rr.fail_rate:.0%}, 95% interval {interval_text(*rr.fail_rate_ci)})")
-        save(results)
-        if stop_at_first_failure and rr.failed:
+            f"(rate {rr.fail_rate:.0%}, 95% interval {interval_text(*rr.fail_rate_ci)})"
+            + ("; the rungs below climb to the smallest that fails" if first_top and rung is top and rr.failed else ""))
+        save()
+        if stop_at_first_failure and rr.failed and not (first_top and rung is top):
             break
-    return save(results)
+    return save()
 
 
 def _trials(rung: Rung, indexes: range, jobs: int, out: Path, *, on_trial: Callable[[Trial], None],
@@ -363,8 +378,11 @@ def _trials(rung: Rung, indexes: range, jobs: int, out: Path, *, on_trial: Calla
 
 
 def table_rows(lr: LadderResult) -> list[dict]:
-    """One row per rung, for the notebook, the CSV and the bundle."""
-    rows = []
+    """One row per rung, for the notebook, the CSV and the bundle; a rung the top rung covered says so."""
+    top = lr.rungs[-1].name if lr.rungs else "top"
+    rows = [{"rung": name, "trials": 0, **{o: 0 for o in OUTCOMES}, "fail rate": None, "95% interval": "-",
+             "first failure": f"not run: the {top} rung, which runs it, passed every trial",
+             "memory growth": "-", "seconds": 0.0} for name in lr.covered]
     for r in lr.rungs:
         ff = r.first_failure or {}
         op = (ff.get("in_flight_op") or {}).get("name")

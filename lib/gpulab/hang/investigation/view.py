@@ -155,6 +155,10 @@ def plot_ladder(lad: ladder.LadderResult, ax: Any = None):
     for i, r in enumerate(lad.rungs):
         ax.text(i, min(100, r.fail_rate_ci[1] * 100) + 3, f"{r.trials - r.counts['pass']}/{r.trials}",
                 ha="center", fontsize=9)
+    if lad.covered:
+        ax.text(0.01, 0.97, f"not run: {', '.join(lad.covered)} (the {names[-1]} rung runs "
+                f"{'them' if len(lad.covered) > 1 else 'it'} and passed every trial)", transform=ax.transAxes,
+                va="top", fontsize=8, color="#57606a")
     ax.set_ylim(0, 112)
     ax.set_ylabel("failed runs (%)")
     ax.set_title("failure rate per rung, with its 95% interval (Wilson)"
