@@ -65,7 +65,7 @@ def test_a_healthy_script_passes_once_and_is_not_rerun_to_time_the_recorder(tmp_
     assert investigate.replay_early(cfg, tmp_path, mode="auto", fault="none", stall_s=30.0, timeout_s=120) is None
     assert investigate.recorded_gpu_peak(tmp_path) is None and not investigate.light(cfg, tmp_path)   # no GPU used
     t0 = time.monotonic()
-    ov, note = followups.recording_cost(rec, cfg, mode="auto", repeats=5, out_dir=tmp_path, stall_s=30.0)
+    ov, note = followups.recorder_cost(cfg, tmp_path, mode="auto", repeats=5, stall_s=30.0)
     assert ov is None and "for a user program" in note and time.monotonic() - t0 < 1
     assert not list(tmp_path.glob("overhead*"))
 

@@ -188,15 +188,28 @@ def _ended(rec: Any) -> str:
     return rec.status
 
 
-def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: str, mode: str = "ops"
-            ) -> tuple[str, dict[str, Any]]:
+def cost_metrics(ov, mode: str = "ops") -> dict[str, Any]:
+    """06's metrics of the recorder's cost (`recorder_cost`: the sentence; us per op by mode; `mode` against a
+    bare dispatch)."""
+    cost, per_op, ratio = _cost(ov, mode)
+    return {"recorder_cost": cost, "recorder_us_per_op": per_op, "recorder_vs_passthrough": ratio}
+
+
+COST_IN_06 = "the recorder's cost is timed in 06, where nothing runs beside it"
+
+
+def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: str, mode: str = "ops",
+            cost_elsewhere: str = "") -> tuple[str, dict[str, Any]]:
     """Notebook 02's headline and metrics, from the first Recording (made in `mode`), the overhead table (None:
     not measured) and the stats-mode Recording (None: not run). The recording cost is stated only when this run could
     measure it: a cost below the run's noise (a negative or near-zero difference) is said to be too small to
-    see. A run that did not finish says so first, with where it ended."""
+    see; `cost_elsewhere` says where it is timed instead. A run that did not finish says so first, with where it
+    ended."""
     snap = rec.snapshot
     started = snap.started if snap is not None else 0
     cost, per_op, ratio = _cost(ov, mode)
+    if ov is None and cost_elsewhere:
+        cost = cost_elsewhere
     checked = stats_rec is not None and stats_rec.snapshot is not None
     bad = first_nonfinite(stats_rec.snapshot) if checked else None
     why = firstnan.read(getattr(stats_rec, "log", None)) if bad else None   # its line, pass and cause

@@ -2,8 +2,8 @@
 profiler's GPU times (gpulab.trace.profile) and the stats-mode NaN/Inf recording (gpulab.trace.run). They
 are independent children that only count and check, so side by side they cost the longer of the two, not
 the sum (each pays interpreter, torch and device start-up). The recording-cost measurement is not one of
-them: it times, so it runs alone, after both have been collected, and only on the built-in workload
-(`recording_cost`)."""
+them: it times, so it runs in notebook 06, where nothing runs beside it, and only on the built-in workload
+(`recorder_cost`); 02 itself times nothing, so it runs beside the notebooks that do not time either."""
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,7 +28,7 @@ class FollowUps:
         return self._stats.result()
 
     def wait(self) -> None:
-        """Both done (before anything that times, such as the recording-cost table)."""
+        """Both done (02's finding reads both; nothing of theirs is left running after 02)."""
         for f in (self._gpu, self._stats):
             f.exception()
 
@@ -53,15 +53,20 @@ NOT_TIMED = ("**Recording cost not measured:** for a user program, one recorded 
              "the built-in workload and on a script, as users run them.")
 
 
-def recording_cost(first: Any, cfg: Any, *, mode: str, repeats: int, out_dir: str | Path,
-                   stall_s: float | None = None) -> tuple[Any, str]:
-    """02's recording-cost table -> (DataFrame or None, a sentence). Only the built-in workload is timed, in
-    one child that builds its model once and interleaves the modes; a user's program is never run again
-    just to time the recorder (each variant would pay the whole program, start-up included, `repeats` times,
-    and the figure would be start-up divided by ops, not a cost per op)."""
+def recorder_cost(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int, stall_s: float | None = None
+                  ) -> tuple[Any, str]:
+    """Notebook 06's table of what recording costs the built-in workload (02's recording mode against none and a
+    bare dispatch) -> (DataFrame or None, a sentence why not). 06 runs with nothing beside it, 02 beside the
+    notebooks that time nothing: the cost is timed where timing is trusted. Not timed when 02's run of the
+    workload did not finish (its wall time measures nothing, a rerun would only fail again) or for a user
+    program (NOT_TIMED says why)."""
+    from gpulab import report
     from gpulab.trace import run
     from gpulab.workloads import WorkloadConfig
 
-    if first.ok and (not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin"):
+    if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
         return None, NOT_TIMED
-    return run.measure_overhead(first, cfg, mode=mode, repeats=repeats, out_dir=out_dir, stall_s=stall_s)
+    status = ((report.load_metrics(out_dir).get("02_instrument") or {}).get("metrics") or {}).get("status")
+    if status not in (None, "ok"):
+        return None, run.unfinished_cost(status, "02's run of the workload")
+    return run.timed_overhead(cfg, mode=mode, repeats=repeats, out_dir=out_dir, stall_s=stall_s)

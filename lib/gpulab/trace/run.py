@@ -218,8 +218,17 @@ def measure_overhead(first: Recording, cfg, *, mode: str = "ops", repeats: int =
     program's wall time is no cost figure, and re-running it would only fail again. The timing children are
     stopped after stall_s seconds without progress."""
     if not first.ok:
-        return None, (f"**Recording cost not measured:** the workload did not finish ({first.status}), so its wall "
-                      f"time measures nothing.")
+        return None, unfinished_cost(first.status)
+    return timed_overhead(cfg, mode=mode, repeats=repeats, out_dir=out_dir, timeout_s=timeout_s, stall_s=stall_s)
+
+
+def unfinished_cost(status: str, what: str = "the workload") -> str:
+    return f"**Recording cost not measured:** {what} did not finish ({status}), so its wall time measures nothing."
+
+
+def timed_overhead(cfg, *, mode: str, repeats: int, out_dir: str | os.PathLike, timeout_s: float = 600.0,
+                   stall_s: float | None = None):
+    """`overhead` of `mode`'s set of modes -> (DataFrame, "") or (None, the sentence saying how a timing run ended)."""
     try:
         ov = overhead(cfg, modes=modes_for(cfg, mode), repeats=repeats, out_dir=out_dir, timeout_s=timeout_s,
                       stall_s=stall_s)
