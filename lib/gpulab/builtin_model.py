@@ -3,7 +3,7 @@ and the running of any workload's rung in this process (`prepare`, `run`, `save_
 
 Why apart from gpulab.workloads: that module (the vocabulary and the child's command line) is imported by
 the watchdog, the chain runner and most subpackages, which must not pay torch's import; this one is what a
-workload child (`python -m gpulab.workloads`) and the in-process timers (02's overhead, 06's rung) run.
+workload child (`python -m gpulab.workloads`) and the in-process timers (the recorder's cost and the rung, both timed in 06) run.
 torch is still imported only inside the functions.
 """
 from __future__ import annotations

@@ -356,7 +356,7 @@ def _overhead_rows(ov):
 
 
 def save_overhead(ov, out_dir: str | os.PathLike) -> None:
-    """02's overhead.csv (and .json): what each recording mode cost in this run (nothing when not measured)."""
+    """06's overhead.csv (and .json): what each recording mode cost in this run (nothing when not measured)."""
     if ov is None:
         return
     report.write_rows(out_dir, "overhead", _overhead_rows(ov).to_dict("records"))

@@ -213,7 +213,7 @@ def stats_recording(first: Recording, cfg_or_command, *, out_dir: str | os.PathL
 def measure_overhead(first: Recording, cfg, *, mode: str = "ops", repeats: int = 5,
                      out_dir: str | os.PathLike = "outputs/trace", timeout_s: float = 600.0,
                      stall_s: float | None = None):
-    """02's recording-cost table -> (DataFrame, "") or (None, a sentence saying why not), with `mode` (the one
+    """The recording-cost table -> (DataFrame, "") or (None, a sentence saying why not), with `mode` (the one
     the chain records with) among the modes timed. Measured only when the first run finished well: a failing
     program's wall time is no cost figure, and re-running it would only fail again. The timing children are
     stopped after stall_s seconds without progress."""
