@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from gpulab import proc  # noqa: E402
+from gpulab.chain import notebook  # noqa: E402
 from gpulab.trace import liveness  # noqa: E402
 
 CASES = {
@@ -67,21 +68,11 @@ def chain_time(case: str, script: list[str] | None, out: Path, device: str, stal
     sc_dir = runs[-1].parent / sc["name"] if runs and sc.get("name") else None
     nbs = {nb["name"]: {"status": nb.get("status"), "s": round(nb["duration_s"], 1) if nb.get("duration_s") else None,
                         "cells_s": round(nb["cells_s"], 1) if nb.get("cells_s") else None,
-                        "cells": cell_times(sc_dir / f"{nb['name']}.ipynb") if sc_dir else []}
+                        "cells": [[round(t, 2), line] for t, line in
+                                  notebook.cell_seconds(sc_dir / f"{nb['name']}.ipynb")] if sc_dir else []}
            for nb in sc.get("notebooks") or ()}
     return {"chain_s": round(wall, 1), "exit": res.returncode, "verdict": sc.get("verdict"), "notebooks": nbs,
             "run_dir": str(runs[-1].parent) if runs else None}
-
-
-def cell_times(ipynb: Path) -> list[list]:
-    """[seconds, first line] per code cell, as papermill recorded them: where a notebook's time goes."""
-    try:
-        nb = json.loads(ipynb.read_text())
-    except (OSError, ValueError):
-        return []
-    return [[round(float(c["metadata"].get("papermill", {}).get("duration") or 0), 2),
-             "".join(c.get("source", "")).strip().splitlines()[0][:80] if c.get("source") else ""]
-            for c in nb.get("cells", ()) if c.get("cell_type") == "code"]
 
 
 def ran(got: dict) -> bool:

@@ -119,7 +119,7 @@ def test_a_gpu_hang_names_the_gpu_work_that_never_completed_not_the_sync():
             OpRecord(2, "aten._local_scalar_dense.default", [], "t.py:5", "main", 1.4, None, None, None))
     snap = Snapshot(recs, 3, 2, 0, "auto", 1, "cuda", 64, 0)
     rec = Recording(snap, None, 9, False, 40.0, "/o/ops.log", ("python", "t.py"), "", "hang", 30.0)
-    head, m = analysis.finding(rec, None, None, "forward", "cuda", "ops.log")
+    head, m = analysis.finding(rec, None, "forward", "cuda", "ops.log")
     assert head == ("the workload did not finish: hang after 3 ops, in op aten.mm.default (its GPU work never "
                     "completed); recording cost and GPU times not measured; NaN/Inf not checked")
     assert (m["status"], m["in_flight_op"], m["last_op"]) == ("hang", "aten.mm.default",
@@ -164,5 +164,5 @@ def test_02_headline_of_a_finished_recording(snap_ops, rung, want):
             OpRecord(1, "aten.add.Tensor", [], "t.py:4", "main", 1.2, 1.3, False, None))
     snap = Snapshot(recs, 2, 2, None, "ops", 1, "cpu", 64, 0) if snap_ops else None
     rec = Recording(snap, 0, None, False, 4.0, "/o/ops.log", ("python", "t.py"), "", "ok", 30.0)
-    head, _ = analysis.finding(rec, None, None, rung, "cpu", "ops.log")
+    head, _ = analysis.finding(rec, None, rung, "cpu", "ops.log")
     assert head.startswith(want + ";"), head

@@ -241,7 +241,7 @@ def test_record_of_a_job_judges_each_process_by_its_own_progress(tmp_path):
     assert time.monotonic() - t0 < 60
     # the launcher runs no op; the ranks do, and 02 shows the busiest of them, saying whose ops they are
     assert rec.process_ops >= 4 and rec.shown.startswith("process ") and 0 < rec.snapshot.started <= rec.process_ops
-    headline = analysis.finding(rec, None, None, "script", "cpu", "ops.log")[0]
+    headline = analysis.finding(rec, None, "script", "cpu", "ops.log")[0]
     assert f"(in {rec.shown})" in headline and f"02 shows {rec.shown}'s, the busiest" in headline, headline
     assert f"each recorded ({rec.process_ops} ops together" in headline, headline
 

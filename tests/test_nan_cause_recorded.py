@@ -76,7 +76,7 @@ def test_02_names_the_first_nans_op_line_pass_and_cause(tmp_path, fixture, mark,
     if backward:
         assert got["forward_op"] == "aten.sqrt.default" and got["backward_node"] == "SqrtBackward0", got
     # 02's finding (headline, metrics) and note say the same, from the same file
-    headline, metrics = analysis.finding(rec, None, rec, None, "cpu", "ops.log", mode="ops")
+    headline, metrics = analysis.finding(rec, rec, None, "cpu", "ops.log", mode="ops")
     where = f"at {line_of(fixture, mark)} (pass {n})"
     assert where in headline and cause in headline and todo in headline, headline
     assert (metrics["first_nonfinite_op"], metrics["first_nonfinite_site"], metrics["first_nonfinite_pass"],
@@ -95,7 +95,7 @@ def test_the_overflows_a_gradscaler_catches_are_no_fault_and_a_nan_it_does_not_c
     got = firstnan.read(rec.log)
     assert firstnan.caught(got) and got["caught"] >= 3 and got["backward"], got
     assert got["first_caught"]["pass"] == 1 and firstnan.next_step(got) == ""
-    headline, metrics = analysis.finding(rec, None, rec, None, "cpu", "ops.log", mode="ops")
+    headline, metrics = analysis.finding(rec, rec, None, "cpu", "ops.log", mode="ops")
     assert "no NaN/Inf that the GradScaler did not catch" in headline and "not a fault" in headline, headline
     assert metrics["first_nonfinite_op"] is None and metrics["first_nonfinite_caught_by"] == "GradScaler", metrics
     assert "**No NaN/Inf that the GradScaler did not catch**" in analysis.nonfinite_note(rec)
@@ -186,5 +186,5 @@ def test_02_shows_the_dataloader_worker_whose_op_made_the_nan_not_the_main_proce
     assert got is not None and got["op"] == "aten.div.Tensor", got
     assert got["call_site"] == line_of("worker_std.py", "STANDARDIZE").replace("in main", "in __getitem__"), got
     assert "DataLoader worker 0" in rec.shown, rec.shown
-    headline, metrics = analysis.finding(rec, None, rec, None, "cpu", "ops.log", mode="ops")
+    headline, metrics = analysis.finding(rec, rec, None, "cpu", "ops.log", mode="ops")
     assert metrics["first_nonfinite_owner"] == "program" and "__getitem__" in headline, headline

@@ -382,3 +382,17 @@ def test_the_device_question_ignores_gpulab_bookkeeping_and_ends_with_the_run(mo
         time.sleep(0.05)
     assert auto.ready({**env, proc.ENV_VAR: "c0123"})
     assert auto.env_for(env) == env   # ended before it answered: no answer, the kernels ask torch themselves
+
+
+def test_cells_done_and_cell_seconds_read_papermills_per_cell_metadata(tmp_path):
+    from gpulab.chain import notebook
+
+    def cell(src, status, secs):
+        return {"cell_type": "code", "source": src, "metadata": {"papermill": {"status": status, "duration": secs}}}
+
+    nb = tmp_path / "n.ipynb"
+    nb.write_text(json.dumps({"cells": [cell("x = 1\ny = 2", "completed", 1.5), {"cell_type": "markdown", "source": "#"},
+                                        cell("run()", "completed", 2.25), cell("later()", "pending", None)]}))
+    assert notebook.cells_done(nb) == (2, 3, 3.75)
+    assert notebook.cell_seconds(nb) == [(1.5, "x = 1"), (2.25, "run()")]
+    assert notebook.cells_done(tmp_path / "none.ipynb") == (0, 0, 0.0) and notebook.cell_seconds(tmp_path / "x") == []

@@ -305,6 +305,6 @@ def test_02_shows_the_busiest_process_when_the_program_is_a_launcher():
 
     rec = _run.Recording(None, None, 9, False, 12.0, "procs/7.log", ("torchrun",), "", "hang", 5.0, processes=2,
                          process_ops=900, shown="process 7 (rank 0)")
-    headline, metrics = analysis.finding(rec, None, None, "step", "cpu", rec.log)
+    headline, metrics = analysis.finding(rec, None, "step", "cpu", rec.log)
     assert "(in process 7 (rank 0))" in headline and "02 shows process 7 (rank 0)'s, the busiest" in headline
     assert metrics["processes"] == 2 and metrics["process_ops"] == 900

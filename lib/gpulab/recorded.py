@@ -304,7 +304,7 @@ def attention_use(workload: str | WorkloadConfig, out_dir: str | os.PathLike | N
     from gpulab.trace.ring import read   # no torch: the ring is plain bytes
 
     snap = read(log)
-    entry = (report.load_metrics(out_dir).get(RECORDER) or {}).get("metrics") or {}
+    entry = report.metrics_of(out_dir, RECORDER)
     opened = [r for r in snap.records if r.in_flight]
     open_op = opened[-1].name if opened else (f"op {snap.completed}" if snap.completed < snap.started else None)
     status = _status(entry, snap.started)

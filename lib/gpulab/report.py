@@ -136,6 +136,11 @@ def load_metrics(out_dir: str | os.PathLike) -> dict:
     return read_json(Path(out_dir) / METRICS_FILE, default={}) or {}
 
 
+def metrics_of(out_dir: str | os.PathLike, notebook: str) -> dict:
+    """One notebook's metrics in out_dir's metrics.json ({} when it has not recorded any)."""
+    return dict((load_metrics(out_dir).get(notebook) or {}).get("metrics") or {})
+
+
 # ---------------------------------------------------------------------------------------------- folder size
 
 @dataclass(frozen=True)

@@ -31,16 +31,29 @@ class Execution:
     error: str | None
 
 
-def cells_done(ipynb: Path) -> tuple[int, int, float]:
-    """(cells finished, code cells, seconds inside cells) from papermill's per-cell metadata."""
+def _code_cells(ipynb: Path) -> tuple[list[dict], list[dict]]:
+    """(code cells, those papermill finished)."""
     try:
         nb = json.loads(ipynb.read_text())
     except (OSError, ValueError):
-        return 0, 0, 0.0
+        return [], []
     code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
-    done = [c for c in code if c.get("metadata", {}).get("papermill", {}).get("status") == "completed"]
-    secs = sum(float(c["metadata"]["papermill"].get("duration") or 0.0) for c in done)
-    return len(done), len(code), secs
+    return code, [c for c in code if c.get("metadata", {}).get("papermill", {}).get("status") == "completed"]
+
+
+def _seconds(cell: dict) -> float:
+    return float(cell["metadata"]["papermill"].get("duration") or 0.0)
+
+
+def cells_done(ipynb: Path) -> tuple[int, int, float]:
+    """(cells finished, code cells, seconds inside cells) from papermill's per-cell metadata."""
+    code, done = _code_cells(ipynb)
+    return len(done), len(code), sum(map(_seconds, done))
+
+
+def cell_seconds(ipynb: Path) -> list[tuple[float, str]]:
+    """(seconds, first line) of each code cell papermill finished: where a notebook's time goes."""
+    return [(_seconds(c), "".join(c.get("source", "")).strip().split("\n", 1)[0][:80]) for c in _code_cells(ipynb)[1]]
 
 
 def first_error(ipynb: Path) -> str | None:

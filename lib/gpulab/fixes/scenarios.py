@@ -108,7 +108,7 @@ def pointers(out_dir: str | Path | None) -> Pointers:
     known = set(registry.names())
     names = tuple(n for n in sug.get("scenarios") or () if n in known)
     because = tuple((n, ", ".join(sug.get("because", {}).get(n) or ())) for n in names)
-    m03 = (report.load_metrics(out).get("03_bisect_hang") or {}).get("metrics") or {}
+    m03 = report.metrics_of(out, "03_bisect_hang")
     failed = m03.get("status") not in (None, "ok") and not m03.get("drill")
     evidence = (first_failure(out / "ladder") or caught_failure(out)) if failed else None
     return Pointers(names, because, failure_classes(m03.get("class"), m03.get("in_flight_op")) if failed else (),

@@ -195,21 +195,13 @@ def cost_metrics(ov, mode: str = "ops") -> dict[str, Any]:
     return {"recorder_cost": cost, "recorder_us_per_op": per_op, "recorder_vs_passthrough": ratio}
 
 
-COST_IN_06 = "the recorder's cost is timed in 06, where nothing runs beside it"
-
-
-def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: str, mode: str = "ops",
-            cost_elsewhere: str = "") -> tuple[str, dict[str, Any]]:
-    """Notebook 02's headline and metrics, from the first Recording (made in `mode`), the overhead table (None:
-    not measured) and the stats-mode Recording (None: not run). The recording cost is stated only when this run could
-    measure it: a cost below the run's noise (a negative or near-zero difference) is said to be too small to
-    see; `cost_elsewhere` says where it is timed instead. A run that did not finish says so first, with where it
-    ended."""
+def finding(rec: Any, stats_rec: Any, rung: str | None, device: str, log: str, mode: str = "ops",
+            cost: str = "recording cost not measured") -> tuple[str, dict[str, Any]]:
+    """Notebook 02's headline and metrics, from the first Recording (made in `mode`) and the stats-mode Recording
+    (None: not run). 02 times nothing: `cost` says what of the recorder's cost a finished run can say
+    (gpulab.trace.followups.cost_words). A run that did not finish says so first, with where it ended."""
     snap = rec.snapshot
     started = snap.started if snap is not None else 0
-    cost, per_op, ratio = _cost(ov, mode)
-    if ov is None and cost_elsewhere:
-        cost = cost_elsewhere
     checked = stats_rec is not None and stats_rec.snapshot is not None
     bad = first_nonfinite(stats_rec.snapshot) if checked else None
     why = firstnan.read(getattr(stats_rec, "log", None)) if bad else None   # its line, pass and cause
@@ -240,7 +232,8 @@ def finding(rec: Any, ov, stats_rec: Any, rung: str | None, device: str, log: st
         headline += (f"; it started {rec.processes} other Python process(es), each recorded "
                      f"({getattr(rec, 'process_ops', 0)} ops together; {which}; 03 judges them all)")
     metrics = dict(status=rec.status, ops_recorded=started, exit_code=rec.returncode, recording_mode=mode,
-                   overhead_us_per_op=per_op, mode_vs_passthrough=ratio, first_nonfinite_op=bad.name if bad else None,
+                   overhead_us_per_op=None, mode_vs_passthrough=None,   # the cost is 06's (recorder_us_per_op)
+                   first_nonfinite_op=bad.name if bad else None,
                    first_nonfinite_seq=bad.seq if bad else None, nonfinite_checked=checked,
                    in_flight_op=open_op.name if open_op else None, last_op=last.name if last else None, log=log,
                    processes=getattr(rec, "processes", 0), process_ops=getattr(rec, "process_ops", 0),

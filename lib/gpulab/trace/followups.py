@@ -53,20 +53,32 @@ NOT_TIMED = ("**Recording cost not measured:** for a user program, one recorded 
              "the built-in workload and on a script, as users run them.")
 
 
+def cost_words(cfg: Any, captured: bool = False) -> str:
+    """What 02's headline says of the recorder's cost: where it is timed (the built-in workload's, in 06), or
+    that it is not measured (a user program, or what a watch caught)."""
+    from gpulab.workloads import WorkloadConfig
+
+    builtin = isinstance(cfg, WorkloadConfig) and cfg.kind == "builtin"
+    return ("the recorder's cost is timed in 06, where nothing runs beside it" if builtin and not captured
+            else "recording cost not measured")
+
+
 def recorder_cost(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int, stall_s: float | None = None
                   ) -> tuple[Any, str]:
     """Notebook 06's table of what recording costs the built-in workload (02's recording mode against none and a
-    bare dispatch) -> (DataFrame or None, a sentence why not). 06 runs with nothing beside it, 02 beside the
-    notebooks that time nothing: the cost is timed where timing is trusted. Not timed when 02's run of the
-    workload did not finish (its wall time measures nothing, a rerun would only fail again) or for a user
-    program (NOT_TIMED says why)."""
+    bare dispatch) -> (DataFrame or None, a sentence why not), saved as overhead.csv and .json. 06 runs with
+    nothing beside it, 02 beside the notebooks that time nothing: the cost is timed where timing is trusted. Not
+    timed when 02's run of the workload did not finish (its wall time measures nothing, a rerun would only fail
+    again) or for a user program (NOT_TIMED says why)."""
     from gpulab import report
-    from gpulab.trace import run
+    from gpulab.trace import analysis, run
     from gpulab.workloads import WorkloadConfig
 
     if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
         return None, NOT_TIMED
-    status = ((report.load_metrics(out_dir).get("02_instrument") or {}).get("metrics") or {}).get("status")
+    status = report.metrics_of(out_dir, "02_instrument").get("status")
     if status not in (None, "ok"):
         return None, run.unfinished_cost(status, "02's run of the workload")
-    return run.timed_overhead(cfg, mode=mode, repeats=repeats, out_dir=out_dir, stall_s=stall_s)
+    ov, note = run.timed_overhead(cfg, mode=mode, repeats=repeats, out_dir=out_dir, stall_s=stall_s)
+    analysis.save_overhead(ov, out_dir)
+    return ov, note
