@@ -150,6 +150,36 @@ def test_followups_answer_each_run_from_the_first_recording(tmp_path):
     assert not list(tmp_path.iterdir())   # nothing ran
 
 
+def test_beside_the_builtin_workloads_first_run_the_runs_it_makes_useless_are_stopped(tmp_path):
+    """For the built-in workload the stats run starts beside the first recording: a first run that hangs stops
+    it (it would only hang again) and leaves nothing of it; a first recording that raises stops it too."""
+    from gpulab.hang.investigation import firstrun
+    from gpulab.trace import followups
+    from gpulab.workloads import WorkloadConfig
+
+    long = WorkloadConfig.from_params({"rung": "steps", "steps": 100000, "layers": 1, "batch": 1, "heads": 1,
+                                       "head_dim": 8, "text_tokens": 4, "image_tokens": 4}, device="cpu")
+    hangs = WorkloadConfig.from_params({"workload": f"script:{FIX / 'custom_op_deadlock.py'}"}, device="cpu")
+    t0 = time.monotonic()
+    rec, later = followups.with_first(
+        lambda: firstrun.record(hangs, tmp_path, mode="auto", timeout_s=120, stall_s=2.0), long, tmp_path,
+        timeout_s=300, stall_s=30.0)
+    stats, note = later.stats()
+    later.wait()
+    assert rec.status == "hang" and stats is None and "hang again" in note
+    assert time.monotonic() - t0 < 40                     # stopped, not run for its 100000 steps
+    assert not list(tmp_path.glob("stats*")) and not list(tmp_path.glob("*.beat"))
+
+    def fails():
+        time.sleep(1.0)
+        raise RuntimeError("the first recording could not start")
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="could not start"):
+        followups.with_first(fails, long, tmp_path / "raised", timeout_s=300, stall_s=30.0)
+    assert time.monotonic() - t0 < 20 and not list((tmp_path / "raised").glob("stats*"))
+
+
 @pytest.mark.parametrize("snap_ops,rung,want", [
     (2, "forward", "2 ops recorded (forward rung on cpu)"),
     (2, None, "2 ops recorded (on cpu)"),                  # what a watch caught: no rung of the built-in workload

@@ -226,6 +226,25 @@ def test_notebooks_that_time_nothing_run_side_by_side_and_a_timed_one_alone(tmp_
     assert any("side by side" in m for m in said), said
 
 
+def never_times(sc_dir, values):   # a notebook metadata's `timed` names it ("test_runner:never_times")
+    return not (sc_dir.is_dir() and values.get("steps") == 3)
+
+
+def test_a_notebook_that_finds_it_times_nothing_runs_beside_the_others(tmp_path, monkeypatch):
+    """`timed` as a function of what the notebooks before it left: asked once its inputs are in; false, and the
+    notebook runs beside the ones that time nothing."""
+    monkeypatch.setattr(runner, "SIDE_BY_SIDE_CORES", 1)
+    nbs = {f"0{i}_{n}": notebook(n, "steps: int = 2\n", SPAN.format(s=3, name=f"0{i}"),
+                                 RECORD.format(name=f"0{i}_{n}", headline=n)) for i, n in ((1, "a"), (2, "b"))}
+    nbs["02_b"].metadata["gpulab"] = {"timed": "test_runner:never_times"}
+    proj = project(tmp_path, nbs, base="steps: 3\n")
+    said = []
+    code, _ = runner.run(_cfg(proj), progress=said.append)
+    (a0, a1), (b0, b1) = (map(float, (proj / f"span_0{i}").read_text().split()) for i in (1, 2))
+    assert code == 0 and max(a0, b0) < min(a1, b1), "02 (times nothing here) did not run beside 01"
+    assert any("02_b times nothing here" in m for m in said), said
+
+
 def test_a_running_notebook_is_listed_in_the_chains_order_before_a_later_one_that_finished(tmp_path, monkeypatch):
     """01 reads 02's products, so 02 runs first: while 01 runs the index lists 01 (running) above 02 (ok)."""
     monkeypatch.setattr(runner, "SIDE_BY_SIDE_CORES", 1)

@@ -26,8 +26,11 @@ def _starts(program: bool) -> list[list[str]]:
 
 
 def test_the_timed_notebooks_are_the_ones_that_measure_time():
-    # 02 records and checks; the recorder's cost, which it used to time, is timed in 06
+    # 02 records and checks; the recorder's cost, which it used to time, is timed in 06; 04 times fixes, when
+    # it has one to time (its metadata names the function that says, once 01 and 03 ended)
     assert TIMED == {"04_fix_scenarios", "06_benchmark"}
+    assert METAS["06_benchmark"]["timed"] is True
+    assert METAS["04_fix_scenarios"]["timed"] == "gpulab.fixes.scenarios:times_anything"
 
 
 @pytest.mark.parametrize("program", [False, True])
@@ -61,3 +64,25 @@ def test_a_notebook_outside_the_run_is_not_waited_for():
     """`--only 03 04`: 03's input from 02 is in an earlier run's folder or nowhere; it does not block."""
     metas = {n: m for n, m in METAS.items() if n[:2] in ("03", "04")}
     assert runner.waits_for(metas, True) == {"03_bisect_hang": set(), "04_fix_scenarios": {"03_bisect_hang"}}
+
+
+@pytest.mark.parametrize("m03, suggested, values, times", [
+    ({"status": "ok"}, [], {}, False),                                    # healthy, nothing suggested: baseline alone
+    ({"status": "ok"}, ["omp_single_thread"], {}, True),                  # 01's suggestion is tried, and timed
+    ({"status": "hang", "class": "deadlock", "in_flight_op": "aten.mm.default"}, [], {}, True),
+    ({"status": "ok"}, [], {"fault": "deadlock:aten.mm@3"}, True),        # a planted fault: 04 climbs its own
+    ({"status": "ok"}, [], {"scenarios": "baseline,contiguous_gemm_inputs"}, True),   # named: timed against it
+    ({"status": "ok"}, [], {"scenarios": "baseline"}, False),
+    ({"status": "hang"}, ["omp_single_thread"], {"cost_rounds": 0}, False),    # no cost rounds: nothing timed
+    (None, [], {}, True),                                                 # 03 did not run here: not known
+])
+def test_04_times_something_unless_auto_leaves_the_baseline_alone(tmp_path, m03, suggested, values, times):
+    from gpulab import report
+    from gpulab.fixes import scenarios
+
+    if m03 is not None:
+        status = m03.pop("status")
+        report.record(tmp_path, "03_bisect_hang", "h", status=status, **m03)
+    report.write_json(tmp_path / "suggested_scenarios.json", {"scenarios": suggested})
+    assert scenarios.times_anything(tmp_path, {"scenarios": "auto", "fault": "none", "cost_rounds": 3, **values}) \
+        is times

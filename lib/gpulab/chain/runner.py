@@ -144,6 +144,18 @@ def schedule(pending: Sequence[str], running: set[str], done: set[str], after: M
     return ready
 
 
+def times_now(meta: Mapping[str, Any], sc_dir: Path, values: Mapping[str, Any]) -> bool:
+    """A notebook's metadata `timed`, once the notebooks it waits for have ended: true, or 'module:function'
+    (sc_dir, values) -> whether it may time something with what they left (04 times no fix after a healthy 03)."""
+    t = meta.get("timed")
+    if not isinstance(t, str):
+        return bool(t)
+    import importlib
+
+    mod, _, fn = t.partition(":")
+    return bool(getattr(importlib.import_module(mod), fn)(sc_dir, values))
+
+
 def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, ScenarioResult]]:
     """Everything that can be wrong with the input, checked before any notebook runs; each scenario's
     parameters and fixes are resolved here, once."""
@@ -392,10 +404,11 @@ def _run_side_by_side(run: RunState, scen: str, sc_dir: Path, schema: dict, valu
     paths = {p.stem: p for p in run.notebooks}
     metas = {name: _meta(p) for name, p in paths.items()}
     after = waits_for(metas, program=False)
-    timed = {name for name, m in metas.items() if m.get("timed")}
+    timed = {name for name, m in metas.items() if m.get("timed")}   # until the ones it waits for have ended
+    decided: set[str] = set()
     pending, running, done, status_of = list(paths), {}, set(), {}
     run.say(f"[{scen}] notebooks side by side where they read nothing of each other's ({usable_cores()} cores)"
-            + (f"; {', '.join(sorted(timed))} alone (they time something)" if timed else ""))
+            + (f"; {', '.join(sorted(timed))} alone when they time something" if timed else ""))
     pool = ThreadPoolExecutor(max_workers=len(paths), thread_name_prefix="notebook")
     # every notebook's papermill child and kernel started now, each waiting for its turn: their start-up (seconds
     # a kernel) overlaps the notebooks before them, as the next one's does in the one-at-a-time chain
@@ -403,6 +416,11 @@ def _run_side_by_side(run: RunState, scen: str, sc_dir: Path, schema: dict, valu
     ended = False
     try:
         while (pending or running) and not run.stopping.is_set():
+            for name in [n for n in pending if n in timed and n not in decided and after.get(n, set()) <= done]:
+                decided.add(name)
+                if not times_now(metas[name], sc_dir, values):
+                    timed.discard(name)
+                    run.say(f"[{scen}] {name} times nothing here: it runs beside the others")
             starts = schedule(pending, set(running), done, after, timed)
             if not (starts or running):   # metadata whose `after` goes round in a circle
                 raise RuntimeError(f"notebooks {', '.join(pending)} each wait for another of them (their metadata's "

@@ -115,6 +115,25 @@ def pointers(out_dir: str | Path | None) -> Pointers:
                     evidence)
 
 
+def times_anything(out_dir: str | Path, values: Mapping[str, Any]) -> bool:
+    """Whether notebook 04 may time something in this scenario folder, once 01 and 03 ran: not when `auto`, with
+    no planted fault, follows a healthy 03 and no suggestion of 01's (the baseline alone runs, or 03's ladder
+    stands for it, and a cost is a fix timed against the baseline), nor with no cost rounds. The chain's
+    scheduler then runs 04 beside the notebooks that time nothing (notebook metadata `timed`)."""
+    if int(values.get("cost_rounds", 1) or 0) == 0:
+        return False
+    try:
+        chosen, is_auto = parse(str(values.get("scenarios", AUTO)))
+    except UnknownFix:
+        return True   # 04 says what is wrong; nothing is decided here
+    if not is_auto:
+        return len(chosen) > 1
+    found = pointers(out_dir)
+    ran03 = report.metrics_of(out_dir, "03_bisect_hang").get("status") is not None
+    return not (ran03 and not found.suggested and found.evidence is None and not found.classes
+                and str(values.get("fault", "none")) in ("", "none"))
+
+
 def first_failure(ladder_dir: Path) -> dict | None:
     """The first failing trial's verdict of a ladder folder, brief (gpulab.fixes.answers.brief)."""
     lad = report.read_json(ladder_dir / "ladder.json", default={}) or {}

@@ -1,15 +1,18 @@
-"""02's two further runs of the workload, started together as soon as the first recording is in: the
-profiler's GPU times (gpulab.trace.profile) and the stats-mode NaN/Inf recording (gpulab.trace.run). They
-are independent children that only count and check, so side by side they cost the longer of the two, not
-the sum (each pays interpreter, torch and device start-up). The recording-cost measurement is not one of
+"""02's two further runs of the workload: the profiler's GPU times (gpulab.trace.profile) and the stats-mode
+NaN/Inf recording (gpulab.trace.run). They are independent children that only count and check, so side by side
+they cost the longer of the two, not the sum (each pays interpreter, torch and device start-up). For the
+built-in workload they start beside the first recording (`with_first`), and the one its outcome makes useless
+is stopped (a hang's stats run would only hang again); a user's program is never run twice at once (its files,
+its ports), so for it they start once the first recording is in. The recording-cost measurement is not one of
 them: it times, so it runs in notebook 06, where nothing runs beside it, and only on the built-in workload
 (`recorder_cost`); 02 itself times nothing, so it runs beside the notebooks that do not time either."""
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,66 @@ def start(first: Any, cfg: Any, out_dir: str | Path, *, timeout_s: float = 300.0
     finally:
         pool.shutdown(wait=False)   # the threads end with their runs
     return FollowUps(gpu, stats)
+
+
+def with_first(record_first: Callable[[], Any], cfg: Any, out_dir: str | Path, *, timeout_s: float = 300.0,
+               stall_s: float | None = None) -> tuple[Any, FollowUps]:
+    """02's first recording (`record_first()`, in this thread) and both further runs -> (Recording, FollowUps).
+    For the built-in workload the further runs start first, beside it; once it is in, each that it makes useless
+    (profile.not_measured, run.stats_not_checked) is stopped and says why, as `start` would have. For anything
+    else `start` runs them after it. Nothing is left running when record_first raises."""
+    from gpulab.trace import profile, run
+    from gpulab.workloads import WorkloadConfig
+
+    if not (isinstance(cfg, WorkloadConfig) and cfg.kind == "builtin"):
+        first = record_first()
+        return first, start(first, cfg, out_dir, timeout_s=timeout_s, stall_s=stall_s)
+    told: Future = Future()   # the first Recording, or None when record_first raised
+    stop_gpu, stop_stats = threading.Event(), threading.Event()
+
+    def gpu():
+        ran = profile.gpu_times(cfg, out_dir, stall_s=stall_s, cancel=stop_gpu)
+        first = told.result()
+        why = profile.not_measured(cfg, first) if first is not None else "not measured"
+        if why:
+            _discard(out_dir, "gpu_times")
+        return (None, why) if why else ran
+
+    def stats():
+        ran = run.record(cfg, mode="stats", out_dir=out_dir, timeout_s=timeout_s, name="stats", stall_s=stall_s,
+                         cancel=stop_stats)
+        first = told.result()
+        if first is None or run.stats_not_checked(first):
+            _discard(out_dir, "stats")
+        return run.stats_recording(first, cfg, out_dir=out_dir, ran=ran) if first is not None else (None, "")
+
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="02-followup")
+    try:
+        futures = FollowUps(pool.submit(gpu), pool.submit(stats))
+    finally:
+        pool.shutdown(wait=False)
+    try:
+        first = record_first()
+    except BaseException:
+        stop_gpu.set()
+        stop_stats.set()
+        told.set_result(None)
+        futures.wait()
+        raise
+    if profile.not_measured(cfg, first):
+        stop_gpu.set()
+    if run.stats_not_checked(first):
+        stop_stats.set()
+    told.set_result(first)
+    return first, futures
+
+
+def _discard(out_dir: str | Path, stem: str) -> None:
+    """A run started ahead whose result is not used leaves nothing behind that a reader could take for one."""
+    import shutil
+
+    for p in Path(out_dir).glob(f"{stem}.*"):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 NOT_TIMED = ("**Recording cost not measured:** for a user program, one recorded run has no unrecorded twin to "

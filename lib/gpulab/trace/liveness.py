@@ -21,6 +21,7 @@ Progress, poll by poll:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,15 +242,18 @@ def _parent(pid: int) -> int | None:
 
 
 def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeout_s: float | None, t0: float,
-         poll_s: float = POLL_S, each_poll: Callable[[float], None] | None = None) -> tuple[str | None, float | None]:
+         poll_s: float = POLL_S, each_poll: Callable[[float], None] | None = None,
+         cancel: threading.Event | None = None) -> tuple[str | None, float | None]:
     """The stall rule, the one place it is written (02's recordings and the watchdog both call it): poll until
     the child ends (None, None), makes no progress for stall_s, or only weak progress for SPIN_WINDOWS x
     stall_s ('hang', seconds from t0 to the last strong progress), or runs past timeout_s ('timeout', None).
     stall_s None: no stall detection; timeout_s None: no deadline. each_poll(monotonic time of the last
     progress) runs between polls, so a caller serves its own duties there (the watchdog's status file, the job
-    folder's bounds, a signal)."""
+    folder's bounds, a signal). `cancel`, once set: ('cancelled', None), the caller no longer wants the run."""
     last = strong = t0
     while child.poll() is None:
+        if cancel is not None and cancel.is_set():
+            return "cancelled", None
         now = time.monotonic()
         level = progress.advanced()
         if level:
@@ -269,7 +273,7 @@ def wait(child: proc.Child, progress: Progress, *, stall_s: float | None, timeou
 @dataclass(frozen=True)
 class End:
     """How a child run under `run` ended."""
-    status: str                  # ok | hang | crash | error | timeout
+    status: str                  # ok | hang | crash | error | timeout | cancelled (liveness.run's `cancel`)
     returncode: int | None       # None when it was stopped (hang or timeout)
     elapsed_s: float
     last_progress_s: float | None = None   # for a hang: when progress was last seen, from the start
@@ -290,12 +294,14 @@ def status_of(returncode: int | None) -> str:
 def run(argv: Sequence[str], *, timeout_s: float, stall_s: float | None = None, log: str | os.PathLike | None = None,
         beat_path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike | None = None, stdout: Any = None, stderr: Any = None,
-        label: str | None = None, follow: str | os.PathLike | None = None) -> End:
+        label: str | None = None, follow: str | os.PathLike | None = None,
+        cancel: threading.Event | None = None) -> End:
     """Run a gpulab.proc child to its end, its deadline, or (stall_s) its first stall; then end everything
     it started. With beat_path the child is asked (through $GPULAB_BEAT) to keep a heartbeat there. follow:
     the job folder where the recorded child's processes announce themselves (gpulab.trace.follow); each is
     then judged by its own beat and op log (JobProgress), so a rank spinning in a CUDA sync is no progress
-    of its launcher."""
+    of its launcher. `cancel`: an Event another thread sets when the run's result is no longer wanted (it is
+    then stopped as a stalled one is, status 'cancelled')."""
     if not timeout_s > 0 or (stall_s is not None and not stall_s > 0):
         raise ValueError(f"timeout_s={timeout_s!r} and stall_s={stall_s!r} must be > 0")
     env = dict(os.environ if env is None else env)
@@ -308,7 +314,7 @@ def run(argv: Sequence[str], *, timeout_s: float, stall_s: float | None = None, 
         tracker: Any = Progress(child.pid, log, beat_path, outputs)
         if follow is not None:
             tracker = JobProgress(tracker, follow)
-        stopped, last = wait(child, tracker, stall_s=stall_s, timeout_s=timeout_s, t0=t0)
+        stopped, last = wait(child, tracker, stall_s=stall_s, timeout_s=timeout_s, t0=t0, cancel=cancel)
         child.stop()
     rc = None if stopped else child.returncode
     return End(stopped or status_of(rc), rc, time.monotonic() - t0, last)

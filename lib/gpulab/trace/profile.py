@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,20 +25,28 @@ def _packet(name: str) -> str:
     return ".".join(parts[:2]) if len(parts) >= 2 else name
 
 
+def not_measured(cfg: workloads.WorkloadConfig, first: Any = None) -> str:
+    """Why the GPU times are not measured ("" when they are). first: 02's first Recording; when it did not
+    finish well the profiler run is not wanted (it would fail again)."""
+    if not str(cfg.device).startswith("cuda"):
+        return "GPU time per op: not measured (the workload runs on the CPU, where host time is the op's time)"
+    if cfg.kind != "builtin":
+        return "GPU time per op: measured for the built-in workload only (a user program is not re-run)"
+    if first is not None and not first.ok:
+        return f"GPU time per op: not measured (the workload did not finish: {first.status})"
+    return ""
+
+
 def gpu_times(cfg: workloads.WorkloadConfig, out_dir: str | Path, timeout_s: float = 600.0,
-              stall_s: float | None = None, first: Any = None):
-    """-> (DataFrame of op type, calls, GPU ms; or None, and a sentence saying what was measured or why not).
-    first: 02's first Recording; when it did not finish well the profiler run is skipped (it would fail
-    again). The profiler child is stopped after stall_s seconds without progress."""
+              stall_s: float | None = None, first: Any = None, cancel: threading.Event | None = None):
+    """-> (DataFrame of op type, calls, GPU ms; or None, and a sentence saying what was measured or why not,
+    not_measured's). The profiler child is stopped after stall_s seconds without progress, or once `cancel` is
+    set (02 no longer wants it: gpulab.trace.followups)."""
     import pandas as pd
 
-    dev = str(cfg.device)
-    if not dev.startswith("cuda"):
-        return None, "GPU time per op: not measured (the workload runs on the CPU, where host time is the op's time)"
-    if cfg.kind != "builtin":
-        return None, "GPU time per op: measured for the built-in workload only (a user program is not re-run)"
-    if first is not None and not first.ok:
-        return None, f"GPU time per op: not measured (the workload did not finish: {first.status})"
+    why = not_measured(cfg, first)
+    if why:
+        return None, why
     out = Path(out_dir)
     js = out / "gpu_times.json"
     beat_path = out / "gpu_times.beat"

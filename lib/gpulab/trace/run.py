@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,6 +39,7 @@ class Recording:
     command: tuple[str, ...]
     stderr_tail: str
     status: str = "ok"       # ok | hang (no progress for stall_s) | crash (a signal) | error (exit != 0) | timeout
+    #                          | cancelled (its result no longer wanted: record's `cancel`)
     stall_s: float | None = None
     processes: int = 0       # other Python processes the program started (each recorded in `<log>.procs/`)
     process_ops: int = 0     # the ops those processes recorded, together
@@ -109,14 +111,14 @@ def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str 
 
 def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str | None = None, *,
               stall_s: float | None = None, log: str | os.PathLike | None = None,
-              follow: str | os.PathLike | None = None) -> liveness.End:
+              follow: str | os.PathLike | None = None, cancel: threading.Event | None = None) -> liveness.End:
     """Run cmd as a gpulab.proc child, output to stderr_path, with a heartbeat file beside it; stopped at the
     deadline, or after stall_s seconds without progress (liveness's rule, over `log` when it is recorded, and
-    over each process of the job that `follow`s into that folder)."""
+    over each process of the job that `follow`s into that folder), or once `cancel` is set."""
     beat = Path(stderr_path).with_suffix(".beat")
     try:
         return liveness.run(cmd, timeout_s=timeout_s, stall_s=stall_s, log=log, beat_path=beat, env=_child_env(),
-                            cwd=cwd, stdout=stderr_path, stderr=subprocess.STDOUT, follow=follow)
+                            cwd=cwd, stdout=stderr_path, stderr=subprocess.STDOUT, follow=follow, cancel=cancel)
     finally:
         beat.unlink(missing_ok=True)
 
@@ -149,9 +151,11 @@ def keep_followed(procs: str | os.PathLike) -> list[dict]:
 
 
 def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outputs/trace",
-           timeout_s: float = 300.0, name: str | None = None, stall_s: float | None = None) -> Recording:
+           timeout_s: float = 300.0, name: str | None = None, stall_s: float | None = None,
+           cancel: threading.Event | None = None) -> Recording:
     """Run the workload under the recorder in a child; whatever was recorded is kept, even when it was
-    stopped (at its deadline, or after stall_s seconds without progress)."""
+    stopped (at its deadline, after stall_s seconds without progress, or once `cancel` is set: status
+    'cancelled')."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = name or f"trace_{mode}"
@@ -161,12 +165,12 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     cmd = bootstrap_command(cfg_or_command, log, mode, follow=procs)
     if log.exists():
         log.unlink()
-    end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log, follow=procs)
+    end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log, follow=procs, cancel=cancel)
     keep_recorded(log)
     children = keep_followed(procs)
     snap = read(log) if log.exists() else None
     tail = (out / f"{stem}.stderr.txt").read_text(errors="replace")[-4000:]
-    stopped = end.status in ("hang", "timeout")
+    stopped = end.status in ("hang", "timeout", "cancelled")
     sig = end.signal or (signal.SIGKILL if stopped else None)
     ops = {x: _started(x) for x in follow.child_logs(procs, children)}   # each header read once
     shown, shown_log = "", log
@@ -195,15 +199,25 @@ def _started(log: Path) -> int:
         return 0
 
 
+def stats_not_checked(first: Recording) -> str:
+    """Why 02's stats-mode run is not wanted after `first` ("" when it is): a stopped first run (hang,
+    timeout) would only wait again. After a crash or an error it is: the first NaN/Inf often comes before."""
+    if first.finished:
+        return ""
+    return (f"**NaN/Inf not checked:** the workload did not finish ({first.status}), and a stats-mode "
+            f"rerun would only {'hang' if first.status == 'hang' else 'run out of time'} again.")
+
+
 def stats_recording(first: Recording, cfg_or_command, *, out_dir: str | os.PathLike, timeout_s: float = 300.0,
-                    stall_s: float | None = None) -> tuple[Recording | None, str]:
-    """02's NaN/Inf check, a rerun in stats mode -> (the Recording or None, a sentence). Skipped when the first
-    run was stopped (hang, timeout): it would only wait again. After a crash or an error it runs, bounded by
-    stall_s: the first NaN/Inf often comes before the error."""
-    if not first.finished:
-        return None, (f"**NaN/Inf not checked:** the workload did not finish ({first.status}), and a stats-mode "
-                      f"rerun would only {'hang' if first.status == 'hang' else 'run out of time'} again.")
-    rec = record(cfg_or_command, mode="stats", out_dir=out_dir, timeout_s=timeout_s, name="stats", stall_s=stall_s)
+                    stall_s: float | None = None, ran: Recording | None = None) -> tuple[Recording | None, str]:
+    """02's NaN/Inf check, a rerun in stats mode -> (the Recording or None, a sentence), bounded by stall_s;
+    not run where stats_not_checked says why. `ran`: the stats-mode run, already made beside the first
+    (gpulab.trace.followups), read instead of running one."""
+    why = stats_not_checked(first)
+    if why:
+        return None, why
+    rec = ran or record(cfg_or_command, mode="stats", out_dir=out_dir, timeout_s=timeout_s, name="stats",
+                        stall_s=stall_s)
     if rec.ok:
         return rec, ""
     return rec, (f"The stats-mode rerun ended as {rec.status} (the first run: {first.status}); the ops up to its "

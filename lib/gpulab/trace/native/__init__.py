@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import threading
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -137,7 +138,7 @@ def _load(name: str, path: Path) -> ModuleType | None:
 
 def ensure(timeout_s: float = 120.0) -> tuple[Path | None, str]:
     """Build the module if it is not built yet; -> (path or None, why not). Safe to call from many
-    processes at once (each compiles to its own temporary name, then renames)."""
+    processes and threads at once (each compiles to its own temporary name, then renames)."""
     if not enabled():
         return None, "turned off by GPULAB_TRACE_NATIVE=0"
     if sys.version_info < (3, 11):
@@ -156,7 +157,7 @@ def ensure(timeout_s: float = 120.0) -> tuple[Path | None, str]:
         return None, f"Python's headers are missing ({include}/Python.h)"
     from gpulab import proc  # the launcher's side only (see the module docstring)
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     r = proc.run([cc, "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", f"-I{include}", "-o", str(tmp),
                   str(SOURCE)], timeout_s=timeout_s, capture=True, label="cc hotpath")
     if r.returncode != 0 or not tmp.exists():
@@ -214,8 +215,8 @@ def ensure_observer(timeout_s: float = 240.0) -> tuple[Path | None, str]:
     if flag not in (["0"], ["1"]):
         return fail(f"could not ask torch for its C++ ABI ({abi.status}, exit {abi.returncode}): "
                     f"{(abi.stderr or abi.stdout)[-800:]}")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    obj = path.with_name(f".{path.name}.{os.getpid()}.frames.o")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    obj = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.frames.o")
     try:
         r = proc.run([cc, *C_FLAGS, "-c", f"-I{include}", "-o", str(obj), str(FRAMES)],
                      timeout_s=timeout_s, capture=True, label="cc pyframes")
