@@ -77,7 +77,7 @@ for s in "$@"; do case $s in
               tests/test_numerics_notebook.py -m "gpu or not slow" ;;
   chaintime) step chaintime 560 python3 benchmarks/bench_chain_time.py --out $RES/chaintime --device cuda --cases ${CASES:-builtin,healthy,failing} ;;
   seeds)    step seeds ${SEEDS_LIMIT:-580} python3 -m pytest -q -p no:cacheprovider -p no:randomly -rs \
-              --basetemp=$RES/seeds/t ${SEEDS_ARGS:-} tests/test_seeds_gpu.py ${SEEDS_K:+-k "$SEEDS_K"} ;;   # the seeds' scenarios, whole chains
+              --basetemp=$RES/seeds/t ${SEEDS_ARGS:+$SEEDS_ARGS --dist loadgroup} tests/test_seeds_gpu.py ${SEEDS_K:+-k "$SEEDS_K"} ;;   # the seeds' scenarios, whole chains
   two)      step two 500 python3 -m pytest -q -p no:cacheprovider -rs -m gpu -n 4 --dist loadfile --basetemp=$RES/two/t \
               tests/test_jobs.py tests/test_fsdp_job.py tests/test_watch_long.py tests/test_fixes.py tests/test_numerics_runs.py ;;  # 2 GPUs
   fpgpu)    step fpgpu 300 python3 -m pytest -q -p no:cacheprovider -rs tests/test_fingerprints_gpu.py ;;

@@ -265,6 +265,45 @@ def test_a_running_notebook_is_listed_in_the_chains_order_before_a_later_one_tha
     assert shown[-1][1].endswith("(1 of 2 notebooks still to finish)"), shown
 
 
+FLAKY_KERNEL = """import pathlib, sys
+mark = pathlib.Path(sys.argv[1])
+if not mark.exists():   # its first start dies, as a kernel that lost the race for its ports does
+    mark.write_text("died once")
+    sys.exit(1)
+from ipykernel import kernelapp
+sys.argv = [sys.argv[0], *sys.argv[2:]]
+kernelapp.launch_new_instance()
+"""
+
+
+def test_a_kernel_that_dies_as_it_starts_is_started_once_more_and_the_notebook_runs(tmp_path, monkeypatch):
+    """Nothing of the notebook ran, so nothing can happen twice: the runner starts it again, once."""
+    spec = tmp_path / "jupyter" / "kernels" / "flaky"
+    spec.mkdir(parents=True)
+    (tmp_path / "flaky_kernel.py").write_text(FLAKY_KERNEL)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, str(tmp_path / "flaky_kernel.py"), str(tmp_path / "died"), "-f", "{connection_file}"],
+        "display_name": "flaky", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", f"{tmp_path / 'jupyter'}{os.pathsep}{os.environ.get('JUPYTER_PATH', '')}")
+    proj = project(tmp_path / "p", {"01_ok": notebook("Ok", "", RECORD.format(name="01_ok", headline="all good"))})
+    said = []
+    code, idx = runner.run(_cfg(proj, kernel="flaky"), progress=said.append)
+    nb = json.loads((idx.parent / "run.json").read_text())["scenarios"][0]["notebooks"][0]
+    assert (tmp_path / "died").exists() and code == 0 and nb["status"] == "ok", (nb, said)
+    assert any("died as it started" in m for m in said), said
+
+
+def test_a_kernel_that_dies_in_a_cell_is_not_run_again(tmp_path):
+    """A cell ran (it may have written, trained, started things): the failure stands, nothing is repeated."""
+    cell = "import os, pathlib\npathlib.Path('ran').open('a').write('x')\nos._exit(3)"
+    proj = project(tmp_path, {"01_dies": notebook("Dies", "", cell)})
+    said = []
+    code, idx = runner.run(_cfg(proj), progress=said.append)
+    nb = json.loads((idx.parent / "run.json").read_text())["scenarios"][0]["notebooks"][0]
+    assert code != 0 and nb["status"] == "failed" and (proj / "ran").read_text() == "x"
+    assert not any("died as it started" in m for m in said), said
+
+
 def test_second_run_never_overwrites_the_first(tmp_path):
     proj = project(tmp_path, {"01_ok": _nbs()["01_ok"]})
     _, first = runner.run(_cfg(proj), progress=lambda m: None)

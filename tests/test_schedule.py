@@ -68,6 +68,7 @@ def test_a_notebook_outside_the_run_is_not_waited_for():
 
 @pytest.mark.parametrize("m03, suggested, values, times", [
     ({"status": "ok"}, [], {}, False),                                    # healthy, nothing suggested: baseline alone
+    ({"status": "ok", "ladder": "failed"}, [], {}, True),                 # its ladder says otherwise: not decided here
     ({"status": "ok"}, ["omp_single_thread"], {}, True),                  # 01's suggestion is tried, and timed
     ({"status": "hang", "class": "deadlock", "in_flight_op": "aten.mm.default"}, [], {}, True),
     ({"status": "ok"}, [], {"fault": "deadlock:aten.mm@3"}, True),        # a planted fault: 04 climbs its own
@@ -81,8 +82,14 @@ def test_04_times_something_unless_auto_leaves_the_baseline_alone(tmp_path, m03,
     from gpulab.fixes import scenarios
 
     if m03 is not None:
+        m03 = dict(m03)
         status = m03.pop("status")
+        lad = m03.pop("ladder", "passed" if status == "ok" else "failed")
         report.record(tmp_path, "03_bisect_hang", "h", status=status, **m03)
+        passes = 3 if lad == "passed" else 2
+        (tmp_path / "ladder").mkdir()
+        report.write_json(tmp_path / "ladder" / "ladder.json",
+                          {"rungs": [{"name": "forward", "trials": 3, "counts": {"pass": passes}}]})
     report.write_json(tmp_path / "suggested_scenarios.json", {"scenarios": suggested})
     assert scenarios.times_anything(tmp_path, {"scenarios": "auto", "fault": "none", "cost_rounds": 3, **values}) \
         is times

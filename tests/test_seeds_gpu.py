@@ -88,6 +88,13 @@ def _env(**over: str) -> dict:
     return env
 
 
+# Run side by side (xdist, `--dist loadgroup`), these three take turns on one worker: two leave a kernel spinning on
+# the GPU until their run is stopped, and the third's 06 times kernels, which a spinning neighbour starves
+# (its benchmark then ran out of time).
+SPINS_OR_TIMES = pytest.mark.xdist_group("gpu_spins_or_times")
+
+
+@SPINS_OR_TIMES
 def test_the_lazy_loading_deadlock_is_answered_by_eager_loading_and_the_programs_own_way_out(root, tmp_path):
     """Kernel A spins until kernel B, launched for the first time on another stream, sets a flag: lazy loading
     makes B's first launch wait for A. The host is stuck in cuLaunchKernel, from the program's own line: 04
@@ -104,6 +111,7 @@ def test_the_lazy_loading_deadlock_is_answered_by_eager_loading_and_the_programs
     assert "module_loading_eager fixes it" in index
 
 
+@SPINS_OR_TIMES
 def test_a_gpu_gemm_that_hangs_on_a_transposed_operand_is_answered_by_contiguous_inputs(root, tmp_path):
     """aten::mm's CUDA kernel, replaced by the program, queues a kernel that never ends on a transposed operand;
     the host waits in the next sync. 04 tries contiguous_gemm_inputs (the operands are direct evidence)."""
@@ -138,6 +146,7 @@ def test_a_device_memory_fault_names_memchecks_kernel_and_line_and_the_programs_
     assert kernel in index
 
 
+@SPINS_OR_TIMES
 def test_a_custom_attention_kernel_with_wrong_numbers_is_named_by_05_and_never_crowned_by_06(root, tmp_path):
     """A new kernel that is fast because it skips half the keys: 05 names it as failing the oracle, and 06,
     which times only what 05 found correct, does not crown it."""

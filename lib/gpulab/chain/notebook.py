@@ -167,6 +167,18 @@ def execute(ahead: Ahead, *, notebook_timeout_s: float, progress: Callable[[str]
     return Execution("failed", elapsed, err)
 
 
+KERNEL_DIED_STARTING = "Kernel died before replying to kernel_info"   # jupyter_client's words
+
+
+def died_starting(ex: Execution, out_ipynb: Path) -> bool:
+    """The notebook failed because its kernel died while starting, before any cell ran: nothing of the notebook
+    happened, so running it again cannot repeat a side effect. Kernels started many at once (notebooks side by
+    side, scenarios in parallel) can lose that race (a port taken between being picked and bound)."""
+    started = [c for c in _code_cells(out_ipynb)[0]   # papermill marks a failed start's cells completed, untimed
+               if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return ex.status == "failed" and KERNEL_DIED_STARTING in (ex.error or "") and not started
+
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ("(an interactive control: it works in JupyterLab; this page shows the static table or plot it "

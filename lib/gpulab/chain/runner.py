@@ -265,6 +265,12 @@ def _run_notebook(run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema:
     run.begin(scen, name, out_ipynb)
     ex = notebook.execute(ahead, notebook_timeout_s=cfg.notebook_timeout_s, progress=run.say,
                           stopping=run.stopping)
+    if notebook.died_starting(ex, out_ipynb) and not run.stopping.is_set():
+        run.say(f"[{scen}] {name}: its kernel died as it started, before any cell ran; starting it once more")
+        ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
+                       _device_env(run, _scenario_env(scen, run) or os.environ, values))
+        ex = notebook.execute(ahead, notebook_timeout_s=cfg.notebook_timeout_s, progress=run.say,
+                              stopping=run.stopping)
     _, _, cells_s = notebook.cells_done(out_ipynb)
     t_render = time.monotonic()
     rep, full, render_err = notebook.render(out_ipynb) if out_ipynb.exists() else (None, None, "no notebook was written")

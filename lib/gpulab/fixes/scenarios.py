@@ -117,8 +117,8 @@ def pointers(out_dir: str | Path | None) -> Pointers:
 
 def times_anything(out_dir: str | Path, values: Mapping[str, Any]) -> bool:
     """Whether notebook 04 may time something in this scenario folder, once 01 and 03 ran: not when `auto`, with
-    no planted fault, follows a healthy 03 and no suggestion of 01's (the baseline alone runs, or 03's ladder
-    stands for it, and a cost is a fix timed against the baseline), nor with no cost rounds. The chain's
+    no planted fault, follows a healthy 03 whose ladder passed every trial and no suggestion of 01's (the baseline
+    alone, 03's ladder standing for it, and a cost is a fix timed against the baseline), nor with no cost rounds. The chain's
     scheduler then runs 04 beside the notebooks that time nothing (notebook metadata `timed`)."""
     if int(values.get("cost_rounds", 1) or 0) == 0:
         return False
@@ -129,8 +129,11 @@ def times_anything(out_dir: str | Path, values: Mapping[str, Any]) -> bool:
     if not is_auto:
         return len(chosen) > 1
     found = pointers(out_dir)
+    lad = report.read_json(Path(out_dir) / "ladder" / "ladder.json", default=None) or {}
+    passed = bool(lad.get("rungs")) and all(r.get("trials", 0) == r.get("counts", {}).get("pass", 0)
+                                            for r in lad["rungs"])   # 03's ladder, which 04 takes as its baseline
     ran03 = report.metrics_of(out_dir, "03_bisect_hang").get("status") is not None
-    return not (ran03 and not found.suggested and found.evidence is None and not found.classes
+    return not (ran03 and passed and not found.suggested and found.evidence is None and not found.classes
                 and str(values.get("fault", "none")) in ("", "none"))
 
 
