@@ -230,6 +230,13 @@ def never_times(sc_dir, values):   # a notebook metadata's `timed` names it ("te
     return not (sc_dir.is_dir() and values.get("steps") == 3)
 
 
+@pytest.mark.parametrize("timed, expect", [(True, True), (False, False), (None, False),
+                                           ("test_runner:never_times", False),
+                                           ("test_runner:no_such_function", True), ("no_such_module:f", True)])
+def test_a_notebooks_timed_metadata_is_asked_and_a_wrong_name_leaves_it_alone(tmp_path, timed, expect):
+    assert runner.times_now({"timed": timed}, tmp_path, {"steps": 3}) is expect
+
+
 def test_a_notebook_that_finds_it_times_nothing_runs_beside_the_others(tmp_path, monkeypatch):
     """`timed` as a function of what the notebooks before it left: asked once its inputs are in; false, and the
     notebook runs beside the ones that time nothing."""

@@ -146,14 +146,21 @@ def schedule(pending: Sequence[str], running: set[str], done: set[str], after: M
 
 def times_now(meta: Mapping[str, Any], sc_dir: Path, values: Mapping[str, Any]) -> bool:
     """A notebook's metadata `timed`, once the notebooks it waits for have ended: true, or 'module:function'
-    (sc_dir, values) -> whether it may time something with what they left (04 times no fix after a healthy 03)."""
+    (sc_dir, values) -> whether it may time something with what they left (04 times no fix after a healthy 03).
+    A function that cannot be asked (a wrong name, an error reading the products) leaves the notebook timed:
+    alone is never wrong, only slower."""
     t = meta.get("timed")
     if not isinstance(t, str):
         return bool(t)
     import importlib
 
     mod, _, fn = t.partition(":")
-    return bool(getattr(importlib.import_module(mod), fn)(sc_dir, values))
+    try:
+        return bool(getattr(importlib.import_module(mod), fn)(sc_dir, values))
+    except Exception as exc:  # noqa: BLE001 - the schedule goes on; the notebook runs alone
+        print(f"gpulab run: notebook metadata timed={t!r} could not be asked ({type(exc).__name__}: {exc}); "
+              f"the notebook runs alone", file=sys.stderr)
+        return True
 
 
 def plan(cfg: RunConfig) -> tuple[list[Path], dict[str, params.ParamSpec], dict[str, ScenarioResult]]:
