@@ -31,6 +31,16 @@ def test_a_healthy_baseline_says_nothing_to_fix():
     assert v.verdict == "healthy" and v.next_step == "nothing to fix on this platform"
 
 
+@pytest.mark.parametrize("status, kind", [("error", "error"), ("hang", "hang"), ("timeout", "hang"), ("crash", "crash")])
+def test_a_run_of_02_alone_that_did_not_finish_is_never_called_healthy(status, kind):
+    """`gpulab run --only 02` on a failing workload: no 03 to judge it, and 02 saw it fail."""
+    head = f"the workload did not finish: {status} after 557 ops"
+    v = judge(ok(["02_instrument"]), {"02_instrument": {"headline": head, "metrics": {"status": status}}})
+    assert (v.verdict, v.evidence) == (kind, head) and "--only 03,04" in v.next_step
+    healthy = judge(ok(["02_instrument"]), {"02_instrument": {"headline": "557 ops", "metrics": {"status": "ok"}}})
+    assert healthy.verdict == "healthy"
+
+
 def test_a_scenario_whose_fix_cannot_apply_is_not_an_error():
     nbs = [{"name": n, "status": NOT_APPLICABLE, "error": "sdpa_backend_cudnn needs an NVIDIA GPU"} for n in NOTEBOOKS]
     v = judge(nbs, {}, "sdpa_backend_cudnn")

@@ -194,9 +194,14 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
             step = (f"{cause} (no fix was tried: notebook 04, gpulab fixes)" if cause else
                     f"run the fix matrix (notebook 04, gpulab fixes), then {_upstream(hang)}")
         return ScenarioVerdict(kind, evidence, step)
+    inst = _m(metrics, "02_instrument")
+    if not hang and inst.get("status") in ("hang", "crash", "error", "timeout"):   # 03 did not run (--only 02)
+        kind = "hang" if inst["status"] in ("hang", "timeout") else inst["status"]
+        return ScenarioVerdict(kind, _h(metrics, "02_instrument"),
+                               "run notebooks 03 and 04 (gpulab run --only 03,04) to replay it, name the op and "
+                               "whose code it is, and try the fixes")
     oracle = _m(metrics, "05_oracle")
     vendor_bad = [f for f in oracle.get("failures") or () if str(f).startswith("sdpa_")]
-    inst = _m(metrics, "02_instrument")
     cmp = oracle.get("compare") or {}
     compared = (cmp.get("status") == "diverged" and bool(cmp.get("first_divergence"))
                 and not variants.precision_only(cmp))
