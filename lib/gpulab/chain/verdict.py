@@ -198,8 +198,8 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
     if not hang and inst.get("status") in ("hang", "crash", "error", "timeout"):   # 03 did not run (--only 02)
         kind = "hang" if inst["status"] in ("hang", "timeout") else inst["status"]
         return ScenarioVerdict(kind, _h(metrics, "02_instrument"),
-                               "run notebooks 03 and 04 (gpulab run --only 03,04) to replay it, name the op and "
-                               "whose code it is, and try the fixes")
+                               "run notebooks 03 and 04 the same way (gpulab run with --only 03,04, and the same "
+                               "--from or workload) to replay it, name the op and whose code it is, and try the fixes")
     oracle = _m(metrics, "05_oracle")
     vendor_bad = [f for f in oracle.get("failures") or () if str(f).startswith("sdpa_")]
     cmp = oracle.get("compare") or {}
