@@ -88,8 +88,9 @@ def test_04_times_something_unless_auto_leaves_the_baseline_alone(tmp_path, m03,
         report.record(tmp_path, "03_bisect_hang", "h", status=status, **m03)
         passes = 3 if lad == "passed" else 2
         (tmp_path / "ladder").mkdir()
-        report.write_json(tmp_path / "ladder" / "ladder.json",
-                          {"rungs": [{"name": "forward", "trials": 3, "counts": {"pass": passes}}]})
+        report.write_json(tmp_path / "ladder" / "ladder.json",   # as LadderResult.to_dict writes it
+                          {"rungs": [{"name": "forward", "trials": 3, "counts": {"pass": passes}}],
+                           "interrupted": False, "first_failing_rung": None if passes == 3 else "forward"})
     report.write_json(tmp_path / "suggested_scenarios.json", {"scenarios": suggested})
     assert scenarios.times_anything(tmp_path, {"scenarios": "auto", "fault": "none", "cost_rounds": 3, **values}) \
         is times

@@ -144,11 +144,12 @@ def schedule(pending: Sequence[str], running: set[str], done: set[str], after: M
     return ready
 
 
-def times_now(meta: Mapping[str, Any], sc_dir: Path, values: Mapping[str, Any]) -> bool:
+def times_now(meta: Mapping[str, Any], sc_dir: Path, values: Mapping[str, Any],
+              say: Callable[[str], None] = lambda m: None) -> bool:
     """A notebook's metadata `timed`, once the notebooks it waits for have ended: true, or 'module:function'
     (sc_dir, values) -> whether it may time something with what they left (04 times no fix after a healthy 03).
-    A function that cannot be asked (a wrong name, an error reading the products) leaves the notebook timed:
-    alone is never wrong, only slower."""
+    A function that cannot be asked (a wrong name, an error reading the products) leaves the notebook timed, and
+    `say`s why: alone is never wrong, only slower."""
     t = meta.get("timed")
     if not isinstance(t, str):
         return bool(t)
@@ -158,8 +159,7 @@ def times_now(meta: Mapping[str, Any], sc_dir: Path, values: Mapping[str, Any]) 
     try:
         return bool(getattr(importlib.import_module(mod), fn)(sc_dir, values))
     except Exception as exc:  # noqa: BLE001 - the schedule goes on; the notebook runs alone
-        print(f"gpulab run: notebook metadata timed={t!r} could not be asked ({type(exc).__name__}: {exc}); "
-              f"the notebook runs alone", file=sys.stderr)
+        say(f"notebook metadata timed={t!r} could not be asked ({type(exc).__name__}: {exc}); it runs alone")
         return True
 
 
@@ -262,22 +262,25 @@ class _NextUp:
 def _run_notebook(run: RunState, scen: str, sc_dir: Path, nb_path: Path, schema: dict, values: dict,
                   ahead: notebook.Ahead | None = None, ask: bool = False) -> NotebookResult:
     cfg, name = run.cfg, nb_path.stem
-    if ahead is None:
-        ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
-                       # the question is the next notebook's (_NextUp asks it): with none, as in `--only 03`, the
-                       # answer would come after this kernel asked torch itself (side by side, later ones use it)
-                       _device_env(run, _scenario_env(scen, run) or os.environ, values, ask=ask))
+
+    def started() -> notebook.Ahead:
+        return _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
+                      # the question is the next notebook's (_NextUp asks it): with none, as in `--only 03`, the
+                      # answer would come after this kernel asked torch itself (side by side, later ones use it)
+                      _device_env(run, _scenario_env(scen, run) or os.environ, values, ask=ask))
+
+    def executed(head: notebook.Ahead) -> notebook.Execution:
+        return notebook.execute(head, notebook_timeout_s=cfg.notebook_timeout_s, progress=run.say,
+                                stopping=run.stopping)
+
+    ahead = ahead or started()
     out_ipynb = ahead.out_ipynb
     run.say(f"[{scen}] {name}: running")
     run.begin(scen, name, out_ipynb)
-    ex = notebook.execute(ahead, notebook_timeout_s=cfg.notebook_timeout_s, progress=run.say,
-                          stopping=run.stopping)
+    ex = executed(ahead)
     if notebook.died_starting(ex, out_ipynb) and not run.stopping.is_set():
         run.say(f"[{scen}] {name}: its kernel died as it started, before any cell ran; starting it once more")
-        ahead = _ahead(run, scen, sc_dir, nb_path, _params_file(scen, sc_dir, nb_path, schema, values),
-                       _device_env(run, _scenario_env(scen, run) or os.environ, values))
-        ex = notebook.execute(ahead, notebook_timeout_s=cfg.notebook_timeout_s, progress=run.say,
-                              stopping=run.stopping)
+        ex = executed(started())
     _, _, cells_s = notebook.cells_done(out_ipynb)
     t_render = time.monotonic()
     rep, full, render_err = notebook.render(out_ipynb) if out_ipynb.exists() else (None, None, "no notebook was written")
@@ -431,7 +434,7 @@ def _run_side_by_side(run: RunState, scen: str, sc_dir: Path, schema: dict, valu
         while (pending or running) and not run.stopping.is_set():
             for name in [n for n in pending if n in timed and n not in decided and after.get(n, set()) <= done]:
                 decided.add(name)
-                if not times_now(metas[name], sc_dir, values):
+                if not times_now(metas[name], sc_dir, values, say=lambda m: run.say(f"[{scen}] {name}: {m}")):
                     timed.discard(name)
                     run.say(f"[{scen}] {name} times nothing here: it runs beside the others")
             starts = schedule(pending, set(running), done, after, timed)

@@ -130,8 +130,8 @@ def times_anything(out_dir: str | Path, values: Mapping[str, Any]) -> bool:
         return len(chosen) > 1
     found = pointers(out_dir)
     lad = report.read_json(Path(out_dir) / "ladder" / "ladder.json", default=None) or {}
-    passed = bool(lad.get("rungs")) and all(r.get("trials", 0) == r.get("counts", {}).get("pass", 0)
-                                            for r in lad["rungs"])   # 03's ladder, which 04 takes as its baseline
+    # 03's ladder, which 04 takes as its baseline: its own answer (LadderResult.first_failing_rung)
+    passed = bool(lad.get("rungs")) and not lad.get("interrupted") and lad.get("first_failing_rung") is None
     ran03 = report.metrics_of(out_dir, "03_bisect_hang").get("status") is not None
     return not (ran03 and passed and not found.suggested and found.evidence is None and not found.classes
                 and str(values.get("fault", "none")) in ("", "none"))

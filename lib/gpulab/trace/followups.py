@@ -57,9 +57,8 @@ def with_first(record_first: Callable[[], Any], cfg: Any, out_dir: str | Path, *
     (profile.not_measured, run.stats_not_checked) is stopped and says why, as `start` would have. For anything
     else `start` runs them after it. Nothing is left running when record_first raises."""
     from gpulab.trace import profile, run
-    from gpulab.workloads import WorkloadConfig
 
-    if not (isinstance(cfg, WorkloadConfig) and cfg.kind == "builtin"):
+    if not _builtin(cfg):
         first = record_first()
         return first, start(first, cfg, out_dir, timeout_s=timeout_s, stall_s=stall_s)
     told: Future = Future()   # the first Recording, or None when record_first raised
@@ -102,6 +101,13 @@ def with_first(record_first: Callable[[], Any], cfg: Any, out_dir: str | Path, *
     return first, futures
 
 
+def _builtin(cfg: Any) -> bool:
+    """gpulab's own workload: known to be safe to run twice at once, and the one whose recorder cost is timed."""
+    from gpulab.workloads import WorkloadConfig
+
+    return isinstance(cfg, WorkloadConfig) and cfg.kind == "builtin"
+
+
 def _discard(out_dir: str | Path, stem: str) -> None:
     """A run started ahead whose result is not used leaves nothing behind that a reader could take for one."""
     import shutil
@@ -119,10 +125,7 @@ NOT_TIMED = ("**Recording cost not measured:** for a user program, one recorded 
 def cost_words(cfg: Any, captured: bool = False) -> str:
     """What 02's headline says of the recorder's cost: where it is timed (the built-in workload's, in 06), or
     that it is not measured (a user program, or what a watch caught)."""
-    from gpulab.workloads import WorkloadConfig
-
-    builtin = isinstance(cfg, WorkloadConfig) and cfg.kind == "builtin"
-    return ("the recorder's cost is timed in 06, where nothing runs beside it" if builtin and not captured
+    return ("the recorder's cost is timed in 06, where nothing runs beside it" if _builtin(cfg) and not captured
             else "recording cost not measured")
 
 
@@ -135,9 +138,8 @@ def recorder_cost(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int, sta
     again) or for a user program (NOT_TIMED says why)."""
     from gpulab import report
     from gpulab.trace import analysis, run
-    from gpulab.workloads import WorkloadConfig
 
-    if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
+    if not _builtin(cfg):
         return None, NOT_TIMED
     status = report.metrics_of(out_dir, "02_instrument").get("status")
     if status not in (None, "ok"):
