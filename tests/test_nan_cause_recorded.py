@@ -60,6 +60,19 @@ CASES = [
 ]
 
 
+def test_the_next_step_names_the_logs_line_when_a_later_line_turns_its_minus_inf_into_inf(tmp_path):
+    """The +Inf is first made by the subtraction on the line after the log: the evidence says so, and the line to
+    change (clamp the log's argument) is the log's."""
+    rec = trace_run.record([sys.executable, str(NAN / "log_scale.py")], mode="stats", out_dir=tmp_path,
+                           name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    log_line, sub_line = line_of("log_scale.py", "LOGSPREAD"), line_of("log_scale.py", "CENTER")
+    assert (got["op"], got["call_site"], got["pass"]) == ("aten.sub.Tensor", sub_line, 3), got
+    assert got["cause"]["kind"] == "log_domain" and got["cause"]["at"] == log_line, got["cause"]
+    assert firstnan.next_step(got).startswith(f"fix the program's line {log_line}: clamp the log's argument")
+
+
 @pytest.mark.parametrize("fixture,mark,op,n,backward,kind,cause,todo", CASES, ids=[c[0] for c in CASES])
 def test_02_names_the_first_nans_op_line_pass_and_cause(tmp_path, fixture, mark, op, n, backward, kind, cause, todo):
     rec = trace_run.record([sys.executable, str(NAN / fixture)], mode="stats", out_dir=tmp_path, name="stats",

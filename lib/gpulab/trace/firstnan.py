@@ -239,6 +239,9 @@ def next_step(rec: Mapping[str, Any]) -> str:
     fix = _fix(rec) or "read the op's inputs in 02 (stats.firstnan.json: NaN/Inf counts, min, max, zeros of each)"
     if (rec.get("cause") or {}).get("kind") == "growth":
         return f"the values run away before {site} overflows (pass {n}): {fix}"
+    at = (rec.get("cause") or {}).get("at")   # the earlier op's line that the remedy is for (a log's)
+    if at and who == "program" and owner(str(at).partition(":")[0])[0] == "program":
+        site = at
     if who == "program":
         return f"fix the program's line {site}: {fix}"
     if who == "library":

@@ -73,17 +73,20 @@ class TensorFacts:
 class Cause:
     """kind: one of KINDS; words: the cause in a sentence fragment ("the divisor holds zeros (input 1: 16
     zeros)"); input: the index of the input that explains it, or None; earlier: the NaN/Inf came in through an
-    input, so the op that made it is earlier than this one."""
+    input, so the op that made it is earlier than this one; at: the call site of the earlier op whose line is the
+    one to change (a log that made the -Inf this op turns into NaN), None when it is this op's own."""
     kind: str
     words: str
     input: int | None = None
+    at: str | None = None
 
     @property
     def earlier(self) -> bool:
         return self.kind in ("input_nan", "input_inf")
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "words": self.words, "input": self.input}
+        return {"kind": self.kind, "words": self.words, "input": self.input,
+                **({"at": self.at} if self.at else {})}
 
 
 def scalar_facts(value: float) -> TensorFacts:
@@ -155,7 +158,7 @@ def log_made(why: Cause, op: str, log: Mapping[str, Any], made: str = "NaN") -> 
             f"{log['nonpositive']} value(s) <= 0" if log.get("nonpositive") else "values <= 0")
     return Cause("log_domain", f"input {why.input} holds -Inf that {base_name(log['op'])} made at {log['call_site']} "
                  f"(pass {log['pass']}) from {what} (the log of 0 is -Inf), and {base_name(op)} turns it into {made}",
-                 why.input)
+                 why.input, log.get("call_site"))
 
 
 def grown(why: Cause, op: str, dtype: str, history: Mapping[str, Any] | None) -> Cause:
