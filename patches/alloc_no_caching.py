@@ -11,4 +11,7 @@ FIX = Fix("alloc_no_caching", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (no block reuse:
           applies=on_gpu, needs="a GPU (the allocator setting means nothing on the CPU)",
           answers=(Answer("allocator calls in flight on the GPU", op_kind="allocator", device="cuda"),
                    Answer("a GPU memory access fault (a buffer reused too early)", stderr=("memory access fault", "illegal address"))),
+          means="block reuse is involved: a buffer used after it was handed to another stream, or the allocator "
+                "itself",
+          diagnostic="makes every tensor a real cudaMalloc and cudaFree",
           source="https://pytorch.org/docs/stable/notes/cuda.html#memory-management")

@@ -16,4 +16,5 @@ FIX = Fix("contiguous_gemm_inputs", "non-contiguous operands of mm/bmm/addmm/bad
                    Answer("an operand layout no kernel expects", cls="layout")),
           apply_yourself="a = a.contiguous(); b = b.contiguous() before the matmul that hangs (nn.Linear: keep a "
                          "contiguous copy of weight.t())",
+          means="the GEMM kernel mishandles its operand's layout (a transposed or strided operand)",
           source="https://pytorch.org/docs/stable/generated/torch.Tensor.contiguous.html")

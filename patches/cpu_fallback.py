@@ -12,4 +12,6 @@ FIX = Fix("cpu_fallback", "the workload runs on the CPU (device=cpu; no GPU visi
           answers=(Answer("a GPU memory access fault", stderr=("memory access fault", "page not present",
                                                                  "illegal memory access")),),
           apply_yourself="export CUDA_VISIBLE_DEVICES= HIP_VISIBLE_DEVICES= (or device='cpu' in the program)",
+          means="the failure belongs to the GPU platform (its kernels, driver or runtime), not to the model's code",
+          diagnostic="runs the workload on the CPU",
           source="https://github.com/ROCm/ROCm/issues/2804")

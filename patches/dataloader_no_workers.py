@@ -13,4 +13,6 @@ FIX = Fix("dataloader_no_workers", "DataLoader with num_workers=0 (data loaded i
           answers=(Answer("a DataLoader worker is blocked while its loader waits for data", cls="worker_stuck",
                           owner=("program", "library", "unknown")),),
           apply_yourself="DataLoader(..., num_workers=0)",
+          means="the failure lives in the loader's worker processes",
+          diagnostic="loads the data in the training process, no longer beside the step",
           source="https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading")

@@ -16,4 +16,6 @@ FIX = Fix("dataloader_spawn", "DataLoader workers started with multiprocessing_c
           apply_yourself="DataLoader(..., num_workers=N, multiprocessing_context='spawn') (the dataset and "
                          "collate_fn must be picklable, and the script's top level guarded by "
                          "if __name__ == '__main__')",
+          means="the worker blocks on something it inherited from the parent at fork (a lock another thread of the "
+                "parent held at that instant, a thread pool's state), not on its data",
           source="https://pytorch.org/docs/stable/data.html#platform-specific-behaviors")

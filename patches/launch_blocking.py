@@ -12,4 +12,6 @@ FIX = Fix("launch_blocking", "CUDA_LAUNCH_BLOCKING=1 and HIP_LAUNCH_BLOCKING=1 (
           answers=(Answer("the host waits in a sync behind GPU work that never completed", cls="sync", device="cuda"),
                    Answer("GPU work that never completed, launched outside the dispatcher", cls="unknown",
                           status="hang", device="cuda")),
+          means="the failure depends on kernels overlapping (a race between streams or with the host)",
+          diagnostic="makes every launch wait for its kernel: the GPU idles between kernels",
           source="https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars")

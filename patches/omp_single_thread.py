@@ -11,4 +11,5 @@ FIX = Fix("omp_single_thread", "OMP_NUM_THREADS=1 and MKL_NUM_THREADS=1 (no CPU 
           answers=(Answer("host threads parked in a CPU thread pool", cls="host_lock",
                           native=("gomp_", "GOMP_", "__kmp", "omp_", "mkl_")),
                    Answer("a deadlock on a host lock", cls="host_lock")),
+          means="the hang is in the CPU thread pools (OpenMP/MKL), not on the GPU",
           source="https://pytorch.org/docs/stable/notes/multiprocessing.html")

@@ -15,4 +15,6 @@ FIX = Fix("sync_gemm", "torch.cuda.synchronize() before and after each mm/bmm/ma
                    Answer("the host waits in a sync behind a GEMM", cls="sync", op_kind="gemm")),
           apply_yourself="torch.cuda.synchronize() before and after the matmul that hangs (then replace it with "
                          "an event wait between the two streams involved)",
+          means="the bug is in stream ordering around a GEMM, not in the GEMM kernel",
+          diagnostic="synchronizes the device twice per GEMM; a targeted event wait is the fix to ship",
           source="https://pytorch.org/docs/stable/notes/cuda.html#cuda-streams")

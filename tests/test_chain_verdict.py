@@ -131,3 +131,18 @@ def test_a_workaround_for_the_programs_own_bug_still_points_at_the_program():
     v = judge(ok(), m)
     assert v.next_step.startswith("dataloader_no_workers fixes it") and "program's own bug" in v.next_step
     assert "upstream" not in v.next_step
+
+
+def test_the_index_says_what_the_fix_working_means_and_the_other_fixes():
+    m = metrics(hang_status="hang")
+    m["03_bisect_hang"]["metrics"].update({"class": "worker_stuck", "owner": PROGRAM})
+    m["04_fix_scenarios"] = {"metrics": {
+        "recommendation": "dataloader_spawn", "recommendation_runs": "0/3",
+        "recommendation_apply": "DataLoader(..., multiprocessing_context='spawn')",
+        "recommendation_means": "so the worker blocks on something it inherited from the parent at fork",
+        "also_fixes": "also fixes it: dataloader_no_workers (0/3 failed; about 18 s a run against 50 s)"}}
+    v = judge(ok(), m)
+    assert v.next_step.startswith("dataloader_spawn fixes it (0/3 failed): so the worker blocks on something it "
+                                  "inherited from the parent at fork; apply with: DataLoader(..., "
+                                  "multiprocessing_context='spawn'); also fixes it: dataloader_no_workers")
+    assert "program's own bug" in v.next_step

@@ -301,6 +301,39 @@ def test_the_recommendation_says_how_to_apply_it_yourself():
     assert rec == "eager" and "apply with: export CUDA_MODULE_LOADING=EAGER" in why and "+5% run time" in why
 
 
+def test_with_no_cost_measurable_a_real_fix_comes_before_a_diagnostic_and_the_others_are_named():
+    """Seen on a DataLoader whose workers inherit a lock held at fork: both num_workers=0 and spawn removed the
+    hang, the baseline never finished a run (no cost), and the name's order made num_workers=0 the advice."""
+    hangs = verdict.Observed("baseline", (), True, 3, 3)
+    spawn = verdict.Observed("spawn", ("spawn",), True, 3, 0, None, None, 50.0)
+    none = verdict.Observed("no_workers", ("no_workers",), True, 3, 0, None, None, 18.0)
+    obs = (hangs, none, spawn)
+    rec, why = verdict.recommend(obs, [verdict.judge(o, hangs, 0.2)[0] for o in obs], stall_s=5,
+                                 means={"spawn": "the worker blocks on something it inherited at fork"},
+                                 diagnostic={"no_workers": "loads the data in the training process"})
+    assert rec == "spawn"
+    assert why.startswith("spawn fixes it (0/3 failed, baseline 3/3) (cost not measured: the baseline never "
+                          "finished a run to compare with): so the worker blocks on something it inherited at fork")
+    assert "also fixes it: no_workers (0/3 failed; about 18 s a run against 50 s; it loads the data in the " \
+           "training process)" in why
+    rec, why = verdict.recommend(obs, [verdict.judge(o, hangs, 0.2)[0] for o in obs], stall_s=5)
+    assert rec == "no_workers" and "also fixes it: spawn (0/3 failed; about 50 s a run against 18 s)" in why
+
+
+def test_a_measured_cost_outranks_being_a_diagnostic():
+    sync = verdict.Observed("sync", ("sync",), True, 4, 0, True, 0.05)
+    layout = verdict.Observed("layout", ("layout",), True, 4, 0, True, 0.12)
+    obs = (BASE_FAILS, layout, sync)
+    rec, why = verdict.recommend(obs, [verdict.judge(o, BASE_FAILS, 0.2)[0] for o in obs], stall_s=5,
+                                 diagnostic={"sync": "synchronizes the device twice per GEMM"})
+    assert rec == "sync" and "also fixes it: layout (0/4 failed; cost +12%)" in why
+
+
+def test_every_fix_that_declares_what_it_gives_up_or_means_says_it_in_words():
+    for f in registry.load().values():
+        for text in (f.means, f.diagnostic):
+            assert text == "" or (text[0].islower() and not text.endswith(".")), (f.name, text)
+
 # ------------------------------------------------------------------------------------ scenarios
 
 @pytest.mark.parametrize("text,names,is_auto", [

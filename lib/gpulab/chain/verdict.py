@@ -175,7 +175,9 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
             line = fixes.get("recommendation_apply")
             step = (f"{rec} fixes it" + (f" ({runs} failed{base})" if runs else "")
                     + (f" at {cost:+.0%} run time" if isinstance(cost, (int, float)) else "")
+                    + (f": {fixes['recommendation_means']}" if fixes.get("recommendation_means") else "")
                     + (f"; apply with: {line}" if line else "")
+                    + (f"; {fixes['also_fixes']}" if fixes.get("also_fixes") else "")
                     + (f"; it only works around the program's own bug: {_program_cause(hang)}"
                        if _program_cause(hang) else
                        f"; {_meets(_owner(hang, 'platform'))}" if (_owner(hang, "platform") or {}).get("program")

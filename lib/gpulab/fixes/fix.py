@@ -67,6 +67,9 @@ class Fix:
     answers: tuple[Answer, ...] = ()              # the evidence it answers (gpulab.fixes.answers): what `auto`
                                                   #   and a verdict's "try" sentence pick it by
     apply_yourself: str = ""                      # how a user applies it in their own job, outside gpulab
+    means: str = ""                               # what its removing the failure tells of the cause, in words
+    diagnostic: str = ""                          # what it gives up that a short run does not show: a fix
+                                                  #   that says where the bug lives more than it removes it
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name or ""):

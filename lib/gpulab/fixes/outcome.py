@@ -53,8 +53,9 @@ class ScenarioResult:
         return (self.numerics or {}).get("ok")
 
     def observed(self) -> verdict.Observed:
+        per_run = self.seconds / self.trials if self.trials and self.seconds and not self.reused else None
         return verdict.Observed(self.name, self.fixes, self.applicable, self.trials, self.failures,
-                                self.numerics_ok, self.overhead)
+                                self.numerics_ok, self.overhead, per_run)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ def judged(results: Sequence[ScenarioResult], max_overhead: float, stall_s: floa
         out.append(dataclasses.replace(r, verdict=v, verdict_why=why))
     rec, nxt = verdict.recommend([r.observed() for r in out], [r.verdict for r in out], stall_s=stall_s,
                                  untried=[t["scenario"] for t in not_tried], apply_lines=apply_lines(results),
-                                 in_program=ff.get("in_program"), owner=ff.get("owner"))
+                                 in_program=ff.get("in_program"), owner=ff.get("owner"),
+                                 **readings(results))
     return out, rec, nxt
 
 
@@ -151,6 +153,16 @@ def time_saved(results: Sequence[ScenarioResult], skipped: int) -> float | None:
     base = next((r.seconds for r in results if not r.fixes and r.seconds), None)
     each = sum(ran) / len(ran) if ran else base
     return round(each * skipped, 1) if each else None
+
+
+def readings(results: Sequence[ScenarioResult]) -> dict[str, dict[str, str]]:
+    """What the registry's fixes say beside a verdict: `means` (fix -> what its working tells of the cause)
+    and `diagnostic` (scenario -> what its fixes give up), for verdict.recommend."""
+    fixes = registry.load()
+    means = {n: fixes[n].means for r in results for n in r.fixes if n in fixes and fixes[n].means}
+    diag = {r.name: "; ".join(fixes[n].diagnostic for n in r.fixes if n in fixes and fixes[n].diagnostic)
+            for r in results if r.fixes}
+    return {"means": means, "diagnostic": {k: v for k, v in diag.items() if v}}
 
 
 def apply_lines(results: Sequence[ScenarioResult]) -> dict[str, str]:

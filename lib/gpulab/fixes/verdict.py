@@ -27,6 +27,7 @@ class Observed:
     failures: int = 0
     numerics_ok: bool | None = None    # None: not compared (a plain command, or no fix-free run finished)
     overhead: float | None = None      # median time / baseline's - 1; None: not measured
+    per_run_s: float | None = None     # its ladder's seconds a run (None: its runs were not its own)
 
     @property
     def rate(self) -> float:
@@ -71,23 +72,54 @@ def _after_fix(in_program: str | None, owner: Mapping[str, Any] | None) -> str:
     return "; then report the bug upstream with 03's bundle, naming the fix that works"
 
 
-def _cheapest_key(o: Observed) -> tuple:
-    return (o.overhead if o.overhead is not None and math.isfinite(o.overhead) else math.inf, len(o.fixes), o.name)
+def _cheapest_key(o: Observed, diagnostic: Mapping[str, str]) -> tuple:
+    """Measured cost first; where none is (the baseline never finished a run), a real fix before a diagnostic
+    one, then the one whose runs took less time."""
+    cost = o.overhead if o.overhead is not None and math.isfinite(o.overhead) else math.inf
+    return (cost, bool(diagnostic.get(o.name)), o.per_run_s if o.per_run_s is not None else math.inf,
+            len(o.fixes), o.name)
+
+
+def others(best: Observed, fixing: Sequence[Observed], diagnostic: Mapping[str, str]) -> str:
+    """The other scenarios that remove the failure, with what tells them apart (their runs' time, what a
+    diagnostic gives up): the user picks knowing them."""
+    def one(o: Observed) -> str:
+        bits = [f"{o.failures}/{o.trials} failed"]
+        if o.overhead is not None:
+            bits.append(f"cost {_pct(o.overhead)}")
+        elif o.per_run_s is not None and best.per_run_s is not None:
+            bits.append(f"about {o.per_run_s:.0f} s a run against {best.per_run_s:.0f} s")
+        if diagnostic.get(o.name):
+            bits.append(f"it {diagnostic[o.name]}")
+        return f"{o.name} ({'; '.join(bits)})"
+    rest = [one(o) for o in sorted(fixing, key=lambda o: _cheapest_key(o, diagnostic)) if o is not best]
+    return f"; also fixes it: {', '.join(rest)}" if rest else ""
+
+
+def meaning(best: Observed, means: Mapping[str, str]) -> str:
+    """What the chosen fix's working says of the cause (its declared `means`)."""
+    said = [means[f] for f in best.fixes if means.get(f)]
+    return f": so {' and '.join(said)}" if said else ""
 
 
 def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, stall_s: float,
               untried: Sequence[str] = (), apply_lines: Mapping[str, str] | None = None,
-              in_program: str | None = None, owner: Mapping[str, Any] | None = None) -> tuple[str | None, str]:
+              in_program: str | None = None, owner: Mapping[str, Any] | None = None,
+              means: Mapping[str, str] | None = None,
+              diagnostic: Mapping[str, str] | None = None) -> tuple[str | None, str]:
     """(the cheapest scenario that fixes the failure or None, the next step in a sentence, with the line
     that applies it in the user's own job). in_program: why the baseline's failure is the program's own bug
     (classify.program_cause), where no fix works the next step points there instead of upstream, and a fix
     that works only works around it. owner (gpulab.hang.owner's dict): the platform's behaviour meeting the
-    program's code has a way out in the program too, said beside the fix."""
+    program's code has a way out in the program too, said beside the fix. means: fix -> what its working
+    tells of the cause; diagnostic: scenario -> what it gives up (Fix.means, Fix.diagnostic): the other
+    scenarios that work are named too, since which one a job can afford is the user's call."""
     base = next((o for o in observed if not o.fixes), None)
     by = dict(zip((o.name for o in observed), verdicts))
     fixing = [o for o in observed if by.get(o.name) == "fixes"]
+    diagnostic = diagnostic or {}
     if fixing:
-        best = min(fixing, key=_cheapest_key)
+        best = min(fixing, key=lambda o: _cheapest_key(o, diagnostic))
         cost = (f"at {_pct(best.overhead)} run time" if best.overhead is not None else
                 "(cost not measured: the baseline never finished a run to compare with)" if base and not base.rate < 1
                 else "(cost not measured)")
@@ -95,7 +127,8 @@ def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, s
         line = (apply_lines or {}).get(best.name)
         return best.name, (f"{what} fixes it ({best.failures}/{best.trials} failed, baseline "
                            f"{base.failures if base else '?'}/{base.trials if base else '?'}) {cost}"
-                           + (f"; apply with: {line}" if line else "") + _after_fix(in_program, owner))
+                           + meaning(best, means or {}) + (f"; apply with: {line}" if line else "")
+                           + others(best, fixing, diagnostic) + _after_fix(in_program, owner))
     if base is None or not base.trials:
         return None, "the baseline did not run: nothing can be compared"
     if base.failures == 0:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpulab import report
-from gpulab.fixes import registry
+from gpulab.fixes import registry, verdict
 from gpulab.fixes.matrix import MatrixConfig
-from gpulab.fixes.outcome import MatrixResult, ScenarioResult, rows
+from gpulab.fixes.outcome import MatrixResult, ScenarioResult, readings, rows
 from gpulab.hang import faults
 from gpulab.hang.investigation import ladder
 from gpulab.workloads import WorkloadConfig
@@ -211,6 +211,7 @@ def finding(m: MatrixResult) -> tuple[str, dict[str, Any]]:
         "recommendation_apply": m.apply.get(m.recommendation) if m.recommendation else None,
         "recommendation_runs": (f"{by[m.recommendation].failures}/{by[m.recommendation].trials}"
                                 if m.recommendation else None),
+        **_besides(m),
         "tried": [s.name for s in m.scenarios if s.fixes and s.trials],
         "not_tried": [t["scenario"] for t in m.not_tried], "jobs": m.jobs, "shared_gpu": m.shared_gpu,
         "skipped": {t["scenario"]: t["why"] for t in m.skipped}, "time_saved_s": m.time_saved_s,
@@ -225,6 +226,19 @@ def finding(m: MatrixResult) -> tuple[str, dict[str, Any]]:
                                "numerics_ok": s.numerics_ok} for s in m.scenarios},
     }
     return headline, metrics
+
+
+def _besides(m: MatrixResult) -> dict[str, str]:
+    """What the index says beside the recommended fix (gpulab.chain.verdict): what its working tells of the
+    cause, and the other scenarios that remove the failure too, as 04's next step says them."""
+    if not m.recommendation:
+        return {"recommendation_means": "", "also_fixes": ""}
+    said = readings(m.scenarios)
+    obs = {s.name: s.observed() for s in m.scenarios}
+    fixing = [obs[s.name] for s in m.scenarios if s.verdict == "fixes"]
+    best = obs[m.recommendation]
+    return {"recommendation_means": verdict.meaning(best, said["means"]).removeprefix(": "),
+            "also_fixes": verdict.others(best, fixing, said["diagnostic"]).removeprefix("; ")}
 
 
 def finding_md(headline: str) -> str:

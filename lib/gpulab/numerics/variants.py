@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from gpulab import workloads
+from gpulab.trace import firstnan
 from gpulab.workloads import WorkloadConfig
 
 CHOICES = ("none", "rerun", "eager", "device", "dtype")
 DTYPE_KNOB = "{dtype}"         # a script's own dtype flag, filled in per side: script:train.py --dtype {dtype}
-NO_DYNAMO = ("TORCHDYNAMO_DISABLE", "1")
+NO_DYNAMO = firstnan.EAGER_ENV
 NO_GPU = ("CUDA_VISIBLE_DEVICES", "")
 
 

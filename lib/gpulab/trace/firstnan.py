@@ -134,7 +134,8 @@ def where(rec: Mapping[str, Any]) -> str:
     """`aten.div.Tensor at train.py:23 in main (pass 5)`, or the backward op named by its forward line."""
     n = rec.get("pass")
     at = f" at {rec['call_site']}" if rec.get("call_site") else " (no Python line: a native thread)"
-    step = f" (pass {n})" if n else ""
+    bits = [f"pass {n}"] * bool(n) + ["in the eager rerun, TORCHDYNAMO_DISABLE=1"] * (rec.get("rerun") == "eager")
+    step = f" ({'; '.join(bits)})" if bits else ""
     if rec.get("backward"):
         fwd = rec.get("forward_op")
         node = rec.get("backward_node") or "an autograd node"
@@ -191,6 +192,28 @@ def _from_compiled_or_data(rec: Mapping[str, Any]) -> bool:
 
 
 EAGER = "run it eager (TORCHDYNAMO_DISABLE=1) under `gpulab watch --mode stats` (or 02's trace_mode=stats)"
+EAGER_ENV = ("TORCHDYNAMO_DISABLE", "1")   # torch.compile off: every op runs, and is recorded, one by one
+EAGER_NOTE = ("The stats-mode run's first NaN/Inf came out of torch.compile'd code, whose inside the recorder does "
+              "not see: what follows is the same program rerun eager (TORCHDYNAMO_DISABLE=1), every op recorded.")
+
+
+def hidden_by_compile(rec: Mapping[str, Any] | None) -> bool:
+    """Its first NaN/Inf came out of compiled code or the data, and no eager rerun has told which yet: 02 then
+    reruns the program eager (gpulab.trace.run.eager_rerun)."""
+    return bool(rec) and _from_compiled_or_data(rec) and not rec.get("eager")
+
+
+def eager_note(said: str) -> str:
+    """What an eager rerun that named no NaN/Inf showed: none at all ('clean'), or it did not finish."""
+    if said == "clean":
+        return ("The same program rerun eager (TORCHDYNAMO_DISABLE=1) made no NaN/Inf: the compiled code makes it, "
+                "not the data.")
+    return f"The eager rerun (TORCHDYNAMO_DISABLE=1) ended as {said} before any NaN/Inf: it tells nothing."
+
+
+def _compiled_only(rec: Mapping[str, Any]) -> bool:
+    """The compiled run made it, and the same program eager did not: torch.compile's code, not the data."""
+    return _unseen(rec) and rec.get("eager") == "clean"
 
 
 def _fix(rec: Mapping[str, Any]) -> str | None:
@@ -205,6 +228,9 @@ def whose(rec: Mapping[str, Any]) -> str:
         n = rec.get("pass")
         return (f"the data: the batch of pass {n} already holds it; check it where it is loaded" if n else
                 "the data: check the inputs where they are loaded")
+    if _compiled_only(rec):
+        return ("torch.compile's code: the same program rerun eager made none (a compiled graph computes what eager "
+                "does not)")
     if _from_compiled_or_data(rec):
         return (f"a torch.compile'd graph or the data, unknown which: {EAGER} to name the op (eager, every op the "
                 f"graph ran is recorded)")
@@ -232,6 +258,11 @@ def next_step(rec: Mapping[str, Any]) -> str:
                 f"(the first op to read it: {rec.get('op')} at {site})" if n else
                 f"check the data where it is loaded: it already holds {made(rec)} (the first op to read it: "
                 f"{rec.get('op')})")
+    if _compiled_only(rec):
+        return (f"compare the program eager against compiled op by op (`gpulab compare` of the command with "
+                f"TORCHDYNAMO_DISABLE=1 against it as it is, or 05's compare=eager) to name the first op where they "
+                f"part; the first op here to read the {made(rec)} is {rec.get('op')} at {site}; then report it to "
+                f"PyTorch (torch.compile), or keep that code eager (torch.compiler.disable)")
     if _from_compiled_or_data(rec):
         return (f"{EAGER} to name the op inside the compiled graph that makes {made(rec)} (here the first op to "
                 f"read it is {rec.get('op')} at {site}); if the eager run's first op still reads it, check the data")

@@ -19,7 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from gpulab import proc, report
 from gpulab.trace import firstnan, follow, liveness, native
@@ -111,13 +111,16 @@ def recorder_args(log: str | os.PathLike, mode: str = "auto", faulthandler: str 
 
 def run_child(cmd: Sequence[str], timeout_s: float, stderr_path: Path, cwd: str | None = None, *,
               stall_s: float | None = None, log: str | os.PathLike | None = None,
-              follow: str | os.PathLike | None = None, cancel: threading.Event | None = None) -> liveness.End:
+              follow: str | os.PathLike | None = None, cancel: threading.Event | None = None,
+              env: Mapping[str, str] | None = None) -> liveness.End:
     """Run cmd as a gpulab.proc child, output to stderr_path, with a heartbeat file beside it; stopped at the
     deadline, or after stall_s seconds without progress (liveness's rule, over `log` when it is recorded, and
-    over each process of the job that `follow`s into that folder), or once `cancel` is set."""
+    over each process of the job that `follow`s into that folder), or once `cancel` is set. env: variables set
+    on top of the caller's."""
     beat = Path(stderr_path).with_suffix(".beat")
     try:
-        return liveness.run(cmd, timeout_s=timeout_s, stall_s=stall_s, log=log, beat_path=beat, env=_child_env(),
+        return liveness.run(cmd, timeout_s=timeout_s, stall_s=stall_s, log=log, beat_path=beat,
+                            env={**_child_env(), **(env or {})},
                             cwd=cwd, stdout=stderr_path, stderr=subprocess.STDOUT, follow=follow, cancel=cancel)
     finally:
         beat.unlink(missing_ok=True)
@@ -152,10 +155,10 @@ def keep_followed(procs: str | os.PathLike) -> list[dict]:
 
 def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outputs/trace",
            timeout_s: float = 300.0, name: str | None = None, stall_s: float | None = None,
-           cancel: threading.Event | None = None) -> Recording:
+           cancel: threading.Event | None = None, env: Mapping[str, str] | None = None) -> Recording:
     """Run the workload under the recorder in a child; whatever was recorded is kept, even when it was
     stopped (at its deadline, after stall_s seconds without progress, or once `cancel` is set: status
-    'cancelled')."""
+    'cancelled'). env: variables set for this run only (the eager rerun's TORCHDYNAMO_DISABLE)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = name or f"trace_{mode}"
@@ -165,7 +168,8 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
     cmd = bootstrap_command(cfg_or_command, log, mode, follow=procs)
     if log.exists():
         log.unlink()
-    end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log, follow=procs, cancel=cancel)
+    end = run_child(cmd, timeout_s, out / f"{stem}.stderr.txt", stall_s=stall_s, log=log, follow=procs, cancel=cancel,
+                    env=env)
     keep_recorded(log)
     children = keep_followed(procs)
     snap = read(log) if log.exists() else None
@@ -218,10 +222,30 @@ def stats_recording(first: Recording, cfg_or_command, *, out_dir: str | os.PathL
         return None, why
     rec = ran or record(cfg_or_command, mode="stats", out_dir=out_dir, timeout_s=timeout_s, name="stats",
                         stall_s=stall_s)
-    if rec.ok:
-        return rec, ""
-    return rec, (f"The stats-mode rerun ended as {rec.status} (the first run: {first.status}); the ops up to its "
-                 f"end were checked.")
+    note = "" if rec.ok else (f"The stats-mode rerun ended as {rec.status} (the first run: {first.status}); the ops "
+                              f"up to its end were checked.")
+    if not firstnan.hidden_by_compile(firstnan.read(rec.log)):
+        return rec, note
+    return eager_rerun(rec, note, cfg_or_command, out_dir=out_dir, timeout_s=timeout_s, stall_s=stall_s)
+
+
+def eager_rerun(rec: Recording, note: str, cfg_or_command, *, out_dir: str | os.PathLike, timeout_s: float,
+                stall_s: float | None) -> tuple[Recording, str]:
+    """The first NaN/Inf came out of torch.compile'd code, whose inside the recorder does not see (or with the
+    data): the same program once more in stats mode with TORCHDYNAMO_DISABLE=1, where every op is recorded.
+    -> the eager run when it names where its first NaN/Inf came from (its record says `rerun: eager`); else
+    the compiled run, its record saying what the eager one showed (`eager: clean` when it made none: then the
+    compiled code makes it, not the data)."""
+    eager = record(cfg_or_command, mode="stats", out_dir=out_dir, timeout_s=timeout_s, name="stats_eager",
+                   stall_s=stall_s, env=dict([firstnan.EAGER_ENV]))
+    got = firstnan.read(eager.log)
+    if got is not None:
+        firstnan.write(eager.log, {**got, "rerun": "eager"})
+        return eager, " ".join(x for x in (note, firstnan.EAGER_NOTE) if x)
+    compiled = firstnan.read(rec.log) or {}
+    said = "clean" if eager.ok else eager.status
+    firstnan.write(rec.log, {**compiled, "eager": said})
+    return rec, " ".join(x for x in (note, firstnan.eager_note(said)) if x)
 
 
 def measure_overhead(first: Recording, cfg, *, mode: str = "ops", repeats: int = 5,
