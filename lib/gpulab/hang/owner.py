@@ -432,12 +432,13 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
             how = ("a ctypes call from the program's code" if lib and lib[0] == "ctypes" or
                    _calls_ctypes(py or tb, fr) else "the program's own code")
             died = classify.dead_threads(v.get("stderr_tail") or "") if v.get("status") in ("hang", "timeout") else []
+            # the place is the Owner's `where`: the why does not say it again (the next step says both)
             return Owner("program", place + (f" (inside {name})" if name else ""),
-                         f"{_what(v)} in {how} at {place}"
+                         f"{_what(v)} in {how}"
                          + (f", inside its custom op {name}" if name and ns not in TORCH_NAMESPACES else "")
-                         + (f"; before it, the program's {classify.died_words(died[0])}: what waits here may wait "
-                            f"for that thread's work (a Queue's task_done, a join, an Event it would have set)"
-                            if died else ""))
+                         + (f"; before it, the program's {classify.died_words(died[0])}: fix that first, as what "
+                            f"waits here may wait for that thread's work (a queue it fills, a Queue's task_done, a "
+                            f"join, an Event it would have set)" if died else ""))
         if who == "library" and pkg != "PyTorch":
             return Owner("library", f"{pkg} ({place})", f"the failure happened in the package {pkg} at {place}")
 
