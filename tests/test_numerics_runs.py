@@ -98,29 +98,6 @@ def test_c_a_rerun_that_resumes_from_the_first_runs_checkpoint_is_said_to_take_a
     assert c.first_divergence is None and c.replay is None   # nothing is judged or replayed across unlike steps
 
 
-def test_the_replays_run_at_once_on_spare_cores_with_the_same_verdict(tmp_path, monkeypatch):
-    """Both sides of a CPU program's replay at once (the rule's cores lowered to this machine's): their runs
-    overlap in time, and the verdict is the one the sequential replay gives (the kernel wrong on one side)."""
-    spans, said = {}, []
-    run_side = compare.run_side
-
-    def timed(side, *a, **kw):
-        t0 = time.monotonic()
-        r = run_side(side, *a, **kw)
-        spans[kw.get("name") or side] = (t0, time.monotonic())
-        return r
-    monkeypatch.setattr(compare, "run_side", timed)
-    monkeypatch.setattr(compare, "SIDE_BY_SIDE_CORES", 1)
-    cmd = [PY, str(FIX / "custom_op_train.py"), "--steps", "3", "--impl"]
-    c = compare.run([*cmd, "good"], [*cmd, "bad"], tmp_path, stall_s=120, log=said.append)
-    assert c.status == "diverged" and c.first_divergence["op"] == "numfix.fused_silu.default", c.summary
-    assert c.replay["reference_right"] is True and c.replay["candidate_right"] is False, c.summary
-    assert c.replay["reproduced"] is True and "other values than its first run" not in c.summary
-    assert any("both sides at once" in s for s in said), said
-    (a0, a1), (b0, b1) = spans["reference.replay"], spans["candidate.replay"]
-    assert max(a0, b0) < min(a1, b1), spans                 # they overlapped
-
-
 def test_a_replay_that_does_not_reproduce_its_first_run_says_so_and_judges_nothing(tmp_path, monkeypatch):
     """A program that reads a counter it left in its folder: the replays start from yet another state, so their
     calls (a scale of 0.75 and 1.0, not the compared 0.25 and 0.5) must not be reported as the runs'."""
@@ -232,15 +209,52 @@ def test_f_matmuls_accumulated_in_another_order_agree_and_the_largest_rounding_i
     assert not c.table["bitwise_equal"].all()
 
 
-def test_f_a_matmul_wrong_by_1e_3_among_reordered_ones_is_still_named(tmp_path):
-    c = compare.run([PY, str(FIX / "layers_train.py"), "--steps", "1"],   # it diverges in step 1's forward
-                    [PY, str(FIX / "layers_train.py"), "--steps", "1", "--accumulate", "wrong"], tmp_path, stall_s=120)
+@pytest.fixture(scope="module")
+def wrong_matmul(tmp_path_factory) -> tuple[compare.Comparison, dict, list]:
+    """A matmul 1e-3 wrong among reordered ones, compared once for the two tests that read it (four real runs:
+    each side, then each side's replay). Its replays run at once (the rule's cores lowered to this machine's),
+    each replay run's span kept, in an empty working folder that nothing else writes to (a file written there
+    would keep the replays apart)."""
+    spans, said = {}, []
+    run_side = compare.run_side
+
+    def timed(side, *a, **kw):
+        t0 = time.monotonic()
+        r = run_side(side, *a, **kw)
+        spans[kw.get("name") or side] = (t0, time.monotonic())
+        return r
+    base = tmp_path_factory.mktemp("wrong_matmul")
+    (base / "cwd").mkdir()
+    cmd = [PY, str(FIX / "layers_train.py"), "--steps", "1"]   # it diverges in step 1's forward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compare, "run_side", timed)
+        mp.setattr(compare, "SIDE_BY_SIDE_CORES", 1)
+        mp.chdir(base / "cwd")
+        c = compare.run(cmd, [*cmd, "--accumulate", "wrong"], base / "cmp", stall_s=120, log=said.append)
+    return c, spans, said
+
+
+def test_f_a_matmul_wrong_by_1e_3_among_reordered_ones_is_still_named(wrong_matmul):
+    c, _, _ = wrong_matmul
     assert c.status == "diverged", c.summary
     fd = c.first_divergence
     line = _line("layers_train.py", "att = torch.softmax(q @ k")
     assert fd["op"] == "aten.bmm.default" and fd["call_site"].endswith(f"layers_train.py:{line} in forward"), c.summary
     assert fd["pass"] == 1 and not fd["backward"] and fd["error"]["max_rel_err"] == pytest.approx(1e-3, rel=0.05)
     assert c.replay["reference_right"] is True and c.replay["candidate_right"] is False, c.summary
+
+
+def test_the_replays_run_at_once_on_spare_cores_with_the_same_verdict(wrong_matmul):
+    """Both sides of a CPU program's replay at once: their runs overlap in time, and the verdict is the one the
+    sequential replay gives (the kernel wrong on one side; test_a's custom op replays one side after the other
+    on a machine of fewer than SIDE_BY_SIDE_CORES cores)."""
+    c, spans, said = wrong_matmul
+    assert c.status == "diverged" and c.first_divergence["op"] == "aten.bmm.default", c.summary
+    assert c.replay["reference_right"] is True and c.replay["candidate_right"] is False, c.summary
+    assert c.replay["reproduced"] is True and "other values than its first run" not in c.summary
+    assert any("both sides at once" in s for s in said), said
+    (a0, a1), (b0, b1) = spans["reference.replay"], spans["candidate.replay"]
+    assert max(a0, b0) < min(a1, b1), spans                 # they overlapped
 
 
 @pytest.mark.gpu
@@ -256,3 +270,20 @@ def test_a_nondeterministic_op_on_cuda_is_named_bitwise_on_a_rerun(tmp_path):
     c = compare.run(cmd, cmd, tmp_path, stall_s=120)
     assert c.first_bitwise is not None and c.first_bitwise["op"].startswith("aten.index_add"), c.summary
     assert "not deterministic" in c.summary or c.status == "diverged"
+
+
+@pytest.mark.parametrize("ref,cand,says", [
+    ("{py} {fix}", "no-such-program-gpulab --x", "command not found: 'no-such-program-gpulab'"),
+    ("{py} no_such_script.py", "{py} {fix}", "no such Python script: 'no_such_script.py'"),
+])
+def test_a_command_that_cannot_start_is_said_before_the_other_runs(tmp_path, ref, cand, says):
+    """Checked before either side runs: a typo in the candidate does not cost a whole reference run first, and the
+    side that can start is not run alone."""
+    fix = FIX / "compiled_mlp.py"
+    said = []
+    c = compare.run(ref.format(py=PY, fix=fix), cand.format(py=PY, fix=fix), tmp_path / "out", log=said.append)
+    assert c.status == "failed" and all(r.status == "not_started" for r in c.runs)
+    assert c.summary.startswith(f"The {'candidate' if 'no-such-program' in cand else 'reference'} command did not "
+                                f"start ({says}"), c.summary
+    assert "not run: the other command cannot start" in c.summary and not any("running the" in s for s in said)
+    assert not (tmp_path / "out" / "reference" / "output.txt").exists()

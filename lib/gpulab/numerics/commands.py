@@ -104,6 +104,6 @@ def main(argv: Sequence[str]) -> int:
         report.write_json(args.json, res.to_dict())
     print(res.summary)
     print(args.json or Path(out) / "compare.json")
-    if any(r.status == "not_started" and "not found" in r.why for r in res.runs):
+    if any(r.status == "not_started" and ("not found" in r.why or "no such" in r.why) for r in res.runs):
         return proc.EXIT_NOT_FOUND
     return 0 if res.status == "agree" else 1

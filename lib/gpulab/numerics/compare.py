@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpulab import device, lastwords, proc, report
-from gpulab.hang.watchdog.launch import bare_python
+from gpulab.hang.watchdog.launch import bare_python, check_command
 from gpulab.numerics import judge as _judge
 from gpulab.numerics import figures, lines, workdir
 from gpulab.numerics.tolerance import for_dtypes
@@ -177,6 +177,22 @@ def run_side(side: str, command: str | Sequence[str], out_dir: Path, *, env: Map
                str(folder), records, last, tail, ranks)
 
 
+def unstartable(argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], out: Path) -> list[Run]:
+    """Both sides as not started where either command cannot start (not on PATH, no such script), else []: the
+    side that can start is not run alone."""
+    why = {}
+    for side, argv in zip(SIDES, argvs):
+        try:
+            check_command(list(argv))
+        except (FileNotFoundError, PermissionError) as exc:
+            why[side] = str(exc)
+    if not why:
+        return []
+    return [Run(side, tuple(argv), tuple(sorted(env.items())), "not_started", None, 0.0, str(out / side),
+                why=why.get(side, "not run: the other command cannot start"))
+            for side, argv, env in zip(SIDES, argvs, envs)]
+
+
 def _ended(r: Run) -> str:
     if r.status == "not_started":
         return f"did not start ({r.why})"
@@ -186,7 +202,7 @@ def _ended(r: Run) -> str:
 
 
 def _failed(runs: tuple[Run, Run], j: _judge.Judgement | None) -> str:
-    bad = [r for r in runs if r.status != "ok"]
+    bad = sorted((r for r in runs if r.status != "ok"), key=lambda r: r.why.startswith("not run:"))  # the cause first
     parts = []
     for r in bad:
         if r.status == "not_started" or not r.records:
@@ -217,8 +233,12 @@ def run(ref_cmd: str | Sequence[str], cand_cmd: str | Sequence[str], out_dir: st
     say = log or (lambda s: print(f"[gpulab compare] {s}", file=sys.stderr))
     argvs = (argv_of(ref_cmd), argv_of(cand_cmd))
     envs = (dict(ref_env or {}), dict(cand_env or {}))
-    runs, snaps = [], []
-    for side, argv, env in zip(SIDES, argvs, envs):
+    # a command that cannot start is said before either runs: a typo must not cost a whole reference run first
+    runs = unstartable(argvs, envs, out)
+    snaps: list = [None, None] if runs else []
+    for r in runs:
+        say(f"{r.side}: {_ended(r)}")
+    for side, argv, env in () if runs else zip(SIDES, argvs, envs):
         snaps.append(workdir.snapshot(os.getcwd(), skip=(out,)))   # the commands run in the caller's folder
         say(f"running the {side}: {shlex.join(argv)}")
         r = run_side(side, argv, out, env=env, timeout_s=timeout_s, stall_s=stall_s)
