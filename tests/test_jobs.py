@@ -34,8 +34,10 @@ def roles(v) -> dict[str, dict]:
     return {p["role"]: p for p in v.processes}
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_a_rank_that_skips_a_collective_is_named_with_both_calls(tmp_path, world):
+    """2: a tie, one call against the other; 3: two ranks in all_reduce outnumber the one in the barrier (the
+    smallest majority: each rank is one more process importing torch)."""
     v = watched(tmp_path, sys.executable, DIST, "skip", "--world", str(world))
     assert (v.status, v.cls, v.phase) == ("hang", "collective_mismatch", "ops")
     d = v.divergence
@@ -46,7 +48,7 @@ def test_a_rank_that_skips_a_collective_is_named_with_both_calls(tmp_path, world
         assert v.culprit == bad and v.in_flight_op["name"] == "dist.barrier"
     p = roles(v)
     assert {f"rank {r}/{world}" for r in range(world)} <= set(p)
-    assert p["rank 0/2" if world == 2 else "rank 0/4"]["collective"] == {
+    assert p[f"rank 0/{world}"]["collective"] == {
         "group": "default", "seq": 2, "op": "all_reduce", "shapes": "f32[4]", "done": False}
     assert any(r["kind"] == "main" for r in v.processes)
     # every process's evidence is in the folder: its op log, its stacks

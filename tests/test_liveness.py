@@ -21,6 +21,10 @@ from gpulab.trace import analysis, liveness
 
 FIX = Path(__file__).parent / "fixtures"
 STALL = 3.0
+# The one-process native spins: a spin is a hang only after SPIN_WINDOWS stall windows of a core burnt (12 s at
+# STALL), so they take the 2 s window the one-process compute runs take; the jobs keep STALL (two ranks loading
+# torch at once went a second without progress on CI)
+SPIN_STALL = 2.0
 SPIN_C = r"""
 #include <time.h>
 /* Busy-wait for `seconds` (forever when negative): CPU burnt in C, never returning to Python. */
@@ -151,31 +155,43 @@ def test_launch_plan_asks_python_commands_for_a_beat(tmp_path):
     assert beat.ENV not in watch.launch_plan(["bash", "-c", "true"], tmp_path, record=True, **kw).env
 
 
-def test_cli_native_spin_outside_any_op_is_a_hang(tmp_path, spin_lib):
+@pytest.fixture(scope="module")
+def cli_spin(spin_lib, tmp_path_factory) -> tuple[int, dict, float]:
+    """`gpulab watch` of a native spin after 3 ops: (exit code, verdict, seconds). Run once for the two tests that
+    judge that run: it burns a core for SPIN_WINDOWS stall windows."""
+    d = tmp_path_factory.mktemp("cli_spin")
+    t0 = time.monotonic()
+    code = watch.main(["--stall", str(SPIN_STALL), "--timeout", "60", "--json", str(d / "v.json"),
+                       "--out", str(d / "w"), "--", "python", str(FIX / "outside_ops.py"), "--ops", "3", "spin",
+                       str(spin_lib)])
+    return code, json.loads((d / "v.json").read_text()), time.monotonic() - t0
+
+
+def test_cli_native_spin_outside_any_op_is_a_hang(cli_spin):
     """A host thread spinning in native code between ops burns CPU but makes no progress: a hang (it used to
     run to --timeout and be reported `timeout`)."""
-    out = tmp_path / "v.json"
-    t0 = time.monotonic()
-    code = watch.main(["--stall", str(STALL), "--timeout", "60", "--json", str(out), "--out", str(tmp_path / "w"),
-                       "--", "python", str(FIX / "outside_ops.py"), "--ops", "3", "spin", str(spin_lib)])
-    v = json.loads(out.read_text())
+    code, v, took = cli_spin
     assert (code, v["status"], v["phase"]) == (watch.EXIT_CODES["hang"], "hang", "ops"), v["evidence"]
     assert v["in_flight_op"] is None and v["ops_completed"] >= 3 and v["left_running"] == []
-    assert time.monotonic() - t0 < 45
+    assert took < 45
 
 
 @pytest.mark.parametrize("ops,phase", [(0, "startup"), (3, "ops")])
-def test_native_spin_is_a_hang_before_and_between_ops(tmp_path, spin_lib, ops, phase):
-    v = _watch(tmp_path, ["--ops", str(ops), "spin", str(spin_lib)])
-    assert (v.status, v.phase) == ("hang", phase), v.evidence
-    assert v.elapsed_s < 30
+def test_native_spin_is_a_hang_before_and_between_ops(request, tmp_path, spin_lib, ops, phase):
+    """Between ops, the CLI test's run: the same program judged by the same watch.run, not spun twice."""
+    if ops == 3:
+        v = request.getfixturevalue("cli_spin")[1]
+    else:
+        v = _watch(tmp_path, ["--ops", str(ops), "spin", str(spin_lib)], stall_s=SPIN_STALL).to_dict()
+    assert (v["status"], v["phase"]) == ("hang", phase), v["evidence"]
+    assert v["elapsed_s"] < 30
 
 
 @pytest.mark.parametrize("ops,phase", [(0, "startup"), (3, "ops")])
 def test_native_computation_longer_than_the_stall_window_is_ok(tmp_path, spin_lib, ops, phase):
     """CPU in native code without bytecode (numpy, cuInit under EAGER loading) holds off a hang for
     SPIN_WINDOWS stall windows: 2.5 windows of it end well; a spin that never returns is still a hang."""
-    v = _watch(tmp_path, ["--ops", str(ops), "spin", str(spin_lib), str(2.5 * STALL)])
+    v = _watch(tmp_path, ["--ops", str(ops), "spin", str(spin_lib), str(2.5 * SPIN_STALL)], stall_s=SPIN_STALL)
     assert (v.status, v.phase, v.exit_code) == ("ok", phase, 0), v.evidence
     assert liveness.SPIN_WINDOWS > 2.5
 
@@ -209,7 +225,7 @@ def test_unrecorded_fixes_child_keeps_a_beat(tmp_path, spin_lib):
     still starts there, so a spin in native code is a hang, not a timeout."""
     cmd = [sys.executable, "-m", "gpulab.fixes.child", "--", str(FIX / "outside_ops.py"), "--ops", "0", "spin",
            str(spin_lib)]
-    v = watch.run(cmd, stall_s=STALL, timeout_s=40, record=False, out_dir=tmp_path / "w", progress=lambda m: None,
+    v = watch.run(cmd, stall_s=SPIN_STALL, timeout_s=40, record=False, out_dir=tmp_path / "w", progress=lambda m: None,
                   stacks=False, env=proc.python_env())
     assert v.status == "hang" and v.mode is None, v.evidence
     assert beat.beats(beat.read(tmp_path / "w" / "beat")) is not None
