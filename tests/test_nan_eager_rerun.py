@@ -11,37 +11,39 @@ import pytest
 from gpulab.trace import analysis, firstnan
 from gpulab.trace import run as trace_run
 
-NAN = Path(__file__).parent / "fixtures" / "nan"
+LOG = Path(__file__).parent / "fixtures" / "nan" / "compiled_log.py"
 
 
 def _line(script: Path, text: str) -> int:
     return next(n for n, ln in enumerate(script.read_text().splitlines(), 1) if text in ln)
 
 
-def _stats(tmp_path: Path, script: Path):
-    """02's stats check of `script` as the chain makes it: a stats-mode run, then stats_recording's judgement."""
-    cmd = [sys.executable, str(script)]
+def _stats(tmp_path: Path, *args: str):
+    """02's stats check of compiled_log.py as the chain makes it: a stats-mode run, then stats_recording's
+    judgement."""
+    cmd = [sys.executable, str(LOG), *args]
     first = trace_run.record(cmd, mode="stats", out_dir=tmp_path, name="stats", timeout_s=240, stall_s=60)
     assert first.ok, first.stderr_tail
     assert firstnan.hidden_by_compile(firstnan.read(first.log)), firstnan.read(first.log)
     return first, trace_run.stats_recording(first, cmd, out_dir=tmp_path, ran=first, timeout_s=240, stall_s=60)
 
 
-def test_a_nan_made_inside_a_compiled_graph_is_named_by_the_eager_rerun(tmp_path):
-    script = NAN / "compiled_log.py"
-    first, (rec, note) = _stats(tmp_path, script)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_nan_made_inside_a_compiled_graph_is_named_by_the_eager_rerun(tmp_path, device):
+    """On CUDA the graph is Inductor's Triton kernels, on the CPU its C++ ones: the recorder sees neither."""
+    first, (rec, note) = _stats(tmp_path, "--device", device)
     assert rec is not first and Path(rec.log).name == "stats_eager.log" and note == firstnan.EAGER_NOTE
     got = firstnan.read(rec.log)
     assert got["op"] == "aten.log.default" and got["rerun"] == "eager"
-    assert got["call_site"].endswith(f"compiled_log.py:{_line(script, 'torch.log(h)')} in forward")
+    assert got["call_site"].endswith(f"compiled_log.py:{_line(LOG, 'torch.log(h)')} in forward")
     _, m = analysis.finding(first, rec, None, "cpu", "ops.log", mode="stats")
     assert "in the eager rerun, TORCHDYNAMO_DISABLE=1" in m["first_nonfinite_where"]
     assert m["first_nonfinite_owner"] == "program" and m["first_nonfinite_next"].startswith(
-        f"fix the program's line nan/compiled_log.py:{_line(script, 'torch.log(h)')} in forward")
+        f"fix the program's line nan/compiled_log.py:{_line(LOG, 'torch.log(h)')} in forward")
 
 
 def test_a_nan_only_the_compiled_program_makes_is_torch_compiles_not_the_datas(tmp_path):
-    first, (rec, note) = _stats(tmp_path, NAN / "compiled_only.py")
+    first, (rec, note) = _stats(tmp_path, "--only-compiled")
     assert rec is first and "made no NaN/Inf: the compiled code makes it, not the data" in note
     got = firstnan.read(rec.log)
     assert got["eager"] == "clean" and not firstnan.hidden_by_compile(got)

@@ -134,7 +134,7 @@ def where(rec: Mapping[str, Any]) -> str:
     """`aten.div.Tensor at train.py:23 in main (pass 5)`, or the backward op named by its forward line."""
     n = rec.get("pass")
     at = f" at {rec['call_site']}" if rec.get("call_site") else " (no Python line: a native thread)"
-    bits = [f"pass {n}"] * bool(n) + ["in the eager rerun, TORCHDYNAMO_DISABLE=1"] * (rec.get("rerun") == "eager")
+    bits = ([f"pass {n}"] if n else []) + ([f"in the eager rerun, {EAGER_SET}"] if rec.get("rerun") == "eager" else [])
     step = f" ({'; '.join(bits)})" if bits else ""
     if rec.get("backward"):
         fwd = rec.get("forward_op")
@@ -191,10 +191,11 @@ def _from_compiled_or_data(rec: Mapping[str, Any]) -> bool:
     return _unseen(rec) and bool(rec.get("compiled"))
 
 
-EAGER = "run it eager (TORCHDYNAMO_DISABLE=1) under `gpulab watch --mode stats` (or 02's trace_mode=stats)"
 EAGER_ENV = ("TORCHDYNAMO_DISABLE", "1")   # torch.compile off: every op runs, and is recorded, one by one
+EAGER_SET = "=".join(EAGER_ENV)
+EAGER = f"run it eager ({EAGER_SET}) under `gpulab watch --mode stats` (or 02's trace_mode=stats)"
 EAGER_NOTE = ("The stats-mode run's first NaN/Inf came out of torch.compile'd code, whose inside the recorder does "
-              "not see: what follows is the same program rerun eager (TORCHDYNAMO_DISABLE=1), every op recorded.")
+              f"not see: what follows is the same program rerun eager ({EAGER_SET}), every op recorded.")
 
 
 def hidden_by_compile(rec: Mapping[str, Any] | None) -> bool:
@@ -206,9 +207,8 @@ def hidden_by_compile(rec: Mapping[str, Any] | None) -> bool:
 def eager_note(said: str) -> str:
     """What an eager rerun that named no NaN/Inf showed: none at all ('clean'), or it did not finish."""
     if said == "clean":
-        return ("The same program rerun eager (TORCHDYNAMO_DISABLE=1) made no NaN/Inf: the compiled code makes it, "
-                "not the data.")
-    return f"The eager rerun (TORCHDYNAMO_DISABLE=1) ended as {said} before any NaN/Inf: it tells nothing."
+        return f"The same program rerun eager ({EAGER_SET}) made no NaN/Inf: the compiled code makes it, not the data."
+    return f"The eager rerun ({EAGER_SET}) ended as {said} before any NaN/Inf: it tells nothing."
 
 
 def _compiled_only(rec: Mapping[str, Any]) -> bool:
@@ -260,7 +260,7 @@ def next_step(rec: Mapping[str, Any]) -> str:
                 f"{rec.get('op')})")
     if _compiled_only(rec):
         return (f"compare the program eager against compiled op by op (`gpulab compare` of the command with "
-                f"TORCHDYNAMO_DISABLE=1 against it as it is, or 05's compare=eager) to name the first op where they "
+                f"{EAGER_SET} against it as it is, or 05's compare=eager) to name the first op where they "
                 f"part; the first op here to read the {made(rec)} is {rec.get('op')} at {site}; then report it to "
                 f"PyTorch (torch.compile), or keep that code eager (torch.compiler.disable)")
     if _from_compiled_or_data(rec):
