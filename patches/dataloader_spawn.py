@@ -10,9 +10,12 @@ from gpulab.fixes.fix import Fix
 from gpulab.fixes.kit import dataloader_defaults
 
 FIX = Fix("dataloader_spawn", "DataLoader workers started with multiprocessing_context='spawn' instead of fork",
-          targets=("worker_stuck",), apply=dataloader_defaults(multiprocessing_context="spawn"),
+          targets=("worker_stuck", "worker_died"), apply=dataloader_defaults(multiprocessing_context="spawn"),
           answers=(Answer("a DataLoader worker is blocked while its loader waits for data", cls="worker_stuck",
-                          owner=("program", "library", "unknown")),),
+                          owner=("program", "library", "unknown")),
+                   Answer("a DataLoader worker's native code crashed (a library that is not fork-safe)",
+                          cls="worker_died", stderr=("signal: Segmentation fault", "signal: Aborted"),
+                          owner=("program", "library", "platform", "unknown"))),
           apply_yourself="DataLoader(..., num_workers=N, multiprocessing_context='spawn') (the dataset and "
                          "collate_fn must be picklable, and the script's top level guarded by "
                          "if __name__ == '__main__')",

@@ -12,7 +12,7 @@ import fnmatch
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
-from gpulab.hang.classify import (layout_problems, noncontiguous_args, op_kind, transposed_args)
+from gpulab.hang.classify import (CALL_CLASSES, layout_problems, noncontiguous_args, op_kind, transposed_args)
 
 # What a condition may test, and how: "any" = one of the values equals the fact (or, for a set-valued fact,
 # is in it); "glob" = fnmatch on the fact; "text" = a case-insensitive substring of the fact.
@@ -191,9 +191,14 @@ def direct(answer: Answer) -> bool:
 
 def holds(answer: Answer, evidence: Mapping[str, Any]) -> tuple[str, ...] | None:
     """The facts an Answer rests on when every one of its conditions holds, else None. An Answer on direct
-    evidence holds whoever owns the culprit (DIRECT)."""
+    evidence holds whoever owns the culprit (DIRECT). An error at the program's call (classify.CALL_CLASSES:
+    refused arguments, memory, a dead worker) is not explained by the op's kind or operands: only an Answer that
+    names its class or the program's words holds for it (a shape error raised in aten.addmm is no GEMM's)."""
+    conds = answer.conditions()
+    if evidence.get("cls") in CALL_CLASSES and "cls" not in conds and "stderr" not in conds:
+        return None
     cited = []
-    for key, wanted in answer.conditions().items():
+    for key, wanted in conds.items():
         if key == "owner" and direct(answer) and not evidence.get("owner_seen"):
             continue
         got = _holds(CONDITIONS[key], wanted, evidence.get(key))

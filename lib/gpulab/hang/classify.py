@@ -43,7 +43,12 @@ MEMORY_FAULTS = (
                                   r"cudaErrorHardwareStackError|hipErrorLaunchFailure", re.I)),
 )
 FAULT_CLASSES = tuple(c for c, _ in MEMORY_FAULTS)
-CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown") + FAULT_CLASSES
+# Errors raised at the program's call, as it made it: PyTorch refused the call (its own check of the arguments:
+# shapes, dtypes, devices, autograd's use), memory ran out, a DataLoader worker died. Read from the exception the
+# program ended with, before the op's name: an error raised in aten.addmm is no GEMM fault.
+CALL_CLASSES = ("refused_call", "out_of_memory", "worker_died")
+CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown") + FAULT_CLASSES \
+    + CALL_CLASSES
 JOB_CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck", "uneven_inputs",
                "skipped_collective")   # gpulab.hang.jobs.job.CLASSES: across processes
 ALL_CLASSES = CLASSES + JOB_CLASSES
@@ -101,6 +106,109 @@ def program_cause(cls: str | None, culprit: str | None = None, processes: Sequen
 
 PHASES = ("startup", "ops")
 
+# The exception types PyTorch's argument checks raise (TORCH_CHECK and its ValueError, TypeError, IndexError and
+# NotImplementedError forms, the Python binding's argument parser); a message that says PyTorch failed inside
+# (an internal assert, a CUDA or library error code, a compiler's failure) is no refusal.
+_REFUSED = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:torch\.)?(?P<type>RuntimeError|ValueError|TypeError|IndexError|"
+                      r"NotImplementedError)(?::\s*(?P<msg>.*))?$")
+_NOT_REFUSED = re.compile(r"INTERNAL ASSERT FAILED|please report a bug|CUDA error|CUDA driver error|CUBLAS_STATUS|"
+                          r"cuDNN error|CUDNN_STATUS|NCCL error|nccl\w*Error|HIP error|hip\w*Error|cuda\w*Error|"
+                          r"CUDA_ERROR|Triton Error|BackendCompilerFailed|InductorError|InternalTorchDynamoError|"
+                          r"torch\._dynamo|torch\._inductor|out of memory|DataLoader worker", re.I)
+_OOM = re.compile(r"[^\n]*(?:CUDA out of memory|OutOfMemoryError|HIP out of memory|MPS backend out of memory|"
+                  r"CUDA error: out of memory|cudaErrorMemoryAllocation|DefaultCPUAllocator: (?:can't allocate memory|"
+                  r"not enough memory))[^\n]*", re.I)
+_OOM_FIGURES = {
+    "asked": re.compile(r"Tried to allocate ([\d.]+ [KMGT]?i?B)"),
+    "total": re.compile(r"total capacity of ([\d.]+ [KMGT]?i?B)"),
+    "free": re.compile(r"of which ([\d.]+ [KMGT]?i?B) is free"),
+    "allocated": re.compile(r"([\d.]+ [KMGT]?i?B) is allocated by PyTorch"),
+    "reserved_unallocated": re.compile(r"([\d.]+ [KMGT]?i?B) is reserved by PyTorch but unallocated"),
+    "cpu_bytes": re.compile(r"you tried to allocate (\d+) bytes"),
+}
+_WORKER_DIED = re.compile(r"DataLoader worker \(pid(?:\(s\))?\s*(?P<pids>[\d, ]+)\) (?:is killed by signal: "
+                          r"(?P<sig>[^.\n]+)|exited unexpectedly)")
+# what a worker's signal says of the cause, as PyTorch's own notes on DataLoader workers and shared memory tell
+WORKER_SIGNALS = {
+    "Killed": ("the worker got SIGKILL, which Python cannot catch: usually the kernel's out-of-memory killer or a "
+               "container's memory limit (each worker holds its own copy of what the dataset references, and "
+               "prefetch_factor batches of its output)"),
+    "Bus error": ("the worker got SIGBUS writing a batch into shared memory: /dev/shm is too small (a container's "
+                  "default is 64 MB)"),
+    "Segmentation fault": ("the worker's native code crashed (a decoding or I/O library the dataset calls, or a "
+                           "C extension), or a library that is not fork-safe was used after fork"),
+    "Aborted": ("the worker's native code aborted (a failed check in a library the dataset calls, or a library "
+                "that is not fork-safe used after fork)"),
+}
+
+
+def brief(text: str, limit: int = 240) -> str:
+    """A message cut at a sentence's end within limit characters (PyTorch's run to several sentences)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(". ", 0, limit)
+    return text[:cut + 1] if cut > limit // 3 else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def _bytes(n: str) -> str:
+    v, units = float(n), ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    i = 0
+    while v >= 1024 and i < len(units) - 1:
+        v, i = v / 1024, i + 1
+    return f"{v:.2f} {units[i]}"
+
+
+def refused(text: str) -> tuple[str, str] | None:
+    """(exception type, message) when the program ended with an exception of the kinds PyTorch's argument
+    checks raise and nothing in it says PyTorch failed inside, else None."""
+    line = lastwords.of(text or "")
+    m = _REFUSED.match(line)
+    if not m or _NOT_REFUSED.search(text or ""):
+        return None
+    return m.group("type"), (m.group("msg") or "").strip()
+
+
+def out_of_memory(text: str) -> dict | None:
+    """The out-of-memory line and its figures (what was asked for, the device's total, free, held by PyTorch,
+    reserved but unallocated), else None."""
+    m = _OOM.search(text or "")
+    if not m:
+        return None
+    got = {"line": m.group(0).strip()[:400]}
+    for key, rx in _OOM_FIGURES.items():
+        f = rx.search(text)
+        if f:
+            got[key] = f.group(1)
+    if "cpu_bytes" in got:   # the CPU allocator's message counts bytes
+        got["asked"] = _bytes(got.pop("cpu_bytes"))
+    return got
+
+
+def worker_died(text: str) -> dict | None:
+    """The DataLoader's report of a dead worker: its pid(s), the signal (None: it exited), what that signal
+    usually means."""
+    m = _WORKER_DIED.search(text or "")
+    if not m:
+        return None
+    sig = (m.group("sig") or "").strip() or None
+    return {"pids": m.group("pids").strip(), "signal": sig, "line": m.group(0),
+            "meaning": WORKER_SIGNALS.get(sig or "", "the worker process ended without sending its batch back")}
+
+
+def _torch_frame(path: str) -> bool:
+    return re.search(r"[/\\]torch[/\\]", path) is not None and not re.search(r"[/\\]_(dynamo|inductor)[/\\]", path)
+
+
+def raised_in_torch(text: str, localized: str | None, op: Mapping[str, Any] | None) -> bool:
+    """Whether the program's exception came out of PyTorch: an aten op the recorder saw raise, or a traceback
+    whose innermost frame is PyTorch's Python."""
+    if localized == "raised" and op and str(op.get("name") or "").startswith(("aten.", "prims.")):
+        return True
+    frames = [TB_FRAME.match(ln) for ln in (text or "").splitlines()]
+    frames = [f for f in frames if f]
+    return bool(frames) and _torch_frame(frames[-1].group("file"))
+
 _DL_FRAMES = ("_dl_init", "call_init", "dl_open_worker", "_dl_open", "dlopen", "_dl_catch_exception",
               "_dl_map_object", "_dl_relocate_object")
 _LOCK_FRAMES = ("pthread_mutex_lock", "__lll_lock_wait", "lll_mutex_lock", "pthread_cond_wait", "pthread_cond_timedwait",
@@ -131,6 +239,7 @@ class Evidence:
     stderr_tail: str = ""
     open_ops: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    localized: str | None = None     # "raised": the in-flight op is the one whose exception ended the program
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Evidence":
@@ -143,7 +252,8 @@ class Evidence:
                    native=parse_native(native, d.get("pid")) if isinstance(native, str) else tuple(native),
                    python=parse_python(python) if isinstance(python, str) else tuple(python),
                    gpu_text=stacks.get("gpu") or "", signal=d.get("signal"), exit_code=d.get("exit_code"),
-                   stderr_tail=d.get("stderr_tail") or "", open_ops=tuple(d.get("open_ops") or ()))
+                   stderr_tail=d.get("stderr_tail") or "", open_ops=tuple(d.get("open_ops") or ()),
+                   localized=d.get("localized"))
 
 
 @dataclass(frozen=True)
@@ -249,6 +359,33 @@ def device_assert(text: str) -> dict | None:
 
 # ------------------------------------------------------------------------------------ the classifier
 
+def call_class(ev: Evidence) -> tuple[str, list[str]] | None:
+    """An error the program's own call met (CALL_CLASSES) and the facts that say so, else None."""
+    if ev.status not in ("error", "crash"):
+        return None
+    oom = out_of_memory(ev.stderr_tail)
+    if oom:
+        figures = [f"{k.replace('_', ' ')} {oom[k]}" for k in ("asked", "total", "free", "allocated",
+                                                              "reserved_unallocated") if k in oom]
+        return "out_of_memory", [f"the program ran out of memory: {brief(oom['line'])}"] + (
+            [f"memory figures: {', '.join(figures)}"] if figures else [])
+    died = worker_died(ev.stderr_tail)
+    if died:
+        how = f"was killed by signal {died['signal']}" if died["signal"] else "exited unexpectedly"
+        return "worker_died", [f"a DataLoader worker (pid {died['pids']}) {how}: {died['meaning']}",
+                               "the main process only learnt of it waiting for that worker's batch: the worker's own "
+                               "last place is not in this run's evidence"]
+    if ev.status != "error":
+        return None
+    got = refused(ev.stderr_tail)
+    if got and raised_in_torch(ev.stderr_tail, ev.localized, ev.in_flight_op):
+        op = ev.in_flight_op if ev.localized == "raised" else None
+        who = f"{op.get('name')}" if op else "PyTorch"
+        return "refused_call", [f"PyTorch refused the program's call: {who} raised {got[0]}: {brief(got[1])} (its "
+                                f"own check of what it was given, not a fault inside it)"]
+    return None
+
+
 def classify(ev: Evidence) -> Classification:
     """The failure class and the facts it rests on. Never reads `planted`: a drill is judged like a bug."""
     if ev.status not in STATUSES:
@@ -292,6 +429,12 @@ def classify(ev: Evidence) -> Classification:
         if op and op_kind(op.get("name")) == "sync":
             facts.append(f"{op.get('name')} only reported it: GPU errors surface at the next sync")
         return Classification(cls, tuple(facts))
+
+    # 0b. the program's call ended it: memory ran out, a DataLoader worker died, PyTorch refused the arguments
+    call = call_class(ev)
+    if call:
+        facts.extend(call[1])
+        return Classification(call[0], tuple(facts))
 
     # 1. collectives: the op or NCCL/gloo frames
     coll = _hits(all_native, _COLLECTIVE_FRAMES)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import lastwords
-from gpulab.hang import capture, classify, memcheck
+from gpulab.hang import capture, classify, inplace, memcheck, memtrend
 
 KINDS = ("program", "library", "platform", "unknown")
 # failures whose class says the program's input was rejected by the kernel that checked it
@@ -376,6 +376,16 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
 
     tb = traceback_frames(stderr)
 
+    # 3c. the program's call met an error of its own making (refused arguments, memory, a dead worker)
+    if cls in classify.CALL_CLASSES:
+        changed = v.get("modified_in_place")
+        if cls == "refused_call" and changed and changed["changed_by"][0].get("at"):
+            first = changed["changed_by"][0]
+            return Owner("program", f"{first['at']} (calling {first['op']})", inplace.words(changed))
+        called = call_owner(cls, op, tb or py, stderr, v.get("memory_trend"))
+        if called is not None:
+            return called
+
     # 4. the op's input was rejected by the kernel that checked it: the program made that input
     if cls in INPUT_CLASSES:
         mine = _first(tb, ("program",)) or _first(py, ("program",))
@@ -455,6 +465,88 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
         return Owner("unknown", _op_where(op), f"{name} is no PyTorch op and where its namespace {ns} is registered "
                      "was not found in the program's sources nor on the stacks")
     return Owner("unknown", "", "no op was in flight and no stack names the code that failed")
+
+
+_BACKWARD = re.compile(r"^autograd::engine::evaluate_function:\s*(\S+)")
+
+
+def _called_from(op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]]) -> tuple[str | None, str | None]:
+    """(the program's line that made the call, a library's line between it and PyTorch): the traceback's innermost
+    program frame, else the recorded op's call site."""
+    mine = _first(frames, ("program",))
+    lib = next((f for f in frames if origin(f[1])[0] == "library" and origin(f[1])[1] != "PyTorch"), None)
+    place = short(mine[1][1], mine[1][2], mine[1][0]) if mine else None
+    if place is None and op.get("call_site") and origin(str(op["call_site"]).split(":")[0])[0] == "program":
+        place = str(op["call_site"])
+    via = None
+    if lib and (not mine or frames.index(lib) < frames.index(mine[1])):
+        via = f"{origin(lib[1])[1]} ({short(lib[1], lib[2], lib[0])})"
+    return place, via
+
+
+def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]], stderr: str,
+               trend: Mapping[str, Any] | None = None) -> Owner | None:
+    """Whose an error at the program's own call is (classify.CALL_CLASSES): refused arguments and memory that ran
+    out are the program's (the line that made the call); a DataLoader worker that died without a traceback is
+    the platform's limits meeting the program's data loading (SIGKILL, SIGBUS), else unknown."""
+    name = op.get("name") if op else None
+    if cls == "worker_died":
+        died = classify.worker_died(stderr) or {}
+        sig = died.get("signal")
+        where = f"DataLoader worker (pid {died.get('pids')})"
+        if sig == "Killed":
+            return Owner("platform", f"{where} killed by SIGKILL", died["meaning"],
+                         program="fewer workers (num_workers), a smaller prefetch_factor, a dataset that reads each "
+                                 "sample when asked instead of holding them all; DataLoader(num_workers=0) loads in the "
+                                 "main process, where a run under gpulab records the line that dies")
+        if sig == "Bus error":
+            return Owner("platform", f"{where} killed by SIGBUS: shared memory (/dev/shm) full", died["meaning"],
+                         program="a larger /dev/shm (docker run --shm-size=8g), or "
+                                 "torch.multiprocessing.set_sharing_strategy('file_system') before the DataLoader "
+                                 "starts, or fewer workers or a smaller prefetch_factor")
+        return Owner("unknown", where, f"{died.get('meaning') or 'the worker died'}; it left no traceback, so the "
+                     "code it died in is not known: DataLoader(num_workers=0) runs the same loading in the main "
+                     "process, where a run under gpulab records where it dies")
+    place, via = _called_from(op or {}, frames)
+    if cls == "refused_call":
+        got = classify.refused(stderr)
+        if not got or not (place or name):
+            return None
+        node = _BACKWARD.match(str(name or ""))
+        if node:   # autograd's engine raised while running a node: the program's use of autograd, in its backward
+            name = None
+            what = f"autograd (running {node.group(1)})"
+        else:
+            what = name or "PyTorch"
+        said = f"{got[0]}: {classify.brief(got[1], 300)}"
+        if via and place:
+            return Owner("program", place, f"{what} refused the call that {via} made on the program's behalf "
+                         f"({said}): check what the program passes to it there")
+        if via:
+            return Owner("library", via, f"{what} refused the call {via} made ({said}), and no frame of the "
+                         f"program's own is between them")
+        return Owner("program", place + (f" (calling {name})" if name else ""),
+                     f"{what} refused the arguments the program gave it ({said}): its own check, not a fault "
+                     f"inside it")
+    if cls == "out_of_memory":
+        oom = classify.out_of_memory(stderr) or {}
+        asked = f" asking for {oom['asked']}" if oom.get("asked") else ""
+        held = (f"; PyTorch held {oom['allocated']} of {oom.get('total', 'the device')}"
+                + (f", {oom['free']} free" if oom.get("free") else "")
+                + (f", {oom['reserved_unallocated']} reserved but unallocated" if oom.get("reserved_unallocated")
+                   else "") if oom.get("allocated") else "")
+        tr = trend or {}
+        how = (f"; {memtrend.words(tr)}" if tr.get("grew") else
+               f"; {memtrend.words(tr)}: the program's tensors, batch and model need more than the device has free "
+               f"(a smaller batch or sequence, activation checkpointing, a lower precision)" if tr else
+               ": the program's tensors, batch and model need more than the device has free (a smaller batch or "
+               "sequence, activation checkpointing, a lower precision; if the memory PyTorch holds grows step after "
+               "step, the program keeps tensors alive across steps: a loss summed without .item(), outputs kept in "
+               "a list)")
+        at = ", where memory ran out" if tr.get("grew") else ""   # what keeps the memory is elsewhere
+        return Owner("program", (place or "the program") + (f" (calling {name}{at})" if name else at),
+                     f"memory ran out at the program's call{asked}{held}{how}")
+    return None
 
 
 def _what(v: Mapping[str, Any]) -> str:

@@ -12,7 +12,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from gpulab.hang import capture, classify, owner
+from gpulab.hang import capture, classify, inplace, memtrend, owner
 from gpulab.trace import analysis
 from gpulab.trace.analysis import localize  # noqa: F401 - hang.verdict.localize, as before
 from gpulab.trace.liveness import STATUSES
@@ -74,6 +74,11 @@ class Verdict:
     # `gpulab watch --mode stats`: the first NaN/Inf an op made ({"op", "call_site", "pass", "backward", "cause",
     # "sentence", "next_step"}, gpulab.trace.firstnan), whatever the status
     first_nonfinite: dict | None = None
+    # autograd's "modified by an inplace operation", read against the op log (gpulab.hang.inplace): the forward op
+    # that saved the tensor and the in-place op(s) that changed it after
+    modified_in_place: dict | None = None
+    # out of memory: whether the memory held climbed through the run before it ran out (gpulab.hang.memtrend)
+    memory_trend: dict | None = None
 
     @property
     def drill(self) -> bool:
@@ -126,6 +131,7 @@ class Observation:
     left_running: tuple = ()
     tail: int = 20
     registered: tuple[tuple[str, str], ...] = ()   # custom-op namespaces and kernels in the program's sources
+    memory: tuple = ()                # the recorder's memory samples (trace.ring.MemSample)
 
 
 # ------------------------------------------------------------------------------------ pure helpers
@@ -293,7 +299,8 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     evidence = classify.Evidence(
         status=status, phase=phase, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
         native=native_threads, python=py_threads, gpu_text=obs.gpu_text or "", signal=sig,
-        exit_code=obs.exit_code, stderr_tail=obs.stderr_tail, open_ops=tuple(op_dict(r) for r in open_recs))
+        exit_code=obs.exit_code, stderr_tail=obs.stderr_tail, open_ops=tuple(op_dict(r) for r in open_recs),
+        localized=localized)
     if status == "ok":
         cls, facts = None, [f"exit code 0 after {obs.ops_completed} recorded op(s)" if obs.recorded else "exit code 0"]
     else:
@@ -323,8 +330,15 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
                      f"log; the program ran on, and its later ops are not in the log (an op named from it may "
                      f"not be the last one)")
     oplog_tail = tuple(op_dict(r) for r in records[-obs.tail:])
+    changed = inplace.find(obs.stderr_tail, records) if cls == "refused_call" else None
+    if changed:
+        facts.append(f"from the op log: {inplace.words(changed)}")
+    mem = memtrend.trend(obs.memory) if cls == "out_of_memory" else None
+    if mem:
+        facts.append(f"from the recorder's memory samples: {memtrend.words(mem)}")
     who = None if status == "ok" else owner.decide(
         {"status": status, "class": cls, "signal": sig, "in_flight_op": op_dict(inflight), "localized": localized,
+         "modified_in_place": changed, "memory_trend": mem,
          "pid": obs.pid,
          "stacks": {"python": py_threads, "native": native_threads, "gpu": obs.gpu_text},
          "stderr_tail": obs.stderr_tail, "open_ops": [op_dict(r) for r in open_recs]},
@@ -342,7 +356,8 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
                            if obs.hang_started_s is not None and obs.verdict_at_s is not None else None),
         open_ops=tuple(op_dict(r) for r in open_recs), oplog_tail=oplog_tail,
         collapsed={"python": capture.collapse(py_threads), "native": capture.collapse(native_threads)},
-        notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized, driver_call=api, owner=who)
+        notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized, driver_call=api, owner=who,
+        modified_in_place=changed, memory_trend=mem)
 
 
 def _signal_name(rc: int | None) -> str | None:

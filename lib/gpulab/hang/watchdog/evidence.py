@@ -197,7 +197,8 @@ def judge_seen(command: Sequence[str], launch: Launch, seen: Seen, *, status: st
         planted=str(spec) if spec else (planted[0].split("planted ", 1)[1] if planted else None),
         mode=mode if launch.recorded else None, stall_s=stall_s, timeout_s=timeout_s or 0.0,
         hang_started_s=None if hang_started is None else hang_started - t0,
-        verdict_at_s=time.monotonic() - t0, pid=pid, notes=seen.notes, left_running=left, tail=tail)
+        verdict_at_s=time.monotonic() - t0, pid=pid, notes=seen.notes, left_running=left, tail=tail,
+        memory=tuple(snap.memory) if snap is not None else ())
     return judge(obs)
 
 

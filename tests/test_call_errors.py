@@ -1,0 +1,201 @@
+"""Errors a program's own call meets (classify.CALL_CLASSES): PyTorch refusing the arguments, memory running out,
+a DataLoader worker dying. Each is the program's (or the platform's limits), named at the program's line, and no
+fix scenario is tried on the strength of the op's name: a shape error raised in aten.addmm is no GEMM fault."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpulab.fixes import answers, registry
+from gpulab.hang import classify, inplace, memtrend, owner
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = ROOT / "tests" / "fixtures" / "calls" / "train_errors.py"
+TB = ('Traceback (most recent call last):\n  File "/home/u/proj/train.py", line 40, in main\n    out = model(x)\n'
+      '  File "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 134, in forward\n'
+      '    return F.linear(input, self.weight, self.bias)\n')
+CUDA_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "79.19 GiB of which 1.21 GiB is free. Including non-PyTorch memory, this process has 77.97 GiB memory in "
+            "use. Of the allocated memory 75.11 GiB is allocated by PyTorch, and 2.34 GiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+GEMM = {"name": "aten.addmm.default", "shapes": [[10], [8, 64], [63, 10]], "strides": [[1], [64, 1], [1, 63]],
+        "dtypes": ["float32"] * 3, "contiguous": [True, True, False], "device": "cuda:0",
+        "call_site": "/home/u/proj/train.py:40 in main"}
+
+
+def _evidence(stderr, status="error", op=None, localized="raised"):
+    return classify.Evidence(status=status, in_flight_op=op, stderr_tail=stderr, localized=localized if op else None)
+
+
+@pytest.mark.parametrize("stderr,op,cls", [
+    (TB + "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x64 and 63x10)", GEMM, "refused_call"),
+    (TB + "ValueError: Expected input batch_size (8) to match target batch_size (4).", None, "refused_call"),
+    (TB + "TypeError: linear(): argument 'input' (position 1) must be Tensor, not list", None, "refused_call"),
+    ("Traceback (most recent call last):\n  File \"/home/u/train.py\", line 3, in <module>\n"
+     "RuntimeError: expected m1 and m2 to have the same dtype, but got: c10::Half != float", GEMM, "refused_call"),
+    (TB + "RuntimeError: false INTERNAL ASSERT FAILED at \"aten/src/ATen/x.cpp\":12, please report a bug to PyTorch.",
+     GEMM, "gemm"),
+    (TB + "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, ...)`", GEMM,
+     "gemm"),
+    (TB + CUDA_OOM, GEMM, "out_of_memory"),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+     "tried to allocate 70368744177664 bytes. Error code 12 (Cannot allocate memory)", None, "out_of_memory"),
+    ("RuntimeError: DataLoader worker (pid 565) is killed by signal: Killed. ", None, "worker_died"),
+    ("RuntimeError: DataLoader worker (pid(s) 81, 82) exited unexpectedly", None, "worker_died"),
+])
+def test_an_error_at_the_programs_call_is_classed_by_what_it_says_before_the_ops_name(stderr, op, cls):
+    assert classify.classify(_evidence(stderr, op=op)).cls == cls
+
+
+def test_the_programs_own_exception_is_no_refusal():
+    """A KeyError in the program's own code, or an exception PyTorch did not raise, is no refused call."""
+    tb = 'Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in main\n    x = batch["img"]\n'
+    assert classify.classify(_evidence(tb + "KeyError: 'img'")).cls == "unknown"
+    assert classify.classify(_evidence(tb + "RuntimeError: my own check failed")).cls == "unknown"
+
+
+def test_out_of_memory_figures_are_read_and_said():
+    oom = classify.out_of_memory(CUDA_OOM)
+    assert {k: oom[k] for k in ("asked", "total", "free", "allocated", "reserved_unallocated")} == {
+        "asked": "2.00 GiB", "total": "79.19 GiB", "free": "1.21 GiB", "allocated": "75.11 GiB",
+        "reserved_unallocated": "2.34 GiB"}
+    who = owner.decide({"status": "error", "class": "out_of_memory", "in_flight_op": GEMM, "stderr_tail": TB + CUDA_OOM})
+    assert who.kind == "program" and who.where.startswith("proj/train.py:40 in main"), who
+    assert "asking for 2.00 GiB; PyTorch held 75.11 GiB of 79.19 GiB, 1.21 GiB free, 2.34 GiB reserved" in who.why
+
+
+@pytest.mark.parametrize("frames,kind,where,words", [
+    (TB, "program", "proj/train.py:40 in main (calling aten.addmm.default)", "refused the arguments the program gave"),
+    # a library's code made the call for the program: the program's line is where to look, the library named
+    ('Traceback (most recent call last):\n  File "/home/u/proj/train.py", line 40, in main\n'
+     '  File "/venv/lib/python3.11/site-packages/transformers/models/bert.py", line 88, in forward\n'
+     '  File "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 134, in forward\n',
+     "program", "proj/train.py:40 in main", "that transformers (models/bert.py:88 in forward) made"),
+])
+def test_a_refused_call_is_the_programs_at_its_own_line(frames, kind, where, words):
+    stderr = frames + "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x64 and 63x10)"
+    who = owner.decide({"status": "error", "class": "refused_call", "in_flight_op": GEMM, "localized": "raised",
+                        "stderr_tail": stderr})
+    assert (who.kind, who.where) == (kind, where) and words in who.why, who
+
+
+@pytest.mark.parametrize("signal,kind,words", [
+    ("Killed", "platform", "out-of-memory killer"),
+    ("Bus error", "platform", "/dev/shm"),
+    ("Segmentation fault", "unknown", "num_workers=0"),
+])
+def test_a_dead_worker_is_the_hosts_limit_or_unknown_by_its_signal(signal, kind, words):
+    stderr = f"RuntimeError: DataLoader worker (pid 565) is killed by signal: {signal}. "
+    who = owner.decide({"status": "error", "class": "worker_died", "stderr_tail": stderr})
+    assert who.kind == kind and words in who.why + who.program, who
+
+
+def _suggested(verdict):
+    return [m.fix for m in answers.match(registry.load().values(), verdict, {"gpu": "cuda", "device": "cuda"})]
+
+
+def test_fixes_answer_an_error_at_the_call_only_by_its_class_or_words():
+    refused = {"status": "error", "class": "refused_call", "in_flight_op": GEMM, "owner": {"kind": "program"},
+               "stderr_tail": "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x64 and 63x10)"}
+    assert _suggested(refused) == []   # the transposed operand is seen, but no layout explains a shape error
+    oom = {**refused, "class": "out_of_memory", "stderr_tail": CUDA_OOM}
+    assert "alloc_expandable" in _suggested(oom)
+    died = {"status": "error", "class": "worker_died", "owner": {"kind": "unknown"},
+            "stderr_tail": "RuntimeError: DataLoader worker (pid 5) is killed by signal: Segmentation fault. "}
+    assert {"dataloader_no_workers", "dataloader_spawn"} <= set(_suggested(died))
+    killed = {**died, "owner": {"kind": "platform"},
+              "stderr_tail": "RuntimeError: DataLoader worker (pid 5) is killed by signal: Killed. "}
+    assert "dataloader_no_workers" in _suggested(killed) and "dataloader_spawn" not in _suggested(killed)
+
+
+def _rec(seq, name, shape, site, depth=0):
+    return {"seq": seq, "name": name, "args": [{"shape": shape}], "call_site": site, "depth": depth}
+
+
+def test_the_in_place_op_that_broke_backward_is_read_from_the_op_log():
+    msg = ("RuntimeError: one of the variables needed for gradient computation has been modified by an inplace "
+           "operation: [torch.FloatTensor [16, 32]], which is output 0 of Sigmoid, is at version 1; expected version "
+           "0 instead. Hint: ...")
+    recs = [_rec(1, "aten.sigmoid.default", [16, 32], "t.py:5 in f"), _rec(2, "aten.sigmoid.default", [16, 32], "t.py:5 in f"),
+            _rec(3, "aten.add_.Tensor", [4], "t.py:6 in f"), _rec(4, "aten.relu_.default", [16, 32], "t.py:7 in f"),
+            _rec(5, "aten.clamp_min_.default", [16, 32], "t.py:7 in f", depth=1),
+            _rec(6, "autograd::engine::evaluate_function: SigmoidBackward0", [16, 32], "t.py:9 in main")]
+    got = inplace.find(msg, recs)
+    assert (got["made_by"], got["made_at"]) == ("aten.sigmoid.default", "t.py:5 in f")
+    assert got["changed_by"] == [{"op": "aten.relu_.default", "at": "t.py:7 in f"}]
+    assert inplace.find(msg, recs[:3] + recs[5:]) is None   # no in-place op on that shape: nothing is claimed
+    assert inplace.find("RuntimeError: something else", recs) is None
+
+
+def _watch(case, tmp_path):
+    out = tmp_path / case
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "python", str(PROGRAM), case], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    return r, json.loads((out / "verdict.json").read_text())
+
+
+def _line(mark):
+    return next(n for n, text in enumerate(PROGRAM.read_text().splitlines(), 1) if text.rstrip().endswith(mark))
+
+
+@pytest.mark.parametrize("case,cls,kind,where,step", [
+    ("shape", "refused_call", "program", "calls/train_errors.py:{SHAPE} in main (calling aten.addmm.default)",
+     "mat1 and mat2 shapes cannot be multiplied (16x32 and 31x4)"),
+    ("inplace", "refused_call", "program", "calls/train_errors.py:{INPLACE} in forward (calling aten.relu_.default)",
+     "tensor that aten.sigmoid.default made at calls/train_errors.py:{SIGMOID} in forward"),
+    ("oom", "out_of_memory", "program", "calls/train_errors.py:{OOM} in main (calling aten.empty.memory_format)",
+     "memory ran out at the program's call asking for 4.00 PiB"),
+    ("worker", "worker_died", "platform", "DataLoader worker (pid ", "out-of-memory killer"),
+])
+def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cls, kind, where, step, tmp_path):
+    marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
+             "SIGMOID": _line("# INPLACE") - 1}
+    r, v = _watch(case, tmp_path)
+    assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
+    assert v["owner"]["kind"] == kind and v["owner"]["where"].startswith(where.format(**marks)), v["owner"]
+    assert step.format(**marks) in r.stdout.split("next step: ", 1)[1], r.stdout
+    assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
+
+
+def _samples(values, gpu=True):
+    return [{"t": i * 0.02, "seq": i, "allocated": v, "reserved": v if gpu else None} for i, v in enumerate(values)]
+
+
+def test_memory_that_climbs_through_the_run_is_told_from_memory_that_stays_level():
+    mib = 1 << 20
+    rising = memtrend.trend(_samples([(100 + 10 * i) * mib for i in range(50)]))
+    assert rising["grew"] and rising["what"] == "the memory PyTorch held on the GPU"
+    assert "keeps tensors alive across steps" in memtrend.words(rising)
+    level = memtrend.trend(_samples([(300 + (i % 7) * 5) * mib for i in range(50)], gpu=False))
+    assert not level["grew"] and "no leak across steps" in memtrend.words(level)
+    # a step that allocates and frees a large buffer each time is no leak however high its peaks
+    saw = memtrend.trend(_samples([(100 if i % 5 else 900) * mib for i in range(50)]))
+    assert not saw["grew"]
+    assert memtrend.trend(_samples([mib] * 5)) is None   # too few samples to say
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_loop_that_keeps_every_steps_graph_runs_out_of_memory_and_the_climb_is_named(device, tmp_path):
+    if device == "cuda":
+        pytest.importorskip("torch")
+        import torch
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+    out = tmp_path / "w"
+    leak = PROGRAM.parent / "leak_oom.py"
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "python", str(leak), "--device", device], capture_output=True, text=True, timeout=240,
+                       cwd=ROOT)
+    v = json.loads((out / "verdict.json").read_text())
+    # memory runs out in the forward or the backward of the step, whichever allocates first past the limit
+    lines = [n for n, t in enumerate(leak.read_text().splitlines(), 1) if t.rstrip().endswith(("# FORWARD", "# BACKWARD"))]
+    assert r.returncode != 0 and v["class"] == "out_of_memory", (v["class"], v["evidence"])
+    assert v["memory_trend"]["grew"], v["memory_trend"]
+    assert v["owner"]["kind"] == "program", v["owner"]
+    assert v["owner"]["where"].startswith(tuple(f"calls/leak_oom.py:{n} in <module>" for n in lines)), v["owner"]
+    assert "where memory ran out" in v["owner"]["where"] and "keeps tensors alive across steps" in r.stdout, r.stdout
