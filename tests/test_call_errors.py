@@ -150,20 +150,31 @@ def _line(mark):
      "tensor that aten.sigmoid.default made at calls/train_errors.py:{SIGMOID} in forward"),
     ("oom", "out_of_memory", "program", "calls/train_errors.py:{OOM} in main (calling aten.empty.memory_format)",
      "memory ran out at the program's call asking for 4.00 PiB"),
-    ("worker", "worker_died", "platform", "DataLoader worker (pid ", "out-of-memory killer"),
+    # PyTorch says "killed by signal: Killed" when its SIGCHLD handler sees the death first, else "exited
+    # unexpectedly" (no signal known): the host's limit in the first case, unknown in the second
+    ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
+                                                                               "num_workers=0")),
 ])
 def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cls, kind, where, step, tmp_path):
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
              "SIGMOID": _line("# INPLACE") - 1}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
-    assert v["owner"]["kind"] == kind and v["owner"]["where"].startswith(where.format(**marks)), v["owner"]
-    assert step.format(**marks) in r.stdout.split("next step: ", 1)[1], r.stdout
+    where = where.format(**marks)
+    if v["localized"] != "raised":   # the op is named where the recorder saw it raise (torch 2.11's did not, once)
+        where = where.split(" (calling ")[0]
+    if isinstance(kind, tuple):
+        killed = "killed by signal: Killed" in v["stderr_tail"]
+        kind, step = (kind[0], step[0]) if killed else (kind[1], step[1])
+    assert v["owner"]["kind"] == kind and v["owner"]["where"].startswith(where), v["owner"]
+    assert not (v.get("memory_trend") or {}).get("grew"), v["memory_trend"]   # one huge buffer is no leak
+    told = r.stdout.split("next step: ", 1)[1] if "next step: " in r.stdout else v["owner"]["why"]
+    assert step.format(**marks) in told, r.stdout
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
 
 
 def _samples(values, gpu=True):
-    return [{"t": i * 0.02, "seq": i, "allocated": v, "reserved": v if gpu else None} for i, v in enumerate(values)]
+    return [{"t": i * 0.1, "seq": i + 1, "allocated": v, "reserved": v if gpu else None} for i, v in enumerate(values)]
 
 
 def test_memory_that_climbs_through_the_run_is_told_from_memory_that_stays_level():
@@ -177,6 +188,10 @@ def test_memory_that_climbs_through_the_run_is_told_from_memory_that_stays_level
     saw = memtrend.trend(_samples([(100 if i % 5 else 900) * mib for i in range(50)]))
     assert not saw["grew"]
     assert memtrend.trend(_samples([mib] * 5)) is None   # too few samples to say
+    # the optimizer's state made in the first steps, then level: no leak; a climb on a large base (a CUDA build's
+    # resident memory) is one
+    assert not memtrend.trend(_samples([100 * mib] * 10 + [300 * mib] * 40))["grew"]
+    assert memtrend.trend(_samples([(550 + 3 * i) * mib for i in range(50)], gpu=False))["grew"]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

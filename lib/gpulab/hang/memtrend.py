@@ -3,7 +3,8 @@
 Why: an out-of-memory error names the call that asked last, which is seldom the cause. A run whose held memory
 climbs through the whole run keeps tensors alive across steps (a loss summed without .item(), outputs kept in a
 list); one that stays level until the failing call asked for more than was free needs a smaller batch or model.
-The samples are PyTorch's allocated bytes once CUDA is up, else the process's resident memory. Pure.
+The samples are PyTorch's allocated bytes once CUDA is up, else the process's resident memory; the run is cut into
+fifths by the ops it ran, so that start-up, long but with few ops, does not read as a climb. Pure.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any, Sequence
 
 PARTS = 5                 # the run cut into fifths: a leak raises the peak of every one
 MIN_SAMPLES = 10
-GROWTH = 1.5              # the last fifth's peak over the first's
-MIN_BYTES = 64 << 20      # and at least this much more: noise of a small program is not a leak
+MIN_HOST_S = 2.0          # seconds of resident-memory samples needed to call a climb a leak
+MIN_BYTES = 64 << 20      # the last fifth's peak over the first's by at least this: a small program's noise is no leak
 
 
 def _mib(n: int) -> str:
@@ -27,18 +28,31 @@ def trend(samples: Sequence[Any]) -> dict | None:
     """{"what", "first", "last", "seconds", "samples", "grew"} over the samples of one kind (GPU allocated once
     CUDA started, else resident memory), or None when there are too few to say."""
     gpu = [s for s in samples if _get(s, "reserved") is not None]
-    series = gpu or list(samples)
+    # resident memory also grows while the program imports and builds its model: read from its first op on, and
+    # only over a run long enough for steps to repeat
+    series = gpu or [s for s in samples if (_get(s, "seq") or 0) > 0]
     series = [s for s in series if (_get(s, "allocated") or -1) >= 0]
-    if len(series) < MIN_SAMPLES:
+    if len(series) < MIN_SAMPLES or (not gpu and _get(series[-1], "t") - _get(series[0], "t") < MIN_HOST_S):
         return None
-    values = [int(_get(s, "allocated")) for s in series]
-    size = len(values) // PARTS
-    peaks = [max(values[i * size:(i + 1) * size]) for i in range(PARTS - 1)] + [max(values[(PARTS - 1) * size:])]
-    rising = all(b >= a * 0.98 for a, b in zip(peaks, peaks[1:]))
-    grew = rising and peaks[-1] >= peaks[0] * GROWTH and peaks[-1] - peaks[0] >= MIN_BYTES
+    # fifths of the run by ops, not by time: start-up (CUDA's, the imports') takes time but few ops, and a step
+    # runs about as many ops as the next
+    lo, hi = _get(series[0], "seq") or 0, _get(series[-1], "seq") or 0
+    if hi - lo < PARTS:
+        return None
+    peaks = []
+    for i in range(PARTS):
+        a, b = lo + (hi - lo) * i / PARTS, lo + (hi - lo) * (i + 1) / PARTS
+        part = [int(_get(s, "allocated")) for s in series if a <= (_get(s, "seq") or 0) <= b]
+        if not part:
+            return None   # a fifth with no sample: too few to say
+        peaks.append(max(part))
+    total = peaks[-1] - peaks[0]
+    # every fifth above the one before by a fair share of the whole climb: a run that allocates its optimizer's
+    # state in the first steps and then stays level is no leak
+    grew = total >= MIN_BYTES and all(b - a >= total / (PARTS * 4) for a, b in zip(peaks, peaks[1:]))
     return {"what": "the memory PyTorch held on the GPU" if gpu else "the process's resident memory",
             "first": peaks[0], "last": peaks[-1], "seconds": round(_get(series[-1], "t") - _get(series[0], "t"), 1),
-            "samples": len(values), "grew": grew}
+            "samples": len(series), "grew": grew}
 
 
 def words(tr: dict) -> str:
