@@ -12,7 +12,6 @@ from typing import Any, Sequence
 
 PARTS = 5                 # the run cut into fifths: a leak raises the peak of every one
 MIN_SAMPLES = 10
-MIN_HOST_S = 2.0          # seconds of resident-memory samples needed to call a climb a leak
 MIN_BYTES = 64 << 20      # the last fifth's peak over the first's by at least this: a small program's noise is no leak
 
 
@@ -28,11 +27,10 @@ def trend(samples: Sequence[Any]) -> dict | None:
     """{"what", "first", "last", "seconds", "samples", "grew"} over the samples of one kind (GPU allocated once
     CUDA started, else resident memory), or None when there are too few to say."""
     gpu = [s for s in samples if _get(s, "reserved") is not None]
-    # resident memory also grows while the program imports and builds its model: read from its first op on, and
-    # only over a run long enough for steps to repeat
+    # resident memory also grows while the program imports: read from its first op on
     series = gpu or [s for s in samples if (_get(s, "seq") or 0) > 0]
     series = [s for s in series if (_get(s, "allocated") or -1) >= 0]
-    if len(series) < MIN_SAMPLES or (not gpu and _get(series[-1], "t") - _get(series[0], "t") < MIN_HOST_S):
+    if len(series) < MIN_SAMPLES:
         return None
     # fifths of the run by ops, not by time: start-up (CUDA's, the imports') takes time but few ops, and a step
     # runs about as many ops as the next
