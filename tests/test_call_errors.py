@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.fixes import answers, registry
-from gpulab.hang import classify, inplace, memtrend, owner
+from gpulab.hang import classify, inplace, memtrend, owner, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "fixtures" / "calls" / "train_errors.py"
@@ -214,3 +214,19 @@ def test_a_loop_that_keeps_every_steps_graph_runs_out_of_memory_and_the_climb_is
     assert v["owner"]["kind"] == "program", v["owner"]
     assert v["owner"]["where"].startswith(tuple(f"calls/leak_oom.py:{n} in <module>" for n in lines)), v["owner"]
     assert "where memory ran out" in v["owner"]["where"] and "keeps tensors alive across steps" in r.stdout, r.stdout
+
+
+def test_the_op_that_raised_is_the_last_one_at_the_line_the_traceback_names_when_the_recorder_could_not_mark_it():
+    """A PyTorch built with its own C++ runtime (torch 2.11's CUDA wheel) hides its exceptions from the
+    observer's std::uncaught_exceptions(): the op is then the last one recorded, only if it was called from the
+    line the traceback's innermost program frame names."""
+    recs = [{"seq": 1, "name": "aten.linear.default", "call_site": "calls/train.py:46 in main", "t_end": 2.0},
+            {"seq": 2, "name": "aten.addmm.default", "call_site": "calls/train.py:46 in main", "t_end": 2.0}]
+    tb = ('Traceback (most recent call last):\n  File "/home/u/calls/train.py", line 46, in main\n'
+          '  File "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", line 134, in forward\n'
+          'RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x32 and 31x4)')
+    assert verdict.last_at_raise(recs, tb)["name"] == "aten.addmm.default"
+    assert verdict.last_at_raise(recs, tb.replace("line 46", "line 47")) is None   # raised elsewhere: no guess
+    assert verdict.last_at_raise(recs[:1] + [{**recs[1], "t_end": None}], tb) is None
+    # a GPU error is raised at the next sync, not by the op at that line
+    assert verdict.last_at_raise(recs, tb + "\nRuntimeError: CUDA error: an illegal memory access was encountered") is None

@@ -232,6 +232,30 @@ def gpu_facts(inflight: Any, localized: str | None, records: Sequence[Any], api:
     return out
 
 
+def last_at_raise(records: Sequence[Any], stderr: str) -> Any:
+    """The op that raised when the recorder could not mark it (a PyTorch built with its own C++ runtime: the
+    observer's std::uncaught_exceptions() does not see torch's exceptions): the last op recorded, innermost, if
+    the traceback's innermost frame of the program's is the line it was called from; else None, as a guess
+    across lines could name the wrong op."""
+    frames = [classify.TB_FRAME.match(ln) for ln in (stderr or "").splitlines()]
+    frames = [f for f in frames if f]
+    if not records or not frames or classify.memory_fault(stderr) or "CUDA error" in stderr:
+        return None   # a GPU error surfaces at a later op: the line it is raised at lies
+    last = max(records, key=lambda r: _get(r, "seq") or 0)
+    site = str(_get(last, "call_site") or "")
+    if _get(last, "t_end") is None or not site:
+        return None
+    path, _, rest = site.partition(":")
+    line = rest.split(" ", 1)[0]
+    own = [f for f in frames if not re.search(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d|^<|"
+                                              r"[/\\]gpulab[/\\]", f.group("file"))]
+    if not own:
+        return None
+    inner = own[-1]
+    same = inner.group("line") == line and (inner.group("file") == path or inner.group("file").endswith("/" + path))
+    return last if same else None
+
+
 def python_blocked_frame(py_threads: Sequence[capture.Thread]) -> dict | None:
     """Where the main Python thread waits when no recorded op is open (e.g. torch.cuda.synchronize())."""
     main = classify.main_thread(py_threads)
@@ -272,6 +296,13 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
             inflight = max(raised, key=lambda r: _get(r, "seq"))
             localized = "raised"
             notes.append(f"{_get(inflight, 'name')} raised (the recorder marked it); it is reported as in_flight_op")
+        else:
+            inflight = last_at_raise(records, obs.stderr_tail)
+            if inflight is not None:
+                localized = "raised"
+                notes.append(f"{_get(inflight, 'name')} is the last op recorded at the line the exception came from "
+                             f"(this PyTorch build's ops are not marked when they raise); it is reported as "
+                             f"in_flight_op")
     done = [r for r in records if _get(r, "t_end") is not None]
     last_done = max(done, key=lambda r: _get(r, "seq")) if done else None
     py_threads, native_threads = _threads(obs)

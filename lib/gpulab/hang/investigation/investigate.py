@@ -154,9 +154,10 @@ def _what(v: Verdict | None) -> str:
     if v.in_flight_op:
         return f"{v.status} ({v.cls}) in {op_brief(v.in_flight_op)}"
     last = lastwords.of(v.stderr_tail)
-    said = f" (on stderr: {last[:120]})" if last else ""
+    said = f" (on stderr: {classify.brief(last, 160)})" if last else ""
     if v.status == "error":
-        return f"the program exits with code {v.exit_code} in phase {v.phase}{said}"
+        named = f" ({v.cls})" if v.cls and v.cls != "unknown" else ""
+        return f"the program exits with code {v.exit_code}{named} in phase {v.phase}{said}"
     if v.status == "crash":
         return f"the program is killed by {v.signal} in phase {v.phase}{said}"
     return f"{v.status} ({v.cls}) in phase {v.phase}"
