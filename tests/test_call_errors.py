@@ -45,6 +45,14 @@ def _evidence(stderr, status="error", op=None, localized="raised"):
     (TB + CUDA_OOM, GEMM, "out_of_memory"),
     ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
      "tried to allocate 70368744177664 bytes. Error code 12 (Cannot allocate memory)", None, "out_of_memory"),
+    # torch.compile meets the refusal while it traces with fake tensors (torch 2.13's words, a real run's)
+    ('Traceback (most recent call last):\n  File "/home/u/train.py", line 8, in <module>\n'
+     '  File "/venv/lib/python3.11/site-packages/torch/_dynamo/variables/builder.py", line 12, in wrap\n'
+     "torch._dynamo.exc.TorchRuntimeError: RuntimeError when making fake tensor call\n"
+     "  Explanation: Dynamo failed to run FX node with fake tensors: call_function <built-in function linear>(*("
+     "FakeTensor(..., size=(8, 32), grad_fn=<GeluBackward0>), Parameter(FakeTensor(..., size=(4, 31), "
+     "requires_grad=True))), **{}): got RuntimeError('a and b must have same reduction dim, but got [8, 32] X "
+     "[31, 4].')\n", None, "refused_call"),
     ("RuntimeError: DataLoader worker (pid 565) is killed by signal: Killed. ", None, "worker_died"),
     ("RuntimeError: DataLoader worker (pid(s) 81, 82) exited unexpectedly", None, "worker_died"),
 ])

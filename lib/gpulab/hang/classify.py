@@ -159,9 +159,18 @@ def _bytes(n: str) -> str:
     return f"{v:.2f} {units[i]}"
 
 
+# torch.compile runs each call on fake tensors while it traces: a call PyTorch refuses fails there first, wrapped
+_FAKE_REFUSED = re.compile(r"Dynamo failed to run FX node with fake tensors: .*?: got (?P<type>RuntimeError|ValueError|"
+                           r"TypeError|IndexError)\((?P<q>['\"])(?P<msg>.*?)(?P=q)\)")
+
+
 def refused(text: str) -> tuple[str, str] | None:
     """(exception type, message) when the program ended with an exception of the kinds PyTorch's argument
     checks raise and nothing in it says PyTorch failed inside, else None."""
+    fake = _FAKE_REFUSED.search(text or "")
+    if fake:
+        return fake.group("type"), (f"{fake.group('msg')} (raised while torch.compile traced the call with fake "
+                                    f"tensors: the same call fails eager)")
     line = lastwords.of(text or "")
     m = _REFUSED.match(line)
     if not m or _NOT_REFUSED.search(text or ""):
@@ -203,6 +212,8 @@ def _torch_frame(path: str) -> bool:
 def raised_in_torch(text: str, localized: str | None, op: Mapping[str, Any] | None) -> bool:
     """Whether the program's exception came out of PyTorch: an aten op the recorder saw raise, or a traceback
     whose innermost frame is PyTorch's Python."""
+    if _FAKE_REFUSED.search(text or ""):
+        return True
     frames = [TB_FRAME.match(ln) for ln in (text or "").splitlines()]
     frames = [f for f in frames if f]
     if frames and re.search(r"[/\\]gpulab[/\\]", frames[-1].group("file")):
