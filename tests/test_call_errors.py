@@ -238,3 +238,35 @@ def test_the_op_that_raised_is_the_last_one_at_the_line_the_traceback_names_when
     assert verdict.last_at_raise(recs[:1] + [{**recs[1], "t_end": None}], tb) is None
     # a GPU error is raised at the next sync, not by the op at that line
     assert verdict.last_at_raise(recs, tb + "\nRuntimeError: CUDA error: an illegal memory access was encountered") is None
+
+
+RANK0_GONE = "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+
+
+def test_a_job_is_judged_by_the_rank_that_failed_on_its_own_not_by_the_peer_that_lost_it():
+    stderr = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"/home/u/ddp.py\", line 14, in <module>\n"
+              "[rank1]:   File \"/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py\", line 134, in forward\n"
+              "[rank1]: RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x15 and 16x32)\n"
+              "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"/home/u/ddp.py\", line 16, in <module>\n"
+              f"{RANK0_GONE}\n")
+    procs = [{"role": "rank 0/2", "kind": "rank", "state": f"exited after an uncaught {RANK0_GONE[9:]}"},
+             {"role": "rank 1/2", "kind": "rank", "state": "exited after an uncaught [rank1]: RuntimeError: mat1 "
+                                                           "and mat2 shapes cannot be multiplied (8x15 and 16x32)"},
+             {"role": "launcher", "kind": "launcher", "state": "exited after an uncaught ChildFailedError: ..."}]
+    role, said = classify.rank_error(procs, stderr)
+    assert role == "rank 1/2" and said.endswith("(8x15 and 16x32)") and "line 14" in said and "[rank" not in said
+    assert classify.rank_error(procs[:1], stderr) is None   # only a peer's death: no rank failed on its own
+    assert classify.refused(RANK0_GONE) is None
+
+
+def test_a_ddp_job_whose_one_rank_passes_a_bad_shape_names_that_rank_and_its_line(tmp_path):
+    prog = PROGRAM.parent / "ddp_rank_error.py"
+    out = tmp_path / "w"
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "torchrun", "--nproc-per-node", "2", str(prog)], capture_output=True, text=True,
+                       timeout=240, cwd=ROOT)
+    v = json.loads((out / "verdict.json").read_text())
+    line = next(n for n, t in enumerate(prog.read_text().splitlines(), 1) if t.rstrip().endswith("# FORWARD"))
+    assert r.returncode != 0 and (v["class"], v["culprit"]) == ("refused_call", "rank 1/2"), (v["class"], v["evidence"])
+    assert v["owner"]["kind"] == "program" and v["owner"]["where"].startswith(f"calls/ddp_rank_error.py:{line}"), v["owner"]
+    assert "mat1 and mat2 shapes cannot be multiplied (8x15 and 16x32)" in r.stdout.split("next step: ", 1)[1]

@@ -114,7 +114,8 @@ _REFUSED = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:torch\.)?(?P<type>RuntimeError|V
 _NOT_REFUSED = re.compile(r"INTERNAL ASSERT FAILED|please report a bug|CUDA error|CUDA driver error|CUBLAS_STATUS|"
                           r"cuDNN error|CUDNN_STATUS|NCCL error|nccl\w*Error|HIP error|hip\w*Error|cuda\w*Error|"
                           r"CUDA_ERROR|Triton Error|BackendCompilerFailed|InductorError|InternalTorchDynamoError|"
-                          r"torch\._dynamo|torch\._inductor|out of memory|DataLoader worker", re.I)
+                          r"torch\._dynamo|torch\._inductor|out of memory|DataLoader worker|Connection closed by peer|"
+                          r"remote worker|Connection reset by peer|DistNetworkError|DistBackendError", re.I)
 _OOM = re.compile(r"[^\n]*(?:CUDA out of memory|OutOfMemoryError|HIP out of memory|MPS backend out of memory|"
                   r"CUDA error: out of memory|cudaErrorMemoryAllocation|DefaultCPUAllocator: (?:can't allocate memory|"
                   r"not enough memory))[^\n]*", re.I)
@@ -368,6 +369,39 @@ def device_assert(text: str) -> dict | None:
     """The first device-side assertion the runtime printed: kernel, source line, block, thread, condition."""
     m = _ASSERT.search(text or "")
     return {k: m.group(k) for k in ("file", "line", "kernel", "block", "thread", "cond")} if m else None
+
+
+_UNCAUGHT = "exited after an uncaught "
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?", re.M)
+# what a rank says when another rank died first: the consequence, never the job's finding
+_PEER_GONE = re.compile(r"Connection closed by peer|remote worker crashing|Connection reset by peer|Broken pipe|"
+                        r"DistNetworkError|DistBackendError|NCCL communicator was aborted|ProcessGroupNCCL.*"
+                        r"(?:Watchdog|timed out|timeout)|SIGTERM|Terminated", re.I)
+_ROOT_RANK = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:.*\n){0,4}?\s*rank\s*:\s*(\d+)")
+
+
+def rank_error(processes: Sequence[Mapping[str, Any]], stderr: str) -> tuple[str, str] | None:
+    """(role, its traceback) of the rank whose own exception ended a job: torchrun's root cause where it names
+    one, else the first rank whose exception is not a peer's death seen from the other side (gloo's 'Connection
+    closed by peer'); its traceback is the block of the job's stderr that ends in that exception."""
+    failed = [p for p in processes if p.get("kind") == "rank" and str(p.get("state") or "").startswith(_UNCAUGHT)]
+    said = {id(p): str(p["state"])[len(_UNCAUGHT):] for p in failed}
+    own = [p for p in failed if not _PEER_GONE.search(said[id(p)])]
+    root = _ROOT_RANK.search(stderr or "")
+    if root:
+        named = [p for p in own if str(p.get("role") or "").startswith(f"rank {root.group(1)}/")]
+        own = named or own
+    if not own:
+        return None
+    p = own[0]
+    head = _RANK_PREFIX.sub("", said[id(p)]).strip()[:60]
+    # torchrun prefixes each line of a rank's output with "[rankN]: " (its --tee/--role options aside)
+    blocks = _RANK_PREFIX.sub("", stderr or "").split("Traceback (most recent call last):")
+    for b in reversed(blocks[1:]):
+        if head and head in b:
+            end = b.find("\n", b.find(head))
+            return str(p.get("role")), "Traceback (most recent call last):" + (b if end < 0 else b[:end])
+    return str(p.get("role")), _RANK_PREFIX.sub("", said[id(p)])
 
 
 # ------------------------------------------------------------------------------------ the classifier

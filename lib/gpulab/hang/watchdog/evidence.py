@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpulab import proc, trace
-from gpulab.hang import capture, faults
+from gpulab import lastwords, proc, trace
+from gpulab.hang import capture, classify, faults
 from gpulab.hang.jobs import job, jobread
 from gpulab.hang.watchdog import stalls
 from gpulab.hang.watchdog.launch import Launch
@@ -48,9 +48,11 @@ def job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, n
     return views, finding, {"python": pythons, "native": natives}
 
 
-def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stacks: Mapping[str, dict]) -> Verdict:
+def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stacks: Mapping[str, dict],
+             stderr: str = "") -> Verdict:
     """The verdict of a job: the finding's class, culprit and evidence first, the per-process table, and every
-    process's stacks as files in the job folder `procs`."""
+    process's stacks as files in the job folder `procs`. A job that ended in an error is judged by the rank whose
+    own exception ended it (`stderr`: the job's, where its traceback is), not by the launcher's last words."""
     for kind, by_pid in stacks.items():
         for pid, text in by_pid.items():
             if text:
@@ -69,6 +71,18 @@ def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stac
     kept = ("the watchdog", "exit code", "planted")
     launcher = any(p.pid == root and p.supervises for p in views)   # where a launcher waits is no finding
     if finding.cls is None:
+        first = classify.rank_error(rows, stderr or v.stderr_tail) if v.status == "error" else None
+        if first is not None:
+            role, said = first
+            call = classify.call_class(classify.Evidence(status="error", stderr_tail=said))
+            line = lastwords.of(said)
+            changes.update(culprit=role, cls=call[0] if call else v.cls,
+                           # the failing rank's traceback last: whose code is read from it (gpulab.hang.owner)
+                           stderr_tail=(v.stderr_tail[-1000:] + "\n" + said)[-4000:],
+                           evidence=(f"{role} failed first, on its own: {line}",) + tuple(call[1] if call else ())
+                           + tuple(e for e in v.evidence if not e.startswith(("no rule matched", "PyTorch refused")))
+                           + tuple(finding.evidence))
+            return dataclasses.replace(v, **changes)
         if not launcher or v.status != "hang":
             changes["evidence"] = tuple(v.evidence) + tuple(finding.evidence)
             return dataclasses.replace(v, **changes)

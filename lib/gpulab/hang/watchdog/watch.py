@@ -321,7 +321,7 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
         views = jobread.views(launch.procs, {})
         jobbed = (views, job.analyse(views), {})
     if jobbed is not None:
-        v = evidence.with_job(v, launch.procs, child.pid, *jobbed)
+        v = evidence.with_job(v, launch.procs, child.pid, *jobbed, stderr=evidence.tail_of(launch.stderr, 200_000))
     extra: list[str] = []
     for s in found.items:
         extra.append(f"stall at {s['t']:.1f} s for {s['for_s']:.1f} s (the capture took {s.get('capture_s') or 0:.1f} "
