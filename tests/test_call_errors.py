@@ -270,3 +270,12 @@ def test_a_ddp_job_whose_one_rank_passes_a_bad_shape_names_that_rank_and_its_lin
     assert r.returncode != 0 and (v["class"], v["culprit"]) == ("refused_call", "rank 1/2"), (v["class"], v["evidence"])
     assert v["owner"]["kind"] == "program" and v["owner"]["where"].startswith(f"calls/ddp_rank_error.py:{line}"), v["owner"]
     assert "mat1 and mat2 shapes cannot be multiplied (8x15 and 16x32)" in r.stdout.split("next step: ", 1)[1]
+
+
+def test_a_job_that_failed_says_its_rank_failed_first_not_that_it_made_no_progress():
+    base = {"status": "error", "phase": "ops", "class": "refused_call", "in_flight_op": None, "host_blocked_in": None,
+            "last_completed_op": None, "ops_completed": 0, "signal": None, "exit_code": 1, "elapsed_s": 1.0,
+            "stacks": {}, "evidence": [], "planted": None, "capture_s": {}, "command": [], "log": {},
+            "culprit": "rank 1/2", "processes": [{"role": "rank 1/2"}]}
+    assert verdict.job_where(verdict.Verdict.from_dict(base)) == "rank 1/2: failed first, on its own"
+    assert verdict.job_where(verdict.Verdict.from_dict({**base, "status": "hang"})) == "rank 1/2: no progress"

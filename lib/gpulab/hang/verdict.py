@@ -430,7 +430,8 @@ def job_where(v: Verdict) -> str:
         instead[v.culprit] = f"in {op_brief(v.in_flight_op)}"
     if v.culprit and v.culprit not in instead:
         row = next((p for p in v.processes if p.get("role") == v.culprit), {})
-        instead[v.culprit] = f"at {row.get('frame')}" if row.get("frame") else "no progress"
+        instead[v.culprit] = (f"at {row.get('frame')}" if row.get("frame") else
+                              "failed first, on its own" if v.status in ("error", "crash") else "no progress")
     waiting = ", ".join(d.get("waiting") or ())
     parts = [f"{who}: {what}" for who, what in instead.items()]
     if waiting and d.get("op"):
