@@ -160,12 +160,17 @@ def _line(mark):
      "memory ran out at the program's call asking for 4.00 PiB"),
     # PyTorch says "killed by signal: Killed" when its SIGCHLD handler sees the death first, else "exited
     # unexpectedly" (no signal known): the host's limit in the first case, unknown in the second
+    ("ckpt", "refused_call", "program", "calls/train_errors.py:{CKPT} in main",
+     "PyTorch's load_state_dict refused the arguments the program gave it (RuntimeError: Error(s) in loading "
+     "state_dict for Sequential: size mismatch for 0.weight"),
+    # an op that raised inside the program's try/except is not the failure: the program's own KeyError is
+    ("caught", "unknown", "program", "calls/train_errors.py:{CAUGHT} in main", "KeyError: 'large'"),
     ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
                                                                                "num_workers=0")),
 ])
 def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cls, kind, where, step, tmp_path):
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
-             "SIGMOID": _line("# INPLACE") - 1}
+             "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT")}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
     where = where.format(**marks)
@@ -179,6 +184,8 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     told = r.stdout.split("next step: ", 1)[1] if "next step: " in r.stdout else v["owner"]["why"]
     assert step.format(**marks) in told, r.stdout
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
+    if case in ("ckpt", "caught"):
+        assert v["in_flight_op"] is None, v["in_flight_op"]   # no op ended the program
 
 
 def _samples(values, gpu=True):
@@ -224,7 +231,7 @@ def test_a_loop_that_keeps_every_steps_graph_runs_out_of_memory_and_the_climb_is
     assert "where memory ran out" in v["owner"]["where"] and "keeps tensors alive across steps" in r.stdout, r.stdout
 
 
-def test_the_op_that_raised_is_the_last_one_at_the_line_the_traceback_names_when_the_recorder_could_not_mark_it():
+def test_the_op_that_raised_is_the_one_at_the_line_the_traceback_names():
     """A PyTorch built with its own C++ runtime (torch 2.11's CUDA wheel) hides its exceptions from the
     observer's std::uncaught_exceptions(): the op is then the last one recorded, only if it was called from the
     line the traceback's innermost program frame names."""
@@ -233,11 +240,18 @@ def test_the_op_that_raised_is_the_last_one_at_the_line_the_traceback_names_when
     tb = ('Traceback (most recent call last):\n  File "/home/u/calls/train.py", line 46, in main\n'
           '  File "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", line 134, in forward\n'
           'RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x32 and 31x4)')
-    assert verdict.last_at_raise(recs, tb)["name"] == "aten.addmm.default"
-    assert verdict.last_at_raise(recs, tb.replace("line 46", "line 47")) is None   # raised elsewhere: no guess
-    assert verdict.last_at_raise(recs[:1] + [{**recs[1], "t_end": None}], tb) is None
+    assert verdict.raised_op(recs, tb)["name"] == "aten.addmm.default"
+    assert verdict.raised_op(recs, tb.replace("line 46", "line 47")) is None   # raised elsewhere: no guess
+    assert verdict.raised_op(recs[:1] + [{**recs[1], "t_end": None}], tb) is None
+    # Python raised it (load_state_dict's error after its copies): no op did
+    raised_here = tb.replace("in forward\n", "in load_state_dict\n    raise RuntimeError(\n")
+    assert verdict.raised_op(recs, raised_here) is None
+    # a marked op counts only where the traceback agrees: one raised and caught at another line does not
+    marked = [recs[0], {**recs[1], "raised": True, "call_site": "calls/train.py:40 in main"}]
+    assert verdict.raised_op(marked, tb) is None
+    assert verdict.raised_op(marked, tb.replace("line 46", "line 40"))["name"] == "aten.addmm.default"
     # a GPU error is raised at the next sync, not by the op at that line
-    assert verdict.last_at_raise(recs, tb + "\nRuntimeError: CUDA error: an illegal memory access was encountered") is None
+    assert verdict.raised_op(recs, tb + "\nRuntimeError: CUDA error: an illegal memory access was encountered") is None
 
 
 RANK0_GONE = "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"

@@ -176,7 +176,16 @@ def refused(text: str) -> tuple[str, str] | None:
     m = _REFUSED.match(line)
     if not m or _NOT_REFUSED.search(text or ""):
         return None
-    return m.group("type"), (m.group("msg") or "").strip()
+    msg = (m.group("msg") or "").strip()
+    # a message of several lines (load_state_dict's: each mismatch indented below its first line)
+    lines = (text or "").splitlines()
+    at = max((i for i, ln in enumerate(lines) if ln.strip() == line), default=-1)
+    more = []
+    for ln in lines[at + 1:] if at >= 0 else ():
+        if not ln[:1].isspace() or not ln.strip():
+            break
+        more.append(ln.strip())
+    return m.group("type"), " ".join([msg, *more]).strip()
 
 
 def out_of_memory(text: str) -> dict | None:

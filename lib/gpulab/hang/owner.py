@@ -467,6 +467,7 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     return Owner("unknown", "", "no op was in flight and no stack names the code that failed")
 
 
+_GENERIC = {"forward", "_call_impl", "_wrapped_call_impl", "__call__", "inner", "wrapper", "<module>"}
 _BACKWARD = re.compile(r"^autograd::engine::evaluate_function:\s*(\S+)")
 
 
@@ -517,7 +518,8 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
             name = None
             what = f"autograd (running {node.group(1)})"
         else:
-            what = name or "PyTorch"
+            torch_fn = next((f[0] for f in frames if origin(f[1]) == ("library", "PyTorch")), None)
+            what = name or (f"PyTorch's {torch_fn}" if torch_fn and torch_fn not in _GENERIC else "PyTorch")
         said = f"{got[0]}: {classify.brief(got[1], 300)}"
         if via and place:
             return Owner("program", place, f"{what} refused the call that {via} made on the program's behalf "

@@ -232,28 +232,46 @@ def gpu_facts(inflight: Any, localized: str | None, records: Sequence[Any], api:
     return out
 
 
-def last_at_raise(records: Sequence[Any], stderr: str) -> Any:
-    """The op that raised when the recorder could not mark it (a PyTorch built with its own C++ runtime: the
-    observer's std::uncaught_exceptions() does not see torch's exceptions): the last op recorded, innermost, if
-    the traceback's innermost frame of the program's is the line it was called from; else None, as a guess
-    across lines could name the wrong op."""
-    frames = [classify.TB_FRAME.match(ln) for ln in (stderr or "").splitlines()]
-    frames = [f for f in frames if f]
-    if not records or not frames or classify.memory_fault(stderr) or "CUDA error" in stderr:
-        return None   # a GPU error surfaces at a later op: the line it is raised at lies
+def _raised_at(stderr: str) -> tuple[str, str, bool] | None:
+    """(file, line, raised by a Python `raise`) of the traceback's innermost frame outside torch, gpulab and the
+    standard library: where the recorder's call site of the op that raised would be."""
+    lines = (stderr or "").splitlines()
+    at = [(i, m) for i, m in ((i, classify.TB_FRAME.match(ln)) for i, ln in enumerate(lines)) if m]
+    if not at:
+        return None
+    inner, m = at[-1]
+    # a `raise` in Python, not in a dispatch mode of gpulab's raising for the op (a planted fault)
+    by_raise = (inner + 1 < len(lines) and lines[inner + 1].strip().startswith("raise ")
+                and not re.search(r"[/\\]gpulab[/\\]", m.group("file")))
+    own = [m for _, m in at if not re.search(r"[/\\]torch[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\](?!site-packages|dist-packages)|^<|"
+                                            r"[/\\]gpulab[/\\]", m.group("file"))]
+    return (own[-1].group("file"), own[-1].group("line"), by_raise) if own else None
+
+
+def _called_at(rec: Any, where: tuple[str, str, bool]) -> bool:
+    """Whether an op record's call site is the traceback's line `where`."""
+    path, _, rest = str(_get(rec, "call_site") or "").partition(":")
+    return bool(path) and rest.split(" ", 1)[0] == where[1] and (where[0] == path or where[0].endswith("/" + path))
+
+
+def raised_op(records: Sequence[Any], stderr: str) -> Any:
+    """The op whose exception ended the program: the last one the recorder marked raised, unless the traceback
+    says the exception came from another line (the op's was caught: a fallback in a try/except, a program's
+    own error after it) or from a Python `raise` (load_state_dict's error after its copies). Without a mark (a
+    PyTorch built with its own C++ runtime: the observer's std::uncaught_exceptions() does not see torch's
+    exceptions), the last op recorded if it was called from the traceback's line; never for a GPU error, raised
+    at a later sync, where the line lies."""
+    if not records:
+        return None
+    where = _raised_at(stderr)
+    marked = [r for r in records if _get(r, "raised")]
+    if marked:
+        last = max(marked, key=lambda r: _get(r, "seq"))
+        return last if where is None or (_called_at(last, where) and not where[2]) else None
+    if where is None or where[2] or classify.memory_fault(stderr) or "CUDA error" in stderr:
+        return None
     last = max(records, key=lambda r: _get(r, "seq") or 0)
-    site = str(_get(last, "call_site") or "")
-    if _get(last, "t_end") is None or not site:
-        return None
-    path, _, rest = site.partition(":")
-    line = rest.split(" ", 1)[0]
-    own = [f for f in frames if not re.search(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d|^<|"
-                                              r"[/\\]gpulab[/\\]", f.group("file"))]
-    if not own:
-        return None
-    inner = own[-1]
-    same = inner.group("line") == line and (inner.group("file") == path or inner.group("file").endswith("/" + path))
-    return last if same else None
+    return last if _get(last, "t_end") is not None and _called_at(last, where) else None
 
 
 def python_blocked_frame(py_threads: Sequence[capture.Thread]) -> dict | None:
@@ -291,18 +309,12 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     if inflight is not None:
         localized = "gpu_event" if _get(inflight, "gpu_done") is False else "host"
     if inflight is None and status == "error":
-        raised = [r for r in records if _get(r, "raised")]
-        if raised:  # the op whose exception ended the program
-            inflight = max(raised, key=lambda r: _get(r, "seq"))
+        inflight = raised_op(records, obs.stderr_tail)
+        if inflight is not None:   # the op whose exception ended the program
             localized = "raised"
-            notes.append(f"{_get(inflight, 'name')} raised (the recorder marked it); it is reported as in_flight_op")
-        else:
-            inflight = last_at_raise(records, obs.stderr_tail)
-            if inflight is not None:
-                localized = "raised"
-                notes.append(f"{_get(inflight, 'name')} is the last op recorded at the line the exception came from "
-                             f"(this PyTorch build's ops are not marked when they raise); it is reported as "
-                             f"in_flight_op")
+            notes.append(f"{_get(inflight, 'name')} raised" + (" (the recorder marked it)" if _get(inflight, "raised")
+                         else " (the last op recorded at the line the exception came from: this PyTorch build's "
+                         "ops are not marked when they raise)") + "; it is reported as in_flight_op")
     done = [r for r in records if _get(r, "t_end") is not None]
     last_done = max(done, key=lambda r: _get(r, "seq")) if done else None
     py_threads, native_threads = _threads(obs)
