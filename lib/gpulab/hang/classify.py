@@ -2,8 +2,9 @@
 
 Classes (DESIGN.md): gemm, softmax, layout, sync, library_load, host_lock, collective, unknown; memory faults
 read from what the driver or the runtime said (illegal_address, misaligned_address, out_of_bounds,
-device_assert, launch_failure, gpu_page_fault); a job of several processes adds collective_mismatch,
-rank_stuck, worker_stuck (gpulab.hang.jobs.job judges those).
+device_assert, launch_failure, gpu_page_fault); errors at the program's own call (refused_call, out_of_memory,
+worker_died: CALL_CLASSES); a job of several processes adds collective_mismatch, rank_stuck, worker_stuck
+(gpulab.hang.jobs.job judges those).
 The rules go from the most specific observation to the least: frames that only appear in one situation
 (NCCL waits, the dynamic loader running a constructor, a host thread parked on a mutex) beat the op's name,
 and the op's name and layouts beat generic hints. Every rule that fires says, in words, what it saw.
