@@ -36,6 +36,8 @@ def _evidence(stderr, status="error", op=None, localized="raised"):
     (TB + "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x64 and 63x10)", GEMM, "refused_call"),
     (TB + "ValueError: Expected input batch_size (8) to match target batch_size (4).", None, "refused_call"),
     (TB + "TypeError: linear(): argument 'input' (position 1) must be Tensor, not list", None, "refused_call"),
+    (TB + "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+     "cpu! (when checking argument for argument mat1 in method wrapper_CUDA_addmm)", GEMM, "refused_call"),
     ("Traceback (most recent call last):\n  File \"/home/u/train.py\", line 3, in <module>\n"
      "RuntimeError: expected m1 and m2 to have the same dtype, but got: c10::Half != float", GEMM, "refused_call"),
     (TB + "RuntimeError: false INTERNAL ASSERT FAILED at \"aten/src/ATen/x.cpp\":12, please report a bug to PyTorch.",
