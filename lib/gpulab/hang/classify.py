@@ -153,7 +153,8 @@ def brief(text: str, limit: int = 240) -> str:
     return text[:cut + 1] if cut > limit // 3 else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def _bytes(n: str) -> str:
+def size_text(n: int | str) -> str:
+    """Bytes as a person reads them: '16.00 MiB', '1.93 GiB' (the units PyTorch's own messages use)."""
     v, units = float(n), ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
     i = 0
     while v >= 1024 and i < len(units) - 1:
@@ -201,7 +202,7 @@ def out_of_memory(text: str) -> dict | None:
         if f:
             got[key] = f.group(1)
     if "cpu_bytes" in got:   # the CPU allocator's message counts bytes
-        got["asked"] = _bytes(got.pop("cpu_bytes"))
+        got["asked"] = size_text(got.pop("cpu_bytes"))
     return got
 
 
@@ -394,24 +395,23 @@ def rank_error(processes: Sequence[Mapping[str, Any]], stderr: str) -> tuple[str
     """(role, its traceback) of the rank whose own exception ended a job: torchrun's root cause where it names
     one, else the first rank whose exception is not a peer's death seen from the other side (gloo's 'Connection
     closed by peer'); its traceback is the block of the job's stderr that ends in that exception."""
-    failed = [p for p in processes if p.get("kind") == "rank" and str(p.get("state") or "").startswith(_UNCAUGHT)]
-    said = {id(p): str(p["state"])[len(_UNCAUGHT):] for p in failed}
-    own = [p for p in failed if not _PEER_GONE.search(said[id(p)])]
+    # (role, its exception) per rank that died of one; torchrun prefixes a rank's lines with "[rankN]: "
+    failed = [(str(p.get("role")), _RANK_PREFIX.sub("", str(p["state"])[len(_UNCAUGHT):]).strip())
+              for p in processes if p.get("kind") == "rank" and str(p.get("state") or "").startswith(_UNCAUGHT)]
+    own = [f for f in failed if not _PEER_GONE.search(f[1])]
     root = _ROOT_RANK.search(stderr or "")
     if root:
-        named = [p for p in own if str(p.get("role") or "").startswith(f"rank {root.group(1)}/")]
-        own = named or own
+        own = [f for f in own if f[0].startswith(f"rank {root.group(1)}/")] or own
     if not own:
         return None
-    p = own[0]
-    head = _RANK_PREFIX.sub("", said[id(p)]).strip()[:60]
-    # torchrun prefixes each line of a rank's output with "[rankN]: " (its --tee/--role options aside)
+    role, said = own[0]
+    head = said[:60]
     blocks = _RANK_PREFIX.sub("", stderr or "").split("Traceback (most recent call last):")
     for b in reversed(blocks[1:]):
         if head and head in b:
             end = b.find("\n", b.find(head))
-            return str(p.get("role")), "Traceback (most recent call last):" + (b if end < 0 else b[:end])
-    return str(p.get("role")), _RANK_PREFIX.sub("", said[id(p)])
+            return role, "Traceback (most recent call last):" + (b if end < 0 else b[:end])
+    return role, said
 
 
 # ------------------------------------------------------------------------------------ the classifier

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from gpulab.hang.classify import size_text
+
 PARTS = 5                 # the run cut into fifths: a leak raises the peak of every one
 MIN_SAMPLES = 10
 MIN_BYTES = 64 << 20      # the last fifth's peak over the first's by at least this: a small program's noise is no leak
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _get(s: Any, key: str) -> Any:
@@ -55,9 +53,9 @@ def trend(samples: Sequence[Any]) -> dict | None:
 
 def words(tr: dict) -> str:
     if tr["grew"]:
-        return (f"{tr['what']} rose in every fifth of the run, from {_mib(tr['first'])} to {_mib(tr['last'])} over "
+        return (f"{tr['what']} rose in every fifth of the run, from {size_text(tr['first'])} to {size_text(tr['last'])} over "
                 f"{tr['seconds']} s, before it ran out: the program keeps tensors alive across steps (a loss summed "
                 f"without .item(), outputs or losses kept in a list, a cache that only grows)")
-    return (f"{tr['what']} did not climb through the run (peak {_mib(tr['first'])} in its first fifth, "
-            f"{_mib(tr['last'])} in its last, over {tr['seconds']} s): no leak across steps; the call that failed "
+    return (f"{tr['what']} did not climb through the run (peak {size_text(tr['first'])} in its first fifth, "
+            f"{size_text(tr['last'])} in its last, over {tr['seconds']} s): no leak across steps; the call that failed "
             f"asked for more than was free")

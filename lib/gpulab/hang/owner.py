@@ -471,11 +471,22 @@ _GENERIC = {"forward", "_call_impl", "_wrapped_call_impl", "__call__", "inner", 
 _BACKWARD = re.compile(r"^autograd::engine::evaluate_function:\s*(\S+)")
 
 
+def _library_not_torch(fr: tuple[str, str, str]) -> bool:
+    who, pkg = origin(fr[1])
+    return who == "library" and pkg != "PyTorch"
+
+
+def call_site_frame(frames: Sequence[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The innermost frame that is the program's or a library's other than PyTorch: where the recorder's call
+    site of an op called from those frames points (gpulab.trace's rule: the innermost frame outside torch)."""
+    return next((f for f in frames if origin(f[1])[0] == "program" or _library_not_torch(f)), None)
+
+
 def _called_from(op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]]) -> tuple[str | None, str | None]:
     """(the program's line that made the call, a library's line between it and PyTorch): the traceback's innermost
     program frame, else the recorded op's call site."""
     mine = _first(frames, ("program",))
-    lib = next((f for f in frames if origin(f[1])[0] == "library" and origin(f[1])[1] != "PyTorch"), None)
+    lib = next((f for f in frames if _library_not_torch(f)), None)
     place = short(mine[1][1], mine[1][2], mine[1][0]) if mine else None
     if place is None and op.get("call_site") and origin(str(op["call_site"]).split(":")[0])[0] == "program":
         place = str(op["call_site"])
@@ -532,22 +543,23 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
                      f"inside it")
     if cls == "out_of_memory":
         oom = classify.out_of_memory(stderr) or {}
-        asked = f" asking for {oom['asked']}" if oom.get("asked") else ""
-        held = (f"; PyTorch held {oom['allocated']} of {oom.get('total', 'the device')}"
-                + (f", {oom['free']} free" if oom.get("free") else "")
-                + (f", {oom['reserved_unallocated']} reserved but unallocated" if oom.get("reserved_unallocated")
-                   else "") if oom.get("allocated") else "")
+        why = "memory ran out at the program's call" + (f" asking for {oom['asked']}" if oom.get("asked") else "")
+        if oom.get("allocated"):
+            why += f"; PyTorch held {oom['allocated']} of {oom.get('total', 'the device')}"
+            why += f", {oom['free']} free" if oom.get("free") else ""
+            why += f", {oom['reserved_unallocated']} reserved but unallocated" if oom.get("reserved_unallocated") else ""
+        need = ("the program's tensors, batch and model need more than the device has free (a smaller batch or "
+                "sequence, activation checkpointing, a lower precision")
         tr = trend or {}
-        how = (f"; {memtrend.words(tr)}" if tr.get("grew") else
-               f"; {memtrend.words(tr)}: the program's tensors, batch and model need more than the device has free "
-               f"(a smaller batch or sequence, activation checkpointing, a lower precision)" if tr else
-               ": the program's tensors, batch and model need more than the device has free (a smaller batch or "
-               "sequence, activation checkpointing, a lower precision; if the memory PyTorch holds grows step after "
-               "step, the program keeps tensors alive across steps: a loss summed without .item(), outputs kept in "
-               "a list)")
+        if tr.get("grew"):
+            why += f"; {memtrend.words(tr)}"
+        elif tr:
+            why += f"; {memtrend.words(tr)}: {need})"
+        else:
+            why += (f": {need}; if the memory PyTorch holds grows step after step, the program keeps tensors alive "
+                    f"across steps: a loss summed without .item(), outputs kept in a list)")
         at = ", where memory ran out" if tr.get("grew") else ""   # what keeps the memory is elsewhere
-        return Owner("program", (place or "the program") + (f" (calling {name}{at})" if name else at),
-                     f"memory ran out at the program's call{asked}{held}{how}")
+        return Owner("program", (place or "the program") + (f" (calling {name}{at})" if name else at), why)
     return None
 
 

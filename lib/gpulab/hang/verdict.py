@@ -233,19 +233,18 @@ def gpu_facts(inflight: Any, localized: str | None, records: Sequence[Any], api:
 
 
 def _raised_at(stderr: str) -> tuple[str, str, bool] | None:
-    """(file, line, raised by a Python `raise`) of the traceback's innermost frame outside torch, gpulab and the
-    standard library: where the recorder's call site of the op that raised would be."""
+    """(file, line, raised by a Python `raise`) of the traceback frame a recorded op's call site would name
+    (gpulab.hang.owner.call_site_frame), the last flag from the innermost frame of all."""
     lines = (stderr or "").splitlines()
-    at = [(i, m) for i, m in ((i, classify.TB_FRAME.match(ln)) for i, ln in enumerate(lines)) if m]
-    if not at:
+    at = [i for i, ln in enumerate(lines) if classify.TB_FRAME.match(ln)]
+    fr = owner.call_site_frame(owner.traceback_frames(stderr))
+    if not at or fr is None:
         return None
-    inner, m = at[-1]
+    inner = classify.TB_FRAME.match(lines[at[-1]]).group("file")
     # a `raise` in Python, not in a dispatch mode of gpulab's raising for the op (a planted fault)
-    by_raise = (inner + 1 < len(lines) and lines[inner + 1].strip().startswith("raise ")
-                and not re.search(r"[/\\]gpulab[/\\]", m.group("file")))
-    own = [m for _, m in at if not re.search(r"[/\\]torch[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\](?!site-packages|dist-packages)|^<|"
-                                            r"[/\\]gpulab[/\\]", m.group("file"))]
-    return (own[-1].group("file"), own[-1].group("line"), by_raise) if own else None
+    by_raise = (at[-1] + 1 < len(lines) and lines[at[-1] + 1].strip().startswith("raise ")
+                and owner.origin(inner)[0] != "tool")
+    return fr[1], fr[2], by_raise
 
 
 def _called_at(rec: Any, where: tuple[str, str, bool]) -> bool:

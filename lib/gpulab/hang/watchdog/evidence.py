@@ -75,12 +75,16 @@ def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stac
         if first is not None:
             role, said = first
             call = classify.call_class(classify.Evidence(status="error", stderr_tail=said))
-            line = lastwords.of(said)
+            # what the launcher's own last words were classed as is no fact of the job's any more
+            stale = classify.call_class(classify.Evidence(status=v.status, in_flight_op=v.in_flight_op,
+                                                          stderr_tail=v.stderr_tail, localized=v.localized))
+            stale = set(stale[1]) if stale else set()
             changes.update(culprit=role, cls=call[0] if call else v.cls,
                            # the failing rank's traceback last: whose code is read from it (gpulab.hang.owner)
                            stderr_tail=(v.stderr_tail[-1000:] + "\n" + said)[-4000:],
-                           evidence=(f"{role} failed first, on its own: {line}",) + tuple(call[1] if call else ())
-                           + tuple(e for e in v.evidence if not e.startswith(("no rule matched", "PyTorch refused")))
+                           evidence=(f"{role} failed first, on its own: {lastwords.of(said)}",)
+                           + tuple(call[1] if call else ())
+                           + tuple(e for e in v.evidence if e not in stale and e != "no rule matched the evidence")
                            + tuple(finding.evidence))
             return dataclasses.replace(v, **changes)
         if not launcher or v.status != "hang":
