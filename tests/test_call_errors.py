@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.fixes import answers, registry
-from gpulab.hang import classify, inplace, memtrend, owner, verdict
+from gpulab.hang import classify, freedgraph, inplace, memtrend, owner, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "fixtures" / "calls" / "train_errors.py"
@@ -188,6 +188,55 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
     if case in ("ckpt", "caught"):
         assert v["in_flight_op"] is None, v["in_flight_op"]   # no op ended the program
+
+
+TWO = ROOT / "tests" / "fixtures" / "calls" / "two_backwards.py"
+
+
+@pytest.mark.parametrize("case,owner_at,words", [
+    # the state's line is the program's to change: its older node is what backward met
+    ("carried", "calls/two_backwards.py:{STATE} in carried (making the TanhBackward0 node backward met again)",
+     "a state carried across steps"),
+    # the generator's batch, shared by two losses: its line is among the candidates, the owner stays at the call
+    ("shared", "calls/two_backwards.py:{G_BACKWARD} in shared", "calls/two_backwards.py:{FAKE} in shared"),
+])
+def test_a_backward_through_a_freed_graph_names_the_forward_line_not_retain_graph(case, owner_at, words, tmp_path):
+    """autograd's 'backward through the graph a second time' suggests retain_graph=True; the op log says which
+    forward line's node was met again, and whether that line ran since the backward() before (a carried state)
+    or not (a tensor two losses share)."""
+    lines = TWO.read_text().splitlines()
+    marks = {"STATE": next(n for n, t in enumerate(lines, 1) if t.endswith("# STATE")),
+             "FAKE": next(n for n, t in enumerate(lines, 1) if t.endswith("# FAKE")),
+             "G_BACKWARD": next(n for n, t in enumerate(lines, 1) if t.strip() == "g_loss.backward()")}
+    out = tmp_path / case
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "python", str(TWO), case], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    v = json.loads((out / "verdict.json").read_text())
+    assert r.returncode != 0 and v["class"] == "refused_call", (v["class"], v["evidence"])
+    freed = v["freed_graph"]
+    assert freed is not None and freed["backward_call"] == 2, v["evidence"]
+    assert v["owner"]["kind"] == "program" and v["owner"]["where"] == owner_at.format(**marks), v["owner"]
+    said = next(e for e in v["evidence"] if e.startswith("from the op log: backward()"))
+    assert words.format(**marks) in said and "retain_graph=True would keep" in said, said
+
+
+def test_the_freed_graph_reader_tells_a_carried_state_from_a_shared_tensor():
+    rec = lambda seq, name, at: {"seq": seq, "name": name, "call_site": at}   # noqa: E731
+    bwd = "autograd::engine::evaluate_function: "
+    msg = "RuntimeError: Trying to backward through the graph a second time (or directly access ...)"
+    carried = [rec(1, "aten.tanh.default", "t.py:5 in f"), rec(2, bwd + "TanhBackward0", "t.py:7 in f"),
+               rec(3, "aten.tanh.default", "t.py:5 in f"), rec(4, bwd + "TanhBackward0", "t.py:7 in f"),
+               rec(5, bwd + "TanhBackward0", "t.py:7 in f")]
+    got = freedgraph.find(msg, carried, carried[-1])
+    assert got["how"] == "carried" and got["made_at"] == [("t.py:5 in f", 2, 1)] and got["backward_call"] == 2, got
+    # made before the first backward(), not since: shared; a line that ran since makes fresh nodes and is left out
+    shared = [rec(1, "aten.addmm.default", "g.py:3 in f"), rec(2, bwd + "AddmmBackward0", "g.py:4 in f"),
+              rec(3, "aten.addmm.default", "g.py:5 in f"), rec(4, bwd + "AddmmBackward0", "g.py:6 in f"),
+              rec(5, bwd + "AddmmBackward0", "g.py:6 in f")]
+    got = freedgraph.find(msg, shared, shared[-1])
+    assert got["how"] == "shared" and [m[0] for m in got["made_at"]] == ["g.py:3 in f"], got
+    assert freedgraph.find("RuntimeError: other", carried, carried[-1]) is None
+    assert freedgraph.find(msg, carried[:2], carried[1]) is None   # one backward() call: nothing to say
 
 
 def _samples(values, gpu=True):

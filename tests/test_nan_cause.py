@@ -174,6 +174,16 @@ def test_the_sentence_names_op_line_pass_cause_and_whose_code():
     assert "a norm's gradient at 0 (a vector minus itself: two equal points) is 0/0" in norm, norm
     acos = firstnan.next_step(_rec(backward=True, forward_op="aten.acos.default"))
     assert "acos has an infinite gradient at -1 and 1" in acos, acos
+    # a backward op that only passes on what its input brought (-Inf times 0): the forward function's gradient is
+    # not what made it, so its remedy is not given
+    passed = firstnan.next_step(_rec(backward=True, backward_node="PowBackward0", forward_op="aten.pow.Tensor_Scalar",
+                                     op="aten.mul.Tensor", cause={"kind": "input_neginf", "input": 0,
+                                                                  "words": "input 0 holds -Inf"}))
+    assert "fractional power" not in passed, passed
+    # a -Inf gradient is named as such
+    neg = firstnan.sentence(_rec(backward=True, backward_node="SqrtBackward0", forward_op="aten.sqrt.default",
+                                 output={"neginf": 16, "dtype": "float32"}))
+    assert neg.startswith("-Inf first made by aten.div.Tensor in backward (SqrtBackward0)"), neg
 
 
 def test_fp32_softmax_is_advised_only_where_a_softmax_can_answer_it():

@@ -700,6 +700,23 @@ def test_a_failed_runs_last_words_are_its_error_not_a_launchers_closing_rule(tai
     assert lastwords.of(tail) == said
 
 
+@pytest.mark.parametrize("text,line", [
+    ("step 0 loss 0.42\nstep 1 loss nan\nstep 2 loss nan\n", "step 1 loss nan"),
+    ("val loss=-inf\n", "val loss=-inf"),
+    ("tensor(nan, grad_fn=<MeanBackward0>)\n", "tensor(nan, grad_fn=<MeanBackward0>)"),
+    ("grad norm Inf\n", "grad norm Inf"),
+    # words that hold one are not numbers
+    ("info: inference ok\nw-nan False\nnan-free batch\nlr infinite\n", ""),
+    ("step 9 loss 0.013\n", ""),
+])
+def test_the_nan_a_program_prints_is_found_as_a_number_not_inside_a_word(text, line):
+    """A run that ended well while printing 'loss nan' is pointed at stats mode (gpulab watch's default mode
+    reads no values)."""
+    from gpulab import lastwords
+
+    assert lastwords.nonfinite(text) == line
+
+
 def test_a_bitwise_difference_where_the_reference_holds_zero_is_said_as_an_absolute_error():
     """A gradient element that is 0 in one run and 1e-9 in the other is within tolerance: 'max relative error inf'
     would read as a blow-up in a verdict that says the runs agree."""

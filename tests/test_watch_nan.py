@@ -67,12 +67,17 @@ def test_a_nan_made_in_a_dataloader_worker_is_named_there_with_the_worker(tmp_pa
     assert sc["next_step"].startswith(f"fix the program's line nan/worker_std.py:{line} in __getitem__"), sc["next_step"]
 
 
-def test_watch_in_its_default_mode_reads_no_output_and_says_nothing_of_nan(tmp_path):
+def test_watch_in_its_default_mode_reads_no_values_but_points_at_the_nan_the_program_printed(tmp_path):
+    """The default mode computes nothing of the outputs (no first NaN), yet a run that ended well while printing
+    'loss nan' is not left reading as healthy: the line is quoted and stats mode is the next step."""
     r = _gpulab(["watch", "--quiet", "--status-every", "0", "--out", str(tmp_path / "cap"), "--",
                  "python", str(LOOP)], timeout=180)
     v = json.loads((tmp_path / "cap" / "verdict.json").read_text())
     assert r.returncode == 0 and v["status"] == "ok" and v["first_nonfinite"] is None
-    assert not any("NaN" in e for e in v["evidence"])
+    assert v["printed_nonfinite"] == "step 5 loss nan", v["printed_nonfinite"]
+    assert any(e.startswith("the program printed a NaN or an infinity ('step 5 loss nan')") for e in v["evidence"])
+    assert "next step: find where the NaN/Inf the program printed starts: rerun it as `gpulab watch --mode stats" \
+        in r.stdout, r.stdout
 
 
 def test_a_nan_made_inside_a_compiled_graph_is_not_blamed_on_the_data_and_eager_names_its_op(tmp_path):

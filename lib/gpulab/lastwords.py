@@ -24,3 +24,14 @@ def of(text: str) -> str:
 def _chained(line: str) -> bool:
     """torchrun's own ChildFailedError repeats that a child failed, not why."""
     return "ChildFailedError" in line
+
+
+# a number printed as Python and torch print a non-finite one: nan, inf, -inf, tensor(nan), loss=nan; not a word
+# that holds one (info, w-nan)
+_NONFINITE = re.compile(r"(?<![\w.])[-+]?(?<!\w-)(?<!\w\+)(?:nan|inf)(?![\w-])", re.IGNORECASE)
+
+
+def nonfinite(text: str) -> str:
+    """The first line of a program's output that prints a NaN or an infinity ('' when none does): a run that
+    ended well may still have trained on NaN, and the recorder reads no values outside stats mode."""
+    return next((ln.strip()[:200] for ln in text.splitlines() if _NONFINITE.search(ln)), "")

@@ -16,16 +16,18 @@ _MODIFIED = re.compile(r"modified by an inplace operation: \[(?P<type>[\w.]+) \[
 _BACKWARD = "autograd::engine::evaluate_function"
 
 
-def _snake(name: str) -> str:
+def snake(name: str) -> str:
+    """An autograd node's name as aten spells its op: NativeLayerNorm -> native_layer_norm."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def _get(rec: Any, key: str) -> Any:
+def field(rec: Any, key: str) -> Any:
+    """A record's field, whether the record is an OpRecord or its dict."""
     return rec.get(key) if isinstance(rec, Mapping) else getattr(rec, key, None)
 
 
 def _first_shape(rec: Any) -> list[int] | None:
-    for a in _get(rec, "args") or ():
+    for a in field(rec, "args") or ():
         if isinstance(a, Mapping) and "shape" in a:
             return list(a["shape"])
     return None
@@ -44,25 +46,25 @@ def find(message: str, records: Sequence[Any]) -> dict | None:
     if not m:
         return None
     shape = [int(x) for x in m.group("shape").replace(" ", "").split(",") if x]
-    names = (f"aten.{_snake(m.group('node'))}.", f"aten._{_snake(m.group('node'))}.")
-    recs = sorted(records, key=lambda r: _get(r, "seq") or 0)
-    start = next((i for i, r in enumerate(recs) if str(_get(r, "name") or "").startswith(_BACKWARD)), len(recs))
+    names = (f"aten.{snake(m.group('node'))}.", f"aten._{snake(m.group('node'))}.")
+    recs = sorted(records, key=lambda r: field(r, "seq") or 0)
+    start = next((i for i, r in enumerate(recs) if str(field(r, "name") or "").startswith(_BACKWARD)), len(recs))
     made = None
     for i in range(start - 1, -1, -1):
-        if str(_get(recs[i], "name") or "").startswith(names):
+        if str(field(recs[i], "name") or "").startswith(names):
             made = i
             break
     if made is None:
         return None
-    changed = [r for r in recs[made + 1:start] if _inplace(str(_get(r, "name") or "")) and _first_shape(r) == shape]
+    changed = [r for r in recs[made + 1:start] if _inplace(str(field(r, "name") or "")) and _first_shape(r) == shape]
     if not changed:
         return None
-    top = min(_get(r, "depth") or 0 for r in changed)   # relu_ runs clamp_min_ inside it: the outer op is the call
-    changed = [r for r in changed if (_get(r, "depth") or 0) == top]
+    top = min(field(r, "depth") or 0 for r in changed)   # relu_ runs clamp_min_ inside it: the outer op is the call
+    changed = [r for r in changed if (field(r, "depth") or 0) == top]
     fwd = recs[made]
     return {"tensor": f"{m.group('type')} {shape}", "node": m.group("node"),
-            "made_by": _get(fwd, "name"), "made_at": _get(fwd, "call_site"),
-            "changed_by": [{"op": _get(r, "name"), "at": _get(r, "call_site")} for r in changed],
+            "made_by": field(fwd, "name"), "made_at": field(fwd, "call_site"),
+            "changed_by": [{"op": field(r, "name"), "at": field(r, "call_site")} for r in changed],
             "versions": (int(m.group("then")), int(m.group("now")))}
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import lastwords
-from gpulab.hang import capture, classify, inplace, memcheck, memtrend
+from gpulab.hang import capture, classify, freedgraph, inplace, memcheck, memtrend
 
 KINDS = ("program", "library", "platform", "unknown")
 # failures whose class says the program's input was rejected by the kernel that checked it
@@ -382,6 +382,10 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
         if cls == "refused_call" and changed and changed["changed_by"][0].get("at"):
             first = changed["changed_by"][0]
             return Owner("program", f"{first['at']} (calling {first['op']})", inplace.words(changed))
+        freed = v.get("freed_graph")
+        if cls == "refused_call" and freed and len(freed["made_at"]) == 1:
+            return Owner("program", f"{freed['made_at'][0][0]} (making the {freed['node']} node backward met again)",
+                         freedgraph.words(freed))
         called = call_owner(cls, op, tb or py, stderr, v.get("memory_trend"))
         if called is not None:
             return called

@@ -12,7 +12,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from gpulab.hang import capture, classify, inplace, memtrend, owner
+from gpulab.hang import capture, classify, freedgraph, inplace, memtrend, owner
 from gpulab.trace import analysis
 from gpulab.trace.analysis import localize  # noqa: F401 - hang.verdict.localize, as before
 from gpulab.trace.liveness import STATUSES
@@ -74,9 +74,15 @@ class Verdict:
     # `gpulab watch --mode stats`: the first NaN/Inf an op made ({"op", "call_site", "pass", "backward", "cause",
     # "sentence", "next_step"}, gpulab.trace.firstnan), whatever the status
     first_nonfinite: dict | None = None
+    # outside stats mode: the first line of the program's output that printed a NaN or an infinity (a loss of nan
+    # in a run that ended well), so that an "ok" is not read as healthy numbers
+    printed_nonfinite: str = ""
     # autograd's "modified by an inplace operation", read against the op log (gpulab.hang.inplace): the forward op
     # that saved the tensor and the in-place op(s) that changed it after
     modified_in_place: dict | None = None
+    # autograd's "backward through the graph a second time", read against the op log (gpulab.hang.freedgraph): the
+    # node it met and the forward line(s) that make such nodes
+    freed_graph: dict | None = None
     # out of memory: whether the memory held climbed through the run before it ran out (gpulab.hang.memtrend)
     memory_trend: dict | None = None
 
@@ -375,12 +381,15 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     changed = inplace.find(obs.stderr_tail, records) if cls == "refused_call" else None
     if changed:
         facts.append(f"from the op log: {inplace.words(changed)}")
+    freed = freedgraph.find(obs.stderr_tail, records, op_dict(inflight)) if cls == "refused_call" else None
+    if freed:
+        facts.append(f"from the op log: {freedgraph.words(freed)}")
     mem = memtrend.trend(obs.memory) if cls == "out_of_memory" else None
     if mem:
         facts.append(f"from the recorder's memory samples: {memtrend.words(mem)}")
     who = None if status == "ok" else owner.decide(
         {"status": status, "class": cls, "signal": sig, "in_flight_op": op_dict(inflight), "localized": localized,
-         "modified_in_place": changed, "memory_trend": mem,
+         "modified_in_place": changed, "freed_graph": freed, "memory_trend": mem,
          "pid": obs.pid,
          "stacks": {"python": py_threads, "native": native_threads, "gpu": obs.gpu_text},
          "stderr_tail": obs.stderr_tail, "open_ops": [op_dict(r) for r in open_recs]},
@@ -399,7 +408,7 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
         open_ops=tuple(op_dict(r) for r in open_recs), oplog_tail=oplog_tail,
         collapsed={"python": capture.collapse(py_threads), "native": capture.collapse(native_threads)},
         notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized, driver_call=api, owner=who,
-        modified_in_place=changed, memory_trend=mem)
+        modified_in_place=changed, freed_graph=freed, memory_trend=mem)
 
 
 def _signal_name(rc: int | None) -> str | None:

@@ -127,7 +127,8 @@ def _base(op: str | None) -> str:
 
 def made(rec: Mapping[str, Any]) -> str:
     out = rec.get("output") or {}
-    return "NaN" if out.get("nan") else "+Inf" if out.get("posinf") else "NaN/Inf"
+    return ("NaN" if out.get("nan") else "+Inf" if out.get("posinf") else "-Inf" if out.get("neginf") and rec.get("backward")
+            else "NaN/Inf")
 
 
 def where(rec: Mapping[str, Any]) -> str:
@@ -217,8 +218,11 @@ def _compiled_only(rec: Mapping[str, Any]) -> bool:
 
 
 def _fix(rec: Mapping[str, Any]) -> str | None:
-    """How to change the line: by the forward function when the NaN was made in its backward, else by cause."""
-    fix = BACKWARD_REMEDY.get(_base(rec.get("forward_op"))) if rec.get("backward") else None
+    """How to change the line: by the forward function when the NaN was made in its backward (not one its
+    input brought: that op only passes it on), else by cause."""
+    kind = (rec.get("cause") or {}).get("kind")
+    own = kind not in ("input_nan", "input_inf", "input_neginf")
+    fix = BACKWARD_REMEDY.get(_base(rec.get("forward_op"))) if rec.get("backward") and own else None
     return fix or REMEDY.get((rec.get("cause") or {}).get("kind") or "")
 
 

@@ -229,7 +229,7 @@ def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dt
     base = base_name(op)
     ins = list(inputs)
     given = [(i, f) for i, f in enumerate(ins) if f is not None]
-    made = "NaN" if output.nan else "+Inf" if output.posinf else "NaN/Inf"
+    made = "NaN" if output.nan else "+Inf" if output.posinf else "-Inf" if output.neginf else "NaN/Inf"
     top = _dmax(output.dtype, dtype_max)
     came = ("no op the recorder saw made it: it was made inside a torch.compile'd graph (compiled code ran before "
             "it, and the recorder does not see inside it) or it came in with the data" if first and compiled else

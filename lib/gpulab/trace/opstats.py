@@ -13,11 +13,14 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
     (state["nonfinite_set"])."""
     Tensor = torch.Tensor
     pack_q = _q.pack_into
+    current_node = torch._C._current_autograd_node
 
     def compute_stats(out, off: int, seq: int) -> bool:
-        """min/max/mean and NaN/+Inf/-Inf counts of floating outputs. Only NaN or +Inf flag an op: -Inf is
-        how attention masks are written (scalar_tensor(-inf), where(mask, 0, -inf)), not a fault. True for the
-        log's first NaN/+Inf (its cause is looked for then)."""
+        """min/max/mean and NaN/+Inf/-Inf counts of floating outputs. Only NaN or +Inf flag a forward op: -Inf
+        is how attention masks are written (scalar_tensor(-inf), where(mask, 0, -inf)), not a fault. In backward
+        no mask is written: a -Inf gradient is as wrong as a +Inf one (sqrt's gradient at 0 times a negative
+        upstream gradient), and the NaN it makes later is its consequence. True for the log's first NaN/+Inf
+        (its cause is looked for then)."""
         ts = [out] if isinstance(out, Tensor) else [x for x in out if isinstance(x, Tensor)] \
             if isinstance(out, (list, tuple)) else []
         mn, mx, tot, cnt, nan, inf, ninf = float("inf"), float("-inf"), 0.0, 0, 0, 0, 0
@@ -39,7 +42,7 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
         state["amax"] = max(abs(mn), abs(mx)) if seen and not (nan or inf or ninf) else None   # finite outputs only
         if not seen:
             return False
-        bad = bool(nan or inf)
+        bad = bool(nan or inf or (ninf and current_node() is not None))
         _STATS.pack_into(mm, off + _OFF_STATS, mn, mx, tot / cnt if cnt else 0.0, nan, inf, ninf)
         mm[off + _OFF_FLAGS] = F_STATS | (F_NONFINITE if bad else 0)
         if bad and not state["nonfinite_set"]:
@@ -212,7 +215,8 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         outs = [nancause.facts_of(x) for x in ([out] if isinstance(out, torch.Tensor) else
                                                list(out) if isinstance(out, (list, tuple)) else [])
                 if isinstance(x, torch.Tensor) and x.is_floating_point()]
-        o = next((f for f in outs if f.nan or f.posinf), outs[0] if outs else nancause.TensorFacts("?"))
+        o = next((f for f in outs if f.nan or f.posinf or (f.neginf and node is not None)),
+                 outs[0] if outs else nancause.TensorFacts("?"))
         try:
             top = float(torch.finfo(getattr(torch, o.dtype)).max)
         except (AttributeError, TypeError):

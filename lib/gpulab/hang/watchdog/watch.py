@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpulab import proc, tee, trace, workloads
+from gpulab import lastwords, proc, tee, trace, workloads
 from gpulab.args import BadInput, json_target, parser, positive, split_command, writable_dir
 from gpulab.hang import classify, faults
 from gpulab.hang.watchdog import evidence, keepstall, stalls
@@ -348,6 +348,10 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
     elif nan:
         extra.append(f"first NaN/Inf: {nan['sentence']}")
         changes["first_nonfinite"] = nan
+    printed = lastwords.nonfinite(evidence.tail_of(launch.stdout, 200_000)) if mode != "stats" else ""
+    if printed:
+        extra.append(f"the program printed a NaN or an infinity ({printed!r}); this mode reads no values: {STATS_HINT}")
+        changes["printed_nonfinite"] = printed
     v = dataclasses.replace(v, evidence=tuple(v.evidence) + tuple(extra), **changes)
     if v.status not in ("ok", "interrupted"):   # whose bug, on all that was gathered (the job's finding too)
         v = _attributed(v, command, launch, out, timeout_s=min(timeout_s or memcheck.TIMEOUT_S, memcheck.TIMEOUT_S),
@@ -359,6 +363,10 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
     say(f"{v.status}" + (f" ({v.cls})" if v.cls else "") + (f" in {v.in_flight_op['name']}" if v.in_flight_op
                                                             else "") + f"; verdict {out / 'verdict.json'}")
     return v
+
+
+STATS_HINT = ("rerun it as `gpulab watch --mode stats -- COMMAND`, which names the op that made the first one, its "
+              "line, pass and cause")
 
 
 def first_nonfinite(launch: Launch) -> dict | None:
@@ -511,6 +519,8 @@ def main(argv: Sequence[str] | None = None,
     step = classify.program_cause(v.cls, v.culprit, v.processes, v.owner) or owner.next_step(v.owner)
     if not step and v.first_nonfinite:
         step = v.first_nonfinite["next_step"]
+    if not step and v.printed_nonfinite:
+        step = f"find where the NaN/Inf the program printed starts: {STATS_HINT}"
     if step:
         print(f"next step: {step}")
     print(Path(v.log["dir"]) / v.log["verdict"])

@@ -1,0 +1,99 @@
+"""Which forward line carries an earlier step's graph: autograd's "backward through the graph a second time"
+error, read against the op log.
+
+Why: PyTorch's message suggests retain_graph=True, which is rarely the fix: the usual cause is a tensor computed
+in an earlier step (an RNN's hidden state, a running sum of losses, a cached embedding) that this step's loss
+still depends on, so backward walks into the graph the earlier backward() freed. The node it raised in is
+named in the op log; the forward op that builds such nodes, and the line it ran at, say which tensor that is.
+Pure: text and records in.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+from gpulab.hang.inplace import field, snake
+
+_SECOND_TIME = "Trying to backward through the graph a second time"
+_BACKWARD = "autograd::engine::evaluate_function: "
+
+
+def _node(name: str) -> str | None:
+    """'autograd::engine::evaluate_function: TanhBackward0' -> 'TanhBackward0'."""
+    if not name.startswith(_BACKWARD):
+        return None
+    node = name[len(_BACKWARD):].strip()
+    return node if re.fullmatch(r"\w+?Backward\d*", node) else None
+
+
+def find(message: str, records: Sequence[Any], raised: Mapping[str, Any] | None) -> dict | None:
+    """The backward node that met the freed graph, the forward line(s) whose op makes such nodes (with how often it
+    ran there, and whether it ran again since the backward() before), and which backward() call this was; None when
+    the message is not autograd's or the log does not show them."""
+    if _SECOND_TIME not in (message or "") or not raised:
+        return None
+    node = _node(str(field(raised, "name") or ""))
+    site = field(raised, "call_site")
+    if node is None or not site:
+        return None
+    upto = field(raised, "seq")
+    recs = [r for r in sorted(records, key=lambda r: field(r, "seq") or 0)
+            if upto is None or (field(r, "seq") or 0) <= upto]
+    op = snake(re.sub(r"Backward\d*$", "", node))
+    names = (f"aten.{op}.", f"aten._{op}.")
+    # forward line -> [runs in all, runs since the last backward(), the same as counted when this one began]
+    runs: dict[str, list[int]] = {}
+    calls, inside = 0, None           # backward() calls: runs of engine records, each from one line
+    for r in recs:
+        name = str(field(r, "name") or "")
+        at = field(r, "call_site")
+        if name.startswith(_BACKWARD):
+            if inside != at:
+                calls += 1
+                for n in runs.values():
+                    n[1:] = [0, n[1]]
+            inside = at
+        elif at != inside:
+            inside = None
+            if name.startswith(names) and at:
+                n = runs.setdefault(at, [0, 0, 0])
+                n[0] += 1
+                n[1] += 1
+    if not runs or calls < 2:
+        return None
+    made = sorted(((at, n[0], n[2]) for at, n in runs.items()), key=lambda x: -x[1])
+    older = [m for m in made if not m[2]]
+    if older and len(older) < len(made):   # a line that ran again since makes fresh nodes: the others are older
+        made, how = older, "shared"
+    else:
+        how = "carried" if len(made) == 1 and made[0][2] else "shared" if not made[0][2] else "either"
+    return {"node": node, "backward_at": site, "backward_call": calls, "made_at": made, "how": how}
+
+
+_HOW = {
+    "carried": "it ran again since the backward() before, so the node met is an older one: a tensor computed there "
+               "in an earlier step is part of this step's graph (a state carried across steps: an RNN's hidden "
+               "state, a running total of losses): detach it where the step begins (h = h.detach()), or add up "
+               "loss.item() instead of the loss",
+    "shared": "a tensor computed there before the backward() before is used again after that backward() freed its "
+              "graph (a batch two losses share, as a GAN's generated batch; a tensor computed once, before the "
+              "loop): detach it for the loss that must not reach it (D(fake.detach())), compute it again, or add "
+              "the losses and call backward() once",
+    "either": "a tensor computed there before an earlier backward() is part of this backward()'s graph: a state "
+              "carried across steps (detach it where the step begins) or a tensor two losses share (detach it for "
+              "one of them, or add the losses and call backward() once)",
+}
+
+
+def words(found: Mapping[str, Any]) -> str:
+    sites = found["made_at"]
+    where = (f"at {sites[0][0]} ({_times(sites[0][1])})" if len(sites) == 1 else
+             "at one of " + ", ".join(f"{s} ({_times(n)})" for s, n, _ in sites))
+    return (f"backward() at {found['backward_at']} (the run's backward() call {found['backward_call']}) reached "
+            f"{found['node']}, a node whose saved values an earlier backward() freed; its forward op ran {where}: "
+            f"{_HOW[found['how']]}; retain_graph=True would keep the earlier graph alive, growing memory and time "
+            f"step after step")
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
