@@ -12,17 +12,17 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from gpulab.hang.inplace import field, snake
+from gpulab.hang.inplace import BACKWARD, field, forward_ops
 
 _SECOND_TIME = "Trying to backward through the graph a second time"
-_BACKWARD = "autograd::engine::evaluate_function: "
 
 
 def _node(name: str) -> str | None:
     """'autograd::engine::evaluate_function: TanhBackward0' -> 'TanhBackward0'."""
-    if not name.startswith(_BACKWARD):
+    head, _, node = name.partition(": ")
+    if head != BACKWARD:
         return None
-    node = name[len(_BACKWARD):].strip()
+    node = node.strip()
     return node if re.fullmatch(r"\w+?Backward\d*", node) else None
 
 
@@ -39,15 +39,14 @@ def find(message: str, records: Sequence[Any], raised: Mapping[str, Any] | None)
     upto = field(raised, "seq")
     recs = [r for r in sorted(records, key=lambda r: field(r, "seq") or 0)
             if upto is None or (field(r, "seq") or 0) <= upto]
-    op = snake(re.sub(r"Backward\d*$", "", node))
-    names = (f"aten.{op}.", f"aten._{op}.")
+    names = forward_ops(node)
     # forward line -> [runs in all, runs since the last backward(), the same as counted when this one began]
     runs: dict[str, list[int]] = {}
     calls, inside = 0, None           # backward() calls: runs of engine records, each from one line
     for r in recs:
         name = str(field(r, "name") or "")
         at = field(r, "call_site")
-        if name.startswith(_BACKWARD):
+        if name.startswith(BACKWARD):
             if inside != at:
                 calls += 1
                 for n in runs.values():
@@ -63,10 +62,10 @@ def find(message: str, records: Sequence[Any], raised: Mapping[str, Any] | None)
         return None
     made = sorted(((at, n[0], n[2]) for at, n in runs.items()), key=lambda x: -x[1])
     older = [m for m in made if not m[2]]
-    if older and len(older) < len(made):   # a line that ran again since makes fresh nodes: the others are older
+    if older:   # a line that ran again since the backward() before makes fresh nodes: the met node is the others'
         made, how = older, "shared"
-    else:
-        how = "carried" if len(made) == 1 and made[0][2] else "shared" if not made[0][2] else "either"
+    else:       # every line ran again: the met node is an older one of one of them
+        how = "carried" if len(made) == 1 else "either"
     return {"node": node, "backward_at": site, "backward_call": calls, "made_at": made, "how": how}
 
 

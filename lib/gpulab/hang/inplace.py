@@ -13,12 +13,14 @@ from typing import Any, Mapping, Sequence
 _MODIFIED = re.compile(r"modified by an inplace operation: \[(?P<type>[\w.]+) \[(?P<shape>[\d, ]*)\]\], which is "
                        r"output (?P<out>\d+) of (?P<node>\w+?)(?:Backward\d*)?, is at version (?P<now>\d+); "
                        r"expected version (?P<then>\d+)")
-_BACKWARD = "autograd::engine::evaluate_function"
+BACKWARD = "autograd::engine::evaluate_function"   # the name of a backward node's record: "...: TanhBackward0"
 
 
-def snake(name: str) -> str:
-    """An autograd node's name as aten spells its op: NativeLayerNorm -> native_layer_norm."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+def forward_ops(node: str) -> tuple[str, str]:
+    """The name prefixes of the forward op that makes an autograd node: NativeLayerNormBackward0 ->
+    aten.native_layer_norm. and aten._native_layer_norm. (aten spells some ops with a leading underscore)."""
+    op = re.sub(r"(?<!^)(?=[A-Z])", "_", re.sub(r"Backward\d*$", "", node)).lower()
+    return f"aten.{op}.", f"aten._{op}."
 
 
 def field(rec: Any, key: str) -> Any:
@@ -46,9 +48,9 @@ def find(message: str, records: Sequence[Any]) -> dict | None:
     if not m:
         return None
     shape = [int(x) for x in m.group("shape").replace(" ", "").split(",") if x]
-    names = (f"aten.{snake(m.group('node'))}.", f"aten._{snake(m.group('node'))}.")
+    names = forward_ops(m.group("node"))
     recs = sorted(records, key=lambda r: field(r, "seq") or 0)
-    start = next((i for i, r in enumerate(recs) if str(field(r, "name") or "").startswith(_BACKWARD)), len(recs))
+    start = next((i for i, r in enumerate(recs) if str(field(r, "name") or "").startswith(BACKWARD)), len(recs))
     made = None
     for i in range(start - 1, -1, -1):
         if str(field(recs[i], "name") or "").startswith(names):

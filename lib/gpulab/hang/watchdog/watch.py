@@ -58,6 +58,9 @@ ON_STALL = ("stop", "keep")
 GRACE_S = 30.0           # the CLI's wait for a job that was passed a signal
 KEEP_ENDED = 8           # ended processes whose files stay in the job folder: the latest ones
 PRUNE_EVERY_S = 2.0      # ended processes pruned this often: DataLoader workers of short epochs pile up between prunes
+# what to do about a NaN the program printed outside stats mode, which reads no values
+STATS_HINT = ("rerun it as `gpulab watch --mode stats -- COMMAND`, which names the op that made the first one, its "
+              "line, pass and cause")
 
 
 # ------------------------------------------------------------------------------------ progress
@@ -363,10 +366,6 @@ def _finish(command: Sequence[str], launch: Launch, seen: evidence.Seen, child: 
     say(f"{v.status}" + (f" ({v.cls})" if v.cls else "") + (f" in {v.in_flight_op['name']}" if v.in_flight_op
                                                             else "") + f"; verdict {out / 'verdict.json'}")
     return v
-
-
-STATS_HINT = ("rerun it as `gpulab watch --mode stats -- COMMAND`, which names the op that made the first one, its "
-              "line, pass and cause")
 
 
 def first_nonfinite(launch: Launch) -> dict | None:
