@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.fixes import answers, registry
-from gpulab.hang import classify, freedgraph, inplace, memtrend, owner, verdict
+from gpulab.hang import classify, collate, freedgraph, inplace, memtrend, owner, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "fixtures" / "calls" / "train_errors.py"
@@ -188,6 +188,66 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
     if case in ("ckpt", "caught"):
         assert v["in_flight_op"] is None, v["in_flight_op"]   # no op ended the program
+
+
+COLLATE = ROOT / "tests" / "fixtures" / "calls" / "collate_sizes.py"
+
+
+@pytest.mark.parametrize("workers,where", [
+    # in the main process the Dataset's ops carry the loop's line (they run inside its fetch): the loop is named
+    (0, "calls/collate_sizes.py:{LOOP} in main"),
+    # in a worker they carry the Dataset's own line, read from that worker's op log
+    (2, "calls/collate_sizes.py:{TOKENS} in __getitem__"),
+])
+def test_samples_the_default_collate_cannot_stack_are_the_datasets_not_a_refused_call_at_the_loop(workers, where,
+                                                                                                  tmp_path):
+    """'stack expects each tensor to be equal size' raised in torch's collate.py: the Dataset's samples differ in
+    size. In a worker, PyTorch raises it again in the main process as 'Caught RuntimeError in DataLoader worker
+    process N': the worker's own op log names the op and the sizes (it was 'unknown')."""
+    lines = COLLATE.read_text().splitlines()
+    marks = {k: next(n for n, t in enumerate(lines, 1) if t.endswith(f"# {k}")) for k in ("LOOP", "TOKENS")}
+    out = tmp_path / "w"
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "python", str(COLLATE), str(workers)], capture_output=True, text=True, timeout=240,
+                       cwd=ROOT)
+    v = json.loads((out / "verdict.json").read_text())
+    assert r.returncode != 0 and v["class"] == "refused_call", (v["class"], v["evidence"])
+    assert v["in_flight_op"]["name"].startswith("aten.stack"), v["in_flight_op"]
+    assert v["collate"]["shapes"][:2] == [[10], [11]] and v["collate"]["samples"] == 8, v["collate"]
+    if workers:
+        assert v["culprit"] == v["in_flight_op"]["process"] == v["collate"]["worker"] == "DataLoader worker 1 of main"
+    assert v["owner"]["kind"] == "program" and v["owner"]["where"].startswith(where.format(**marks)), v["owner"]
+    assert "pad_sequence" in v["owner"]["why"] and "samples of different sizes" in v["owner"]["why"], v["owner"]
+    assert not v["suggested"], v["suggested"]
+
+
+def test_a_workers_own_exception_is_read_from_its_traceback_and_a_stdlib_site_is_no_programs():
+    worker_tb = ('Traceback (most recent call last):\n  File "/p/train.py", line 21, in main\n'
+                 '    for x in loader:\n'
+                 'RuntimeError: Caught RuntimeError in DataLoader worker process 3.\n'
+                 'Original Traceback (most recent call last):\n'
+                 '  File "/v/site-packages/torch/utils/data/_utils/collate.py", line 275, in collate_tensor_fn\n'
+                 '    return torch.stack(batch, 0, out=out)\n'
+                 'RuntimeError: stack expects each tensor to be equal size, but got [3] at entry 0 and [4] at entry 1\n')
+    got = classify.worker_raised(worker_tb)
+    assert got["worker"] == 3 and got["traceback"].startswith("Traceback") and "collate.py" in got["traceback"]
+    assert classify.call_class(_evidence(worker_tb))[0] == "refused_call"
+    # the program's own exception in a worker is no refusal: its line is the owner (traceback_frames)
+    own = worker_tb.replace("/v/site-packages/torch/utils/data/_utils/collate.py", "/p/data.py")
+    assert classify.call_class(_evidence(own)) is None
+    assert classify.worker_raised("DataLoader worker (pid 12) is killed by signal: Killed.") is None
+    assert not owner.program_site("multiprocessing/process.py:108 in run")
+    assert not owner.program_site("python3.11/runpy.py:88 in _run_code")
+    assert owner.program_site("train.py:13 in __getitem__") and owner.program_site("test/data.py:3 in load")
+    # a tail that begins inside a long traceback still has its frames
+    assert owner.traceback_frames('  File "/p/train.py", line 9, in main\n    f()\nValueError: x')[0][1] == "/p/train.py"
+    rec = {"seq": 9, "name": "aten.stack.default", "args": [{"value": "L8"}, {"shape": [3]}, {"shape": [4]}]}
+    found = collate.find(worker_tb, [{"seq": 8, "name": "aten.randint.low", "call_site": "train.py:13 in get"}], rec,
+                         mine=owner.program_site)
+    assert found == {"op": "aten.stack.default", "shapes": [[3], [4]], "samples": 8, "made_at": "train.py:13 in get",
+                     "worker": None}
+    assert "[3] x [4], the first 2 of 8" in collate.words(found)
+    assert collate.find(own, [], rec, mine=owner.program_site) is None   # not the default collate's
 
 
 TWO = ROOT / "tests" / "fixtures" / "calls" / "two_backwards.py"

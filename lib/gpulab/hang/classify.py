@@ -217,6 +217,23 @@ def worker_died(text: str) -> dict | None:
             "meaning": WORKER_SIGNALS.get(sig or "", "the worker process ended without sending its batch back")}
 
 
+_WORKER_RAISED = re.compile(r"Caught (?P<type>[\w.]+) in DataLoader worker process (?P<n>\d+)\.\s*\n"
+                            r"Original Traceback \(most recent call last\):\n(?P<tb>[\s\S]*)")
+
+
+def worker_raised(text: str) -> dict | None:
+    """A DataLoader worker's own exception, as the main process raises it again ("Caught X in DataLoader worker
+    process N. Original Traceback ..."): the worker's number and its traceback (the worker's frames, then the
+    exception). Not a dead worker: the worker said what went wrong, where."""
+    m = None
+    for m in _WORKER_RAISED.finditer(text or ""):
+        pass
+    if m is None:
+        return None
+    return {"worker": int(m.group("n")), "type": m.group("type"),
+            "traceback": "Traceback (most recent call last):\n" + m.group("tb")}
+
+
 def _torch_frame(path: str) -> bool:
     return re.search(r"[/\\]torch[/\\]", path) is not None and not re.search(r"[/\\]_(dynamo|inductor)[/\\]", path)
 
@@ -434,6 +451,15 @@ def call_class(ev: Evidence) -> tuple[str, list[str]] | None:
                                "last place is not in this run's evidence"]
     if ev.status != "error":
         return None
+    raised = worker_raised(ev.stderr_tail)
+    if raised is not None:   # the worker's own traceback is the one to judge; the main only passed it on
+        got = refused(raised["traceback"])
+        if not got or not raised_in_torch(raised["traceback"], None, None):
+            return None
+        return "refused_call", [f"DataLoader worker {raised['worker']} raised {got[0]}: {brief(got[1])} while it made a "
+                                f"batch (the main process raised it again where it asked for that batch)",
+                                f"PyTorch refused the call: {got[0]}: {brief(got[1])} (its own check of what it was "
+                                f"given, not a fault inside it)"]
     got = refused(ev.stderr_tail)
     if got and raised_in_torch(ev.stderr_tail, ev.localized, ev.in_flight_op):
         op = ev.in_flight_op if ev.localized == "raised" else None

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import sysconfig
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import lastwords
-from gpulab.hang import capture, classify, freedgraph, inplace, memcheck, memtrend
+from gpulab.hang import capture, classify, collate, freedgraph, inplace, memcheck, memtrend
 
 KINDS = ("program", "library", "platform", "unknown")
 # failures whose class says the program's input was rejected by the kernel that checked it
@@ -84,6 +86,7 @@ class Owner:
 _PACKAGES = re.compile(r"[/\\](site|dist)-packages[/\\](?P<pkg>[^/\\]+)")
 _STDLIB = re.compile(r"([/\\]lib[/\\]python\d[\d.]*[/\\])|(^<)")
 _GPULAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"]
 
 
 def origin(path: str) -> tuple[str, str]:
@@ -98,6 +101,18 @@ def origin(path: str) -> tuple[str, str]:
     if _STDLIB.search(path):
         return "stdlib", ""
     return "program", path
+
+
+def program_site(call_site: str) -> bool:
+    """Whether a recorded call site ("train.py:40 in step") is the program's own line. A site names its file by
+    the last two parts of its path, so the standard library's show as "multiprocessing/process.py" or
+    "python3.11/runpy.py": told apart by that first part."""
+    path = str(call_site).split(":", 1)[0]
+    head = re.split(r"[/\\]", path)[0] if not os.path.isabs(path) and re.search(r"[/\\]", path) else ""
+    if re.fullmatch(r"python\d[\d.]*", head) or (
+            head in sys.stdlib_module_names and os.path.isfile(os.path.join(_STDLIB_DIR, path))):
+        return False
+    return origin(path)[0] == "program"
 
 
 def short(path: str, line: Any = None, func: str | None = None) -> str:
@@ -161,14 +176,17 @@ def _frames(threads: Sequence[capture.Thread]) -> list[tuple[str, str, str]]:
 
 
 def traceback_frames(text: str) -> list[tuple[str, str, str]]:
-    """The last Python traceback in a program's stderr, innermost first: (func, file, line)."""
+    """The last Python traceback in a program's stderr, innermost first: (func, file, line). A tail that begins
+    inside a traceback (its header cut off, as a long one's is) counts from its first frame."""
     blocks, cur = [], []
     for line in (text or "").splitlines():
         if line.startswith("Traceback (most recent call last)"):
             cur = []
             blocks.append(cur)
         m = _TB.match(line)
-        if m and blocks:
+        if m and not blocks:
+            blocks.append(cur)
+        if m:
             cur.append((m.group("func").strip(), m.group("file"), m.group("line")))
     return list(reversed(blocks[-1])) if blocks else []
 
@@ -386,6 +404,12 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
         if cls == "refused_call" and freed and len(freed["made_at"]) == 1:
             return Owner("program", f"{freed['made_at'][0][0]} (making the {freed['node']} node backward met again)",
                          freedgraph.words(freed))
+        coll = v.get("collate")
+        if cls == "refused_call" and coll:
+            place, _ = _called_from({}, tb or py)
+            where = (f"{coll['made_at']} (the samples of a batch the DataLoader could not stack)" if coll.get("made_at")
+                     else f"{place or 'the DataLoader loop'} (a batch the DataLoader could not stack)")
+            return Owner("program", where, collate.words(coll))
         called = call_owner(cls, op, tb or py, stderr, v.get("memory_trend"))
         if called is not None:
             return called
@@ -492,7 +516,7 @@ def _called_from(op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]]) 
     mine = _first(frames, ("program",))
     lib = next((f for f in frames if _library_not_torch(f)), None)
     place = short(mine[1][1], mine[1][2], mine[1][0]) if mine else None
-    if place is None and op.get("call_site") and origin(str(op["call_site"]).split(":")[0])[0] == "program":
+    if place is None and op.get("call_site") and program_site(op["call_site"]):
         place = str(op["call_site"])
     via = None
     if lib and (not mine or frames.index(lib) < frames.index(mine[1])):

@@ -12,7 +12,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from gpulab.hang import capture, classify, freedgraph, inplace, memtrend, owner
+from gpulab.hang import capture, classify, collate, freedgraph, inplace, memtrend, owner
 from gpulab.trace import analysis
 from gpulab.trace.analysis import localize  # noqa: F401 - hang.verdict.localize, as before
 from gpulab.trace.liveness import STATUSES
@@ -83,6 +83,9 @@ class Verdict:
     # autograd's "backward through the graph a second time", read against the op log (gpulab.hang.freedgraph): the
     # node it met and the forward line(s) that make such nodes
     freed_graph: dict | None = None
+    # a batch the DataLoader's default collate could not stack (gpulab.hang.collate): the op, the samples' sizes,
+    # the program's line that made them, the worker it ran in
+    collate: dict | None = None
     # out of memory: whether the memory held climbed through the run before it ran out (gpulab.hang.memtrend)
     memory_trend: dict | None = None
 
@@ -384,12 +387,16 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     freed = freedgraph.find(obs.stderr_tail, records, op_dict(inflight)) if cls == "refused_call" else None
     if freed:
         facts.append(f"from the op log: {freedgraph.words(freed)}")
+    coll = collate.find(obs.stderr_tail, records, inflight, mine=owner.program_site) \
+        if cls == "refused_call" and localized == "raised" else None
+    if coll:
+        facts.append(f"from the op log: {collate.words(coll)}")
     mem = memtrend.trend(obs.memory) if cls == "out_of_memory" else None
     if mem:
         facts.append(f"from the recorder's memory samples: {memtrend.words(mem)}")
     who = None if status == "ok" else owner.decide(
         {"status": status, "class": cls, "signal": sig, "in_flight_op": op_dict(inflight), "localized": localized,
-         "modified_in_place": changed, "freed_graph": freed, "memory_trend": mem,
+         "modified_in_place": changed, "freed_graph": freed, "collate": coll, "memory_trend": mem,
          "pid": obs.pid,
          "stacks": {"python": py_threads, "native": native_threads, "gpu": obs.gpu_text},
          "stderr_tail": obs.stderr_tail, "open_ops": [op_dict(r) for r in open_recs]},
@@ -408,7 +415,7 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
         open_ops=tuple(op_dict(r) for r in open_recs), oplog_tail=oplog_tail,
         collapsed={"python": capture.collapse(py_threads), "native": capture.collapse(native_threads)},
         notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized, driver_call=api, owner=who,
-        modified_in_place=changed, freed_graph=freed, memory_trend=mem)
+        modified_in_place=changed, freed_graph=freed, collate=coll, memory_trend=mem)
 
 
 def _signal_name(rc: int | None) -> str | None:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpulab import lastwords, proc, trace
-from gpulab.hang import capture, classify, faults
+from gpulab.hang import capture, classify, collate, faults, owner
 from gpulab.hang.jobs import job, jobread
 from gpulab.hang.watchdog import stalls
 from gpulab.hang.watchdog.launch import Launch
-from gpulab.hang.verdict import Observation, Verdict, judge, oplog_line
+from gpulab.hang.verdict import Observation, Verdict, judge, op_dict, oplog_line
 from gpulab.report import write_json, write_text
 from gpulab.trace import follow
 from gpulab.trace.run import keep_recorded
@@ -87,8 +87,11 @@ def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stac
                            + tuple(e for e in v.evidence if e not in stale and e != "no rule matched the evidence")
                            + tuple(finding.evidence))
             return dataclasses.replace(v, **changes)
+        raised = classify.worker_raised(stderr or v.stderr_tail) if v.status == "error" else None
+        if raised is not None:
+            changes.update(worker_error(procs, root, views, raised))
         if not launcher or v.status != "hang":
-            changes["evidence"] = tuple(v.evidence) + tuple(finding.evidence)
+            changes["evidence"] = tuple(changes.get("evidence", ())) + tuple(v.evidence) + tuple(finding.evidence)
             return dataclasses.replace(v, **changes)
         # the process the watchdog started only waits for its ranks (torchrun's agent, mp.spawn's parent): what
         # it is in says nothing of the job, and is never its finding
@@ -106,6 +109,43 @@ def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stac
     if culprit is not None and culprit.open_op:
         changes["in_flight_op"] = {**culprit.open_op, "process": culprit.role}
     return dataclasses.replace(v, **changes)
+
+
+def worker_error(procs: Path, root: int, views: list, raised: Mapping[str, Any]) -> dict:
+    """A DataLoader worker's own exception (classify.worker_raised), read in that worker's op log: the op that
+    raised there becomes the in-flight op and the worker the culprit; a batch the default collate could not stack
+    is said as such (gpulab.hang.collate). Nothing when the worker or its log is not found."""
+    workers = [p for p in views if p.kind == "worker" and p.worker == raised["worker"]]
+    view = next((p for p in workers if p.ppid == root), workers[0] if len(workers) == 1 else None)
+    if view is None or not view.log:
+        return {}
+    try:
+        records = trace.read(procs / view.log).records
+    except Exception:  # noqa: BLE001 - a torn log: the main process's verdict stands
+        return {}
+    rec = _raised_for(records, raised["traceback"])
+    if rec is None:
+        return {}
+    got: dict = {"culprit": view.role, "localized": "raised", "in_flight_op": {**op_dict(rec), "process": view.role}}
+    found = collate.find(raised["traceback"], records, rec, mine=owner.program_site, worker=view.role)
+    if found:
+        got.update(collate=found, evidence=(f"from {view.role}'s op log: {collate.words(found)}",))
+    return got
+
+
+def _raised_for(records: Sequence[Any], traceback: str) -> Any:
+    """The op a worker's traceback ended in: of the ops its log shows raising (a worker goes on to its next batch
+    after one fails, and an op open when the job stops is marked too), the first one that the traceback's last
+    line of code calls, else the first one."""
+    raised = [r for r in records if getattr(r, "raised", False)]
+    code = [ln.strip() for ln in (traceback or "").splitlines()
+            if ln.strip() and not ln.lstrip().startswith(("File ", "Traceback", "^", "~"))]
+    last = code[-2] if len(code) >= 2 else ""   # the innermost frame's line; the last one is the exception
+    for r in raised:
+        base = str(r.name).split(".")[1] if str(r.name).count(".") >= 1 else str(r.name)
+        if base and f"{base}(" in last:
+            return r
+    return raised[0] if raised else None
 
 
 def read_log(launch: Launch) -> tuple[Any, list[str]]:
