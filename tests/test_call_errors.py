@@ -250,6 +250,25 @@ def test_a_workers_own_exception_is_read_from_its_traceback_and_a_stdlib_site_is
     assert collate.find(own, [], rec, mine=owner.program_site) is None   # not the default collate's
 
 
+@pytest.mark.parametrize("marked", [True, False])
+def test_the_op_a_worker_raised_in_is_the_one_its_last_line_calls_marked_raised_or_left_open(marked):
+    """A worker goes on to its next batch after one fails, and the job's stop leaves an op open: the op the
+    traceback's last line calls is chosen; where the recorder marks no raised op (torch 2.11's CUDA wheel), the
+    op that raised is one that never ended."""
+    from types import SimpleNamespace as R
+
+    from gpulab.hang.watchdog import evidence
+    tb = classify.worker_raised('Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most '
+                                'recent call last):\n  File "/v/torch/utils/data/_utils/collate.py", line 275, in f\n'
+                                '    return torch.stack(batch, 0, out=out)\nRuntimeError: stack expects\n')["traceback"]
+    recs = [R(seq=1, name="aten.randint.low", raised=False, t_end=1.0, kind="op"),
+            R(seq=2, name="aten.resize_.default", raised=False, t_end=2.0, kind="op"),
+            R(seq=3, name="aten.stack.out", raised=marked, t_end=3.0 if marked else None, kind="op"),
+            R(seq=4, name="aten.randint.low", raised=False, t_end=4.0, kind="op"),
+            R(seq=5, name="aten.resize_.default", raised=marked, t_end=None, kind="op")]   # open at the stop
+    assert evidence._raised_for(recs, tb).seq == 3
+
+
 TWO = ROOT / "tests" / "fixtures" / "calls" / "two_backwards.py"
 
 

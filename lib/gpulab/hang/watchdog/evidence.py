@@ -136,8 +136,10 @@ def worker_error(procs: Path, root: int, views: list, raised: Mapping[str, Any])
 def _raised_for(records: Sequence[Any], traceback: str) -> Any:
     """The op a worker's traceback ended in: of the ops its log shows raising (a worker goes on to its next batch
     after one fails, and an op open when the job stops is marked too), the first one that the traceback's last
-    line of code calls, else the first one."""
-    raised = [r for r in records if getattr(r, "raised", False)]
+    line of code calls, else the first one. Where the recorder does not mark raised ops (torch 2.11's CUDA
+    wheel), an op that raised never ended: the ops left open stand in."""
+    raised = [r for r in records if getattr(r, "raised", False)] or [
+        r for r in records if getattr(r, "t_end", None) is None and getattr(r, "kind", "op") == "op"]
     code = [ln.strip() for ln in (traceback or "").splitlines()
             if ln.strip() and not ln.lstrip().startswith(("File ", "Traceback", "^", "~"))]
     last = code[-2] if len(code) >= 2 else ""   # the innermost frame's line; the last one is the exception
