@@ -103,6 +103,12 @@ def test_a_dead_worker_is_the_hosts_limit_or_unknown_by_its_signal(signal, kind,
     stderr = f"RuntimeError: DataLoader worker (pid 565) is killed by signal: {signal}. "
     who = owner.decide({"status": "error", "class": "worker_died", "stderr_tail": stderr})
     assert who.kind == kind and words in who.why + who.program, who
+    # with the worker's own op log read (its last op, still open): the same owner, and where the worker was
+    last = {"name": "aten.normal_.default", "call_site": "data.py:40 in __getitem__",
+            "process": "DataLoader worker 0 of main"}
+    there = owner.decide({"status": "error", "class": "worker_died", "stderr_tail": stderr, "in_flight_op": last})
+    assert there.kind == kind and there.where.endswith("(its op log: last in aten.normal_.default at data.py:40 in "
+                                                       "__getitem__)"), there
 
 
 def _suggested(verdict):
@@ -188,6 +194,9 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
     if case in ("ckpt", "caught"):
         assert v["in_flight_op"] is None, v["in_flight_op"]   # no op ended the program
+    if case == "worker":   # the dead worker's own op log: the Dataset's line it last ran an op at
+        assert v["culprit"].startswith("DataLoader worker") and "__getitem__" in v["owner"]["where"], v["owner"]
+        assert classify.WORKER_PLACE_UNSEEN not in v["evidence"]
 
 
 COLLATE = ROOT / "tests" / "fixtures" / "calls" / "collate_sizes.py"

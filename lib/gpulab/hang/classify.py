@@ -217,6 +217,8 @@ def worker_died(text: str) -> dict | None:
             "meaning": WORKER_SIGNALS.get(sig or "", "the worker process ended without sending its batch back")}
 
 
+WORKER_PLACE_UNSEEN = ("the main process only learnt of it waiting for that worker's batch: the worker's own last "
+                       "place is not in this run's evidence")
 _WORKER_RAISED = re.compile(r"Caught (?P<type>[\w.]+) in DataLoader worker process (?P<n>\d+)\.\s*\n"
                             r"Original Traceback \(most recent call last\):\n(?P<tb>[\s\S]*)")
 
@@ -447,8 +449,7 @@ def call_class(ev: Evidence) -> tuple[str, list[str]] | None:
     if died:
         how = f"was killed by signal {died['signal']}" if died["signal"] else "exited unexpectedly"
         return "worker_died", [f"a DataLoader worker (pid {died['pids']}) {how}: {died['meaning']}",
-                               "the main process only learnt of it waiting for that worker's batch: the worker's own "
-                               "last place is not in this run's evidence"]
+                               WORKER_PLACE_UNSEEN]
     if ev.status != "error":
         return None
     raised = worker_raised(ev.stderr_tail)

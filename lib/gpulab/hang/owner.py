@@ -410,7 +410,7 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
             where = (f"{coll['made_at']} (the samples of a batch the DataLoader could not stack)" if coll.get("made_at")
                      else f"{place or 'the DataLoader loop'} (a batch the DataLoader could not stack)")
             return Owner("program", where, collate.words(coll))
-        called = call_owner(cls, op, tb or py, stderr, v.get("memory_trend"))
+        called = call_owner(cls, op, tb or py, stderr, v.get("memory_trend"), worker_at=_worker_place(v))
         if called is not None:
             return called
 
@@ -524,8 +524,18 @@ def _called_from(op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]]) 
     return place, via
 
 
+def _worker_place(v: Mapping[str, Any]) -> str | None:
+    """The op a dead DataLoader worker was in, or finished last, and its line, read from the worker's op log
+    (gpulab.hang.watchdog.evidence.worker_death); None when not known."""
+    for key, how in (("in_flight_op", "in"), ("last_completed_op", "after")):
+        op = v.get(key) or {}
+        if str(op.get("process") or "").startswith("DataLoader worker"):
+            return f"{how} {op.get('name')} at {op.get('call_site')}"
+    return None
+
+
 def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]], stderr: str,
-               trend: Mapping[str, Any] | None = None) -> Owner | None:
+               trend: Mapping[str, Any] | None = None, worker_at: str | None = None) -> Owner | None:
     """Whose an error at the program's own call is (classify.CALL_CLASSES): refused arguments and memory that ran
     out are the program's (the line that made the call); a DataLoader worker that died without a traceback is
     the platform's limits meeting the program's data loading (SIGKILL, SIGBUS), else unknown."""
@@ -534,16 +544,22 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
         died = classify.worker_died(stderr) or {}
         sig = died.get("signal")
         where = f"DataLoader worker (pid {died.get('pids')})"
+        last = f" (its op log: last {worker_at})" if worker_at else ""
         if sig == "Killed":
-            return Owner("platform", f"{where} killed by SIGKILL", died["meaning"],
+            return Owner("platform", f"{where} killed by SIGKILL{last}", died["meaning"],
                          program="fewer workers (num_workers), a smaller prefetch_factor, a dataset that reads each "
                                  "sample when asked instead of holding them all; DataLoader(num_workers=0) loads in the "
                                  "main process, where a run under gpulab records the line that dies")
         if sig == "Bus error":
-            return Owner("platform", f"{where} killed by SIGBUS: shared memory (/dev/shm) full", died["meaning"],
+            return Owner("platform", f"{where} killed by SIGBUS: shared memory (/dev/shm) full{last}", died["meaning"],
                          program="a larger /dev/shm (docker run --shm-size=8g), or "
                                  "torch.multiprocessing.set_sharing_strategy('file_system') before the DataLoader "
                                  "starts, or fewer workers or a smaller prefetch_factor")
+        if worker_at:
+            return Owner("unknown", where + last, f"{died.get('meaning') or 'the worker died'}; it left no traceback: "
+                         f"its op log shows it last {worker_at}, which says where it was, not what ended it; "
+                         "DataLoader(num_workers=0) runs the same loading in the main process, where a run under "
+                         "gpulab records where it dies")
         return Owner("unknown", where, f"{died.get('meaning') or 'the worker died'}; it left no traceback, so the "
                      "code it died in is not known: DataLoader(num_workers=0) runs the same loading in the main "
                      "process, where a run under gpulab records where it dies")

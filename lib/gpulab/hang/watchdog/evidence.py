@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -88,8 +89,13 @@ def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stac
                            + tuple(finding.evidence))
             return dataclasses.replace(v, **changes)
         raised = classify.worker_raised(stderr or v.stderr_tail) if v.status == "error" else None
+        died = classify.worker_died(stderr or v.stderr_tail) if v.status == "error" and raised is None else None
         if raised is not None:
             changes.update(worker_error(procs, root, views, raised))
+        elif died is not None:
+            changes.update(worker_death(procs, views, died))
+            if changes.get("evidence"):   # its place is in the evidence now
+                v = dataclasses.replace(v, evidence=tuple(e for e in v.evidence if e != classify.WORKER_PLACE_UNSEEN))
         if not launcher or v.status != "hang":
             changes["evidence"] = tuple(changes.get("evidence", ())) + tuple(v.evidence) + tuple(finding.evidence)
             return dataclasses.replace(v, **changes)
@@ -131,6 +137,29 @@ def worker_error(procs: Path, root: int, views: list, raised: Mapping[str, Any])
     if found:
         got.update(collate=found, evidence=(f"from {view.role}'s op log: {collate.words(found)}",))
     return got
+
+
+def worker_death(procs: Path, views: list, died: Mapping[str, Any]) -> dict:
+    """A DataLoader worker that died without a traceback (classify.worker_died), read in its own op log: the op
+    it was in (still open) or the last one it finished, with the program's line; nothing when its log is not
+    found. Its last op says where it was, not what killed it."""
+    pids = {int(p) for p in re.findall(r"\d+", str(died.get("pids") or ""))}
+    view = next((p for p in views if p.kind == "worker" and p.pid in pids and p.log), None)
+    if view is None:
+        return {}
+    try:
+        records = trace.read(procs / view.log).records
+    except Exception:  # noqa: BLE001 - a torn log: the main process's verdict stands
+        return {}
+    if not records:
+        return {}
+    last = max(records, key=lambda r: r.seq)
+    op = {**op_dict(last), "process": view.role}
+    still = last.t_end is None
+    said = (f"{view.role} (pid {view.pid}) left its op log at {last.name} ({last.call_site}), "
+            + ("still running when the worker died" if still else "finished: it died after that op, before its next"))
+    return {"culprit": view.role, "evidence": (said,),
+            **({"in_flight_op": op} if still else {"last_completed_op": op})}
 
 
 def _raised_for(records: Sequence[Any], traceback: str) -> Any:
