@@ -285,6 +285,9 @@ TWO = ROOT / "tests" / "fixtures" / "calls" / "two_backwards.py"
     # the state's line is the program's to change: its older node is what backward met
     ("carried", "calls/two_backwards.py:{STATE} in carried (making the TanhBackward0 node backward met again)",
      "a state carried across steps"),
+    # under torch.compile backward meets the compiled region's one node: the region's call is the line
+    ("compiled", "calls/two_backwards.py:{COMPILED_STATE} in compiled (making the CompiledFunctionBackward node "
+                 "backward met again)", "the torch.compile'd region that made it ran"),
     # the generator's batch, shared by two losses: its line is among the candidates, the owner stays at the call
     ("shared", "calls/two_backwards.py:{G_BACKWARD} in shared", "calls/two_backwards.py:{FAKE} in shared"),
 ])
@@ -294,6 +297,7 @@ def test_a_backward_through_a_freed_graph_names_the_forward_line_not_retain_grap
     or not (a tensor two losses share)."""
     lines = TWO.read_text().splitlines()
     marks = {"STATE": next(n for n, t in enumerate(lines, 1) if t.endswith("# STATE")),
+             "COMPILED_STATE": next(n for n, t in enumerate(lines, 1) if t.endswith("# COMPILED_STATE")),
              "FAKE": next(n for n, t in enumerate(lines, 1) if t.endswith("# FAKE")),
              "G_BACKWARD": next(n for n, t in enumerate(lines, 1) if t.strip() == "g_loss.backward()")}
     out = tmp_path / case

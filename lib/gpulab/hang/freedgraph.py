@@ -88,8 +88,10 @@ def words(found: Mapping[str, Any]) -> str:
     sites = found["made_at"]
     where = (f"at {sites[0][0]} ({_times(sites[0][1])})" if len(sites) == 1 else
              "at one of " + ", ".join(f"{s} ({_times(n)})" for s, n, _ in sites))
+    made = ("the torch.compile'd region that made it" if found["node"].startswith("CompiledFunctionBackward")
+            else "its forward op")
     return (f"backward() at {found['backward_at']} (the run's backward() call {found['backward_call']}) reached "
-            f"{found['node']}, a node whose saved values an earlier backward() freed; its forward op ran {where}: "
+            f"{found['node']}, a node whose saved values an earlier backward() freed; {made} ran {where}: "
             f"{_HOW[found['how']]}; retain_graph=True would keep the earlier graph alive, growing memory and time "
             f"step after step")
 

@@ -16,9 +16,16 @@ _MODIFIED = re.compile(r"modified by an inplace operation: \[(?P<type>[\w.]+) \[
 BACKWARD = "autograd::engine::evaluate_function"   # the name of a backward node's record: "...: TanhBackward0"
 
 
-def forward_ops(node: str) -> tuple[str, str]:
+# a torch.compile'd region's backward is one node for the whole region; its forward is the region's record
+_COMPILED_NODE, _COMPILED_REGION = "CompiledFunctionBackward", "Torch-Compiled Region"
+
+
+def forward_ops(node: str) -> tuple[str, ...]:
     """The name prefixes of the forward op that makes an autograd node: NativeLayerNormBackward0 ->
-    aten.native_layer_norm. and aten._native_layer_norm. (aten spells some ops with a leading underscore)."""
+    aten.native_layer_norm. and aten._native_layer_norm. (aten spells some ops with a leading underscore);
+    CompiledFunctionBackward -> the compiled region's record ("Torch-Compiled Region: 0/1")."""
+    if re.fullmatch(rf"{_COMPILED_NODE}\d*", node):
+        return (_COMPILED_REGION,)
     op = re.sub(r"(?<!^)(?=[A-Z])", "_", re.sub(r"Backward\d*$", "", node)).lower()
     return f"aten.{op}.", f"aten._{op}."
 
