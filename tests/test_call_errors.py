@@ -173,12 +173,16 @@ def _line(mark):
      "state_dict for Sequential: size mismatch for 0.weight"),
     # an op that raised inside the program's try/except is not the failure: the program's own KeyError is
     ("caught", "unknown", "program", "calls/train_errors.py:{CAUGHT} in main", "KeyError: 'large'"),
+    # raised at backward(), made where gradients were off: the call is named with what to look for before it
+    ("nograd", "refused_call", "program", "calls/train_errors.py:{BACKWARD} in main (backward() of a tensor with no "
+                                          "graph)", "computed with gradients off (inside torch.no_grad()"),
     ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
                                                                                "num_workers=0")),
 ])
 def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cls, kind, where, step, tmp_path):
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
-             "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT")}
+             "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT"),
+             "BACKWARD": _line("# BACKWARD")}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
     where = where.format(**marks)
@@ -200,6 +204,20 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
 
 
 COLLATE = ROOT / "tests" / "fixtures" / "calls" / "collate_sizes.py"
+
+
+def test_what_a_refusal_means_is_read_from_pytorchs_own_message():
+    from gpulab.hang import refusals
+    at, said = refusals.meaning("RuntimeError: element 0 of tensors does not require grad and does not have a "
+                                "grad_fn")
+    assert at.startswith("backward()") and "torch.no_grad()" in said
+    ddp = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. "
+           "This error indicates that your module has parameters that were not used in producing loss.\n"
+           "[rank1]: Parameter indices which did not receive grad for rank 1: 4 5\n")
+    assert "indices 4 5 of model.parameters() on rank 1" in refusals.meaning(ddp)[1]
+    named = ddp + "Parameters which did not receive grad for rank 1: aux.bias, aux.weight\n"
+    assert "aux.bias aux.weight on rank 1" in refusals.meaning(named)[1]
+    assert refusals.meaning("RuntimeError: mat1 and mat2 shapes cannot be multiplied") is None
 
 
 @pytest.mark.parametrize("workers,where", [

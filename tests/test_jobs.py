@@ -84,6 +84,18 @@ def test_torchrun_ranks_are_followed_and_the_launcher_is_named(tmp_path):
     assert {"rank", "launcher"} <= kinds
 
 
+def test_a_rank_that_dies_of_a_signal_is_the_jobs_crash_named_from_its_own_faulthandler(tmp_path):
+    """torchrun exits 1 and prints the rank's signal; the rank's own faulthandler file says where it died: the job
+    crashed there (it was 'error, unknown: no op was in flight and no stack names the code')."""
+    line = next(n for n, t in enumerate(Path(DIST).read_text().splitlines(), 1) if t.endswith("# SEGV"))
+    v = watched(tmp_path, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(_free_port()), DIST, "segv")
+    assert (v.status, v.signal, v.culprit) == ("crash", "SIGSEGV", "rank 1/2"), v.evidence
+    assert v.evidence[0].startswith("rank 1/2 died of SIGSEGV in string_at"), v.evidence
+    assert v.owner["kind"] == "program" and v.owner["where"] == f"fixtures/dist_job.py:{line} in rank_main", v.owner
+    assert "ctypes" in v.owner["why"], v.owner
+
+
 @pytest.mark.parametrize("start", ["fork", "spawn"])
 def test_a_dataloader_worker_blocked_in_getitem(tmp_path, start):
     script = FIX / "loader_selflock.py"

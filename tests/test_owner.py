@@ -96,6 +96,16 @@ CASES = [
        divergence={"op": "all_gather_into_tensor", "group": "default", "seq": 122},
        processes=[{"role": "rank 1/2", "frame": None, "open_op": "nccl:all_reduce at train.py:106 in main"}]), {},
      "program", ("train.py:106",)),
+    ("a segfault inside PyTorch's own Python, no op", v(python=(
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
+        f'  File "{SITE}/torch/nn/parallel/distributed.py", line 1473 in _ddp_init_helper\n'
+        f'  File "{SITE}/torch/nn/parallel/distributed.py", line 1079 in __init__\n'
+        '  File "/home/u/train.py", line 23 in main\n'), signal="SIGSEGV"), {}, "library",
+     ("PyTorch (parallel/distributed.py:1473 in _ddp_init_helper), called at u/train.py:23 in main",)),
+    ("a hang inside PyTorch's own Python is no crash: not called PyTorch's", v(status="hang", python=(
+        "Current thread 0x1 (most recent call first):\n"
+        f'  File "{SITE}/torch/utils/data/dataloader.py", line 1100 in _get_data\n'
+        '  File "/home/u/train.py", line 23 in main\n')), {}, "unknown", ()),
     ("nothing at all", v(status="crash"), {}, "unknown", ()),
 ]
 

@@ -410,6 +410,27 @@ _PEER_GONE = re.compile(r"Connection closed by peer|remote worker crashing|Conne
 _ROOT_RANK = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:.*\n){0,4}?\s*rank\s*:\s*(\d+)")
 
 
+_MESSAGE_LINES = 8
+_NOT_MESSAGE = re.compile(r"^(?:[WEIF]\d{4} |Traceback|\s*File \"|\[W|\[E|During handling|The above exception)")
+
+
+_FATAL = re.compile(r"^Fatal Python error: (?P<what>[^\n]+)", re.M)
+FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                 "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
+
+
+def fatal_signal(faulthandler_text: str) -> str | None:
+    """The signal a process died of, as its faulthandler file says ("Fatal Python error: Segmentation fault")."""
+    m = _FATAL.search(faulthandler_text or "")
+    return FATAL_SIGNALS.get(m.group("what").strip()) if m else None
+
+
+def root_rank(stderr: str) -> int | None:
+    """The rank torchrun names as the first observed failure, or None."""
+    m = _ROOT_RANK.search(stderr or "")
+    return int(m.group(1)) if m else None
+
+
 def rank_error(processes: Sequence[Mapping[str, Any]], stderr: str) -> tuple[str, str] | None:
     """(role, its traceback) of the rank whose own exception ended a job: torchrun's root cause where it names
     one, else the first rank whose exception is not a peer's death seen from the other side (gloo's 'Connection
@@ -429,6 +450,11 @@ def rank_error(processes: Sequence[Mapping[str, Any]], stderr: str) -> tuple[str
     for b in reversed(blocks[1:]):
         if head and head in b:
             end = b.find("\n", b.find(head))
+            if end >= 0:   # the message's own further lines (DDP names the parameters there), not what follows it
+                for ln in b[end + 1:].splitlines()[:_MESSAGE_LINES]:
+                    if not ln.strip() or _NOT_MESSAGE.match(ln):
+                        break
+                    end += len(ln) + 1
             return role, "Traceback (most recent call last):" + (b if end < 0 else b[:end])
     return role, said
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import lastwords
-from gpulab.hang import capture, classify, collate, freedgraph, inplace, memcheck, memtrend
+from gpulab.hang import capture, classify, collate, freedgraph, inplace, memcheck, memtrend, refusals
 
 KINDS = ("program", "library", "platform", "unknown")
 # failures whose class says the program's input was rejected by the kernel that checked it
@@ -479,6 +479,14 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
                             f"join, an Event it would have set)" if died else ""))
         if who == "library" and pkg != "PyTorch":
             return Owner("library", f"{pkg} ({place})", f"the failure happened in the package {pkg} at {place}")
+        if who == "library" and v.get("status") == "crash" and not name:
+            # a process that dies of a signal inside PyTorch's own code, outside any op: no argument check
+            # fired, so it is PyTorch's to fix, whatever the program passed
+            mine = _first(py or tb, ("program",))
+            at = f", called at {short(mine[1][1], mine[1][2], mine[1][0])}" if mine else ""
+            return Owner("library", f"PyTorch ({place}){at}",
+                         f"{_what(v)} inside PyTorch's own {fr[0]} ({place}), with no op in flight: a crash there "
+                         f"is PyTorch's to fix, however it was called")
 
     # 7. an op of PyTorch's own, on inputs it accepted
     if name and ns in TORCH_NAMESPACES:
@@ -576,6 +584,9 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
             torch_fn = next((f[0] for f in frames if origin(f[1]) == ("library", "PyTorch")), None)
             what = name or (f"PyTorch's {torch_fn}" if torch_fn and torch_fn not in _GENERIC else "PyTorch")
         said = f"{got[0]}: {classify.brief(got[1], 300)}"
+        known = refusals.meaning(stderr)
+        if known and place and not via:
+            return Owner("program", f"{place} ({known[0]})", f"{what} refused the call ({said}): {known[1]}")
         if via and place:
             return Owner("program", place, f"{what} refused the call that {via} made on the program's behalf "
                          f"({said}): check what the program passes to it there")

@@ -71,6 +71,22 @@ def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stac
     who = next((p.role for p in views if p.pid == root), "the process the watchdog started")
     kept = ("the watchdog", "exit code", "planted")
     launcher = any(p.pid == root and p.supervises for p in views)   # where a launcher waits is no finding
+    crashed = rank_crash(procs, views, stderr or v.stderr_tail) if v.status == "error" else None
+    if crashed is not None:
+        role, sig, text = crashed
+        frame = next((t for t in capture.parse_python(text) if t.main), None)
+        where = f" in {frame.frames[0]}" if frame is not None and frame.frames else ""
+        said = f"{role} died of {sig}{where} (its faulthandler: {classify.brief(text.splitlines()[0], 80)})"
+    if crashed is not None and finding.cls == "collective_mismatch":
+        # ranks that called one collective with other shapes or ops: a backend may die of it (gloo aborts); the
+        # mismatch is the cause, the death its consequence
+        v = dataclasses.replace(v, evidence=tuple(v.evidence) + (f"{said}, inside the mismatched collective",))
+    elif crashed is not None:   # a rank died of a signal: the job crashed there, whatever the launcher's exit
+        changes.update(status="crash", signal=sig, culprit=role,
+                       stacks={**v.stacks, "python": text},
+                       evidence=(said,) + tuple(e for e in v.evidence if e != "no rule matched the evidence")
+                       + tuple(finding.evidence))
+        return dataclasses.replace(v, **changes)
     if finding.cls is None:
         first = classify.rank_error(rows, stderr or v.stderr_tail) if v.status == "error" else None
         if first is not None:
@@ -137,6 +153,25 @@ def worker_error(procs: Path, root: int, views: list, raised: Mapping[str, Any])
     if found:
         got.update(collate=found, evidence=(f"from {view.role}'s op log: {collate.words(found)}",))
     return got
+
+
+def rank_crash(procs: Path, views: list, stderr: str) -> tuple[str, str, str] | None:
+    """(role, signal, its faulthandler text) of the job's process that died of a signal, as its own faulthandler
+    file says: the rank torchrun names as the first observed failure where it names one, else the first rank,
+    else any process of the job; None when none did."""
+    dead = []
+    for p in views:
+        f = procs / f"{p.pid}.faulthandler.txt"
+        text = f.read_text(errors="replace") if f.is_file() else ""
+        sig = classify.fatal_signal(text)
+        if sig:
+            dead.append((p, sig, text))
+    if not dead:
+        return None
+    root = classify.root_rank(stderr)
+    first = (next((d for d in dead if d[0].rank == root), None) if root is not None else None) \
+        or next((d for d in dead if d[0].kind == "rank"), dead[0])
+    return first[0].role, first[1], first[2]
 
 
 def worker_death(procs: Path, views: list, died: Mapping[str, Any]) -> dict:

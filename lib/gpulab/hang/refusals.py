@@ -1,0 +1,50 @@
+"""What two of PyTorch's refusals mean for the program, where the line they raise at is not the line to change.
+
+Why: "element 0 of tensors does not require grad" is raised at `loss.backward()`, but the loss lost its graph
+where it was computed (under torch.no_grad(), from a .detach()ed or .item()-made value, with every parameter
+frozen); DDP's "Expected to have finished reduction in the prior iteration" is raised in the forward of the step
+after the one whose loss left parameters out. Each meaning is read from PyTorch's own message and says what to
+look for, never a line the evidence does not show. Pure: text in, words out.
+"""
+from __future__ import annotations
+
+import re
+
+_NO_GRAPH = re.compile(r"element \d+ of tensors does not require grad and does not have a grad_fn")
+_DDP_UNUSED = re.compile(r"Expected to have finished reduction in the prior iteration before starting a new one")
+_DDP_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (?P<rank>\d+):\s*(?P<idx>[\d ]+)")
+_DDP_NAMES = re.compile(r"Parameters which did not receive grad for rank (?P<rank>\d+):\s*(?P<names>[^\n]+)")
+_MAX_LISTED = 8
+
+
+def meaning(text: str) -> tuple[str, str] | None:
+    """(what the line it was raised at is, the program-side meaning) of the refusal in `text` (a traceback's
+    tail), or None for any other message."""
+    if _NO_GRAPH.search(text or ""):
+        return ("backward() of a tensor with no graph",
+                "the tensor backward() was called on has no autograd graph: it was computed with gradients off "
+                "(inside torch.no_grad() or torch.inference_mode(), an evaluation helper reused for training), from "
+                "values cut from the graph (.detach(), .item(), .numpy(), torch.tensor(x) of a tensor), or with every "
+                "parameter it depends on frozen (requires_grad=False): the line to change is where that tensor and "
+                "its inputs were computed, before this call")
+    if _DDP_UNUSED.search(text or ""):
+        names = _DDP_NAMES.search(text)
+        idx = _DDP_INDICES.search(text)
+        if names:
+            which = f"{_listed(names.group('names').replace(',', ' ').split())} on rank {names.group('rank')}"
+        elif idx:
+            which = (f"indices {_listed(idx.group('idx').split())} of model.parameters() on rank {idx.group('rank')} "
+                     f"(TORCH_DISTRIBUTED_DEBUG=DETAIL names them)")
+        else:
+            which = "some parameters (TORCH_DISTRIBUTED_DEBUG=DETAIL names them)"
+        return ("DDP's forward, a step after the one that left parameters out",
+                f"DistributedDataParallel waited for gradients the step before never produced: {which} took no part "
+                f"in that step's loss (a branch or head that did not run, a loss term left out, a frozen layer "
+                f"still wrapped): make every wrapped parameter reach the loss, leave it out of the module DDP wraps, "
+                f"or pass find_unused_parameters=True to DDP (a walk of the graph every step)")
+    return None
+
+
+def _listed(items: list[str]) -> str:
+    shown = " ".join(items[:_MAX_LISTED])
+    return shown + (f" (and {len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else "")
