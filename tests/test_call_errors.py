@@ -347,6 +347,31 @@ def test_the_freed_graph_reader_tells_a_carried_state_from_a_shared_tensor():
     assert got["how"] == "shared" and [m[0] for m in got["made_at"]] == ["g.py:3 in f"], got
     assert freedgraph.find("RuntimeError: other", carried, carried[-1]) is None
     assert freedgraph.find(msg, carried[:2], carried[1]) is None   # one backward() call: nothing to say
+    # a compiled region's node runs its backward graph's ops inside it, at generated code's call site (torch 2.11's
+    # CUDA wheel): still one backward() call
+    region = "Torch-Compiled Region: 0/1"
+    compiled = [rec(1, region, "t.py:5 in f"), rec(2, bwd + "CompiledFunctionBackward", "t.py:7 in f"),
+                {**rec(3, "aten.mm.default", "generated.py:9 in call"), "depth": 1},
+                rec(4, bwd + "torch::autograd::AccumulateGrad", "t.py:7 in f"),
+                rec(5, region, "t.py:5 in f"), rec(6, bwd + "CompiledFunctionBackward", "t.py:7 in f"),
+                {**rec(7, "aten.mm.default", "generated.py:9 in call"), "depth": 1},
+                rec(8, bwd + "CompiledFunctionBackward", "t.py:7 in f")]
+    got = freedgraph.find(msg, compiled, compiled[-1])
+    assert got["backward_call"] == 2 and got["made_at"] == [("t.py:5 in f", 2, 1)] and got["how"] == "carried", got
+    # a cold compile: AOTAutograd traces the joint graph through the engine at the forward's line, before its region
+    traced = [rec(-3, bwd + "TanhBackward0", "t.py:5 in f"), {**rec(-2, "aten.mm.default", ""), "depth": 1},
+              rec(-1, bwd + "AddmmBackward0", "t.py:5 in f")]
+    got = freedgraph.find(msg, traced + compiled, compiled[-1])
+    assert got["backward_call"] == 2 and got["made_at"] == [("t.py:5 in f", 2, 1)], got
+
+
+def test_the_stack_that_raised_in_a_worker_is_told_by_its_unequal_samples_where_no_op_is_marked():
+    shape = lambda *s: [{"shape": list(x)} for x in s]   # noqa: E731
+    recs = [{"seq": 1, "name": "aten.stack.out", "args": [{"value": "L2"}, *shape([8], [8])]},
+            {"seq": 2, "name": "aten.stack.out", "args": [{"value": "L2"}, *shape([9], [10])]},
+            {"seq": 3, "name": "aten.stack.out", "args": [{"value": "L2"}, *shape([11], [9])]}]
+    assert collate.unequal_stack(recs)["seq"] == 2
+    assert collate.unequal_stack(recs[:1]) is None
 
 
 def _samples(values, gpu=True):

@@ -29,7 +29,7 @@ def find(traceback: str, records: Sequence[Any], raised: Mapping[str, Any] | Any
     when the log does not show one); None when the traceback does not pass through the default collate or the
     op is not one that joins samples. `mine(call_site)`: whether a call site is the program's; `worker`: the
     DataLoader worker's role where it ran in one."""
-    if not _COLLATE.search(traceback or "") or raised is None:
+    if not passes_through(traceback) or raised is None:
         return None
     name = str(field(raised, "name") or "")
     if not name.startswith(_JOIN_OPS):
@@ -49,6 +49,22 @@ def find(traceback: str, records: Sequence[Any], raised: Mapping[str, Any] | Any
                  if field(r, "call_site") and field(r, "call_site") != loop and mine(str(field(r, "call_site")))),
                 None)
     return {"op": name, "shapes": shapes, "samples": max(count, len(shapes)), "made_at": made, "worker": worker}
+
+
+def unequal_stack(records: Sequence[Any]) -> Any:
+    """The first torch.stack of samples of different sizes in a log: the op that raised "stack expects each tensor
+    to be equal size" where the recorder marks no raised op (torch 2.11's CUDA wheel) and the process went on."""
+    for r in records:
+        if str(field(r, "name") or "").startswith("aten.stack"):
+            shapes = [tuple(a["shape"]) for a in field(r, "args") or () if isinstance(a, Mapping) and "shape" in a]
+            if len(set(shapes)) > 1:
+                return r
+    return None
+
+
+def passes_through(traceback: str) -> bool:
+    """Whether a traceback runs through the DataLoader's default collate."""
+    return bool(_COLLATE.search(traceback or ""))
 
 
 def words(found: Mapping[str, Any]) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from gpulab.hang.inplace import BACKWARD, field, forward_ops
 
 _SECOND_TIME = "Trying to backward through the graph a second time"
+_REGION = "Torch-Compiled Region"
 
 
 def _node(name: str) -> str | None:
@@ -43,9 +44,12 @@ def find(message: str, records: Sequence[Any], raised: Mapping[str, Any] | None)
     # forward line -> [runs in all, runs since the last backward(), the same as counted when this one began]
     runs: dict[str, list[int]] = {}
     calls, inside = 0, None           # backward() calls: runs of engine records, each from one line
-    for r in recs:
+    traced = _compile_traces(recs)
+    for i, r in enumerate(recs):
         name = str(field(r, "name") or "")
         at = field(r, "call_site")
+        if i in traced:
+            continue
         if name.startswith(BACKWARD):
             if inside != at:
                 calls += 1
@@ -53,8 +57,11 @@ def find(message: str, records: Sequence[Any], raised: Mapping[str, Any] | None)
                     n[1:] = [0, n[1]]
             inside = at
         elif at != inside:
-            inside = None
-            if name.startswith(names) and at:
+            # a top-level op at another line ends the backward() call; the ops a node runs inside it (a compiled
+            # backward's, whose call site may name generated code) do not, and are no forward op
+            if not field(r, "depth"):
+                inside = None
+            if inside is None and name.startswith(names) and at:
                 n = runs.setdefault(at, [0, 0, 0])
                 n[0] += 1
                 n[1] += 1
@@ -67,6 +74,29 @@ def find(message: str, records: Sequence[Any], raised: Mapping[str, Any] | None)
     else:       # every line ran again: the met node is an older one of one of them
         how = "carried" if len(made) == 1 else "either"
     return {"node": node, "backward_at": site, "backward_call": calls, "made_at": made, "how": how}
+
+
+def _compile_traces(recs: Sequence[Any]) -> set[int]:
+    """The indices of engine records that torch.compile made while compiling (AOTAutograd traces the joint graph
+    through autograd's engine, at the line that calls the compiled code, before the region runs): a run of them
+    is followed by that line's region record before any other engine record. They are no backward() call (a
+    backward() on the very line that calls the compiled code looks the same, and is not counted either)."""
+    marks = [(i, str(field(r, "name") or "").startswith(BACKWARD), field(r, "call_site")) for i, r in enumerate(recs)
+             if str(field(r, "name") or "").startswith((BACKWARD, _REGION))]
+    out: set[int] = set()
+    k = 0
+    while k < len(marks):
+        if not marks[k][1]:
+            k += 1
+            continue
+        line, end = marks[k][2], k
+        while end + 1 < len(marks) and marks[end + 1][1] and marks[end + 1][2] == line:
+            end += 1
+        after = marks[end + 1] if end + 1 < len(marks) else None
+        if after is not None and not after[1] and after[2] == line:
+            out.update(m[0] for m in marks[k:end + 1])
+        k = end + 1
+    return out
 
 
 _HOW = {

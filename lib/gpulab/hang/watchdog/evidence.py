@@ -146,6 +146,8 @@ def worker_error(procs: Path, root: int, views: list, raised: Mapping[str, Any])
     except Exception:  # noqa: BLE001 - a torn log: the main process's verdict stands
         return {}
     rec = _raised_for(records, raised["traceback"])
+    if rec is None and collate.passes_through(raised["traceback"]):
+        rec = collate.unequal_stack(records)
     if rec is None:
         return {}
     got: dict = {"culprit": view.role, "localized": "raised", "in_flight_op": {**op_dict(rec), "process": view.role}}
