@@ -227,11 +227,10 @@ def worker_raised(text: str) -> dict | None:
     """A DataLoader worker's own exception, as the main process raises it again ("Caught X in DataLoader worker
     process N. Original Traceback ..."): the worker's number and its traceback (the worker's frames, then the
     exception). Not a dead worker: the worker said what went wrong, where."""
-    m = None
-    for m in _WORKER_RAISED.finditer(text or ""):
-        pass
-    if m is None:
+    found = list(_WORKER_RAISED.finditer(text or ""))
+    if not found:
         return None
+    m = found[-1]
     return {"worker": int(m.group("n")), "type": m.group("type"),
             "traceback": "Traceback (most recent call last):\n" + m.group("tb")}
 

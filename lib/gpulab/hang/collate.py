@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-from gpulab.hang.inplace import field
+from gpulab.hang.inplace import field, shapes_of
 
 _COLLATE = re.compile(r'File "[^"]*[/\\]torch[/\\]utils[/\\]data[/\\]_utils[/\\]collate\.py"')
 _JOIN_OPS = ("aten.stack", "aten.cat", "aten._stack", "aten._cat")
@@ -34,7 +34,7 @@ def find(traceback: str, records: Sequence[Any], raised: Mapping[str, Any] | Any
     name = str(field(raised, "name") or "")
     if not name.startswith(_JOIN_OPS):
         return None
-    shapes = [list(a["shape"]) for a in field(raised, "args") or () if isinstance(a, Mapping) and "shape" in a]
+    shapes = shapes_of(raised)
     if not shapes:   # an op dict (the verdict's in-flight op) holds them apart
         shapes = [list(s) for s in field(raised, "shapes") or ()]
     # the recorder keeps a list's first tensors and its length ("L8"): how many samples the batch had
@@ -55,10 +55,8 @@ def unequal_stack(records: Sequence[Any]) -> Any:
     """The first torch.stack of samples of different sizes in a log: the op that raised "stack expects each tensor
     to be equal size" where the recorder marks no raised op (torch 2.11's CUDA wheel) and the process went on."""
     for r in records:
-        if str(field(r, "name") or "").startswith("aten.stack"):
-            shapes = [tuple(a["shape"]) for a in field(r, "args") or () if isinstance(a, Mapping) and "shape" in a]
-            if len(set(shapes)) > 1:
-                return r
+        if str(field(r, "name") or "").startswith("aten.stack") and len({tuple(x) for x in shapes_of(r)}) > 1:
+            return r
     return None
 
 

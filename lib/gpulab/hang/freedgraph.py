@@ -12,10 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from gpulab.hang.inplace import BACKWARD, field, forward_ops
+from gpulab.hang.inplace import BACKWARD, COMPILED_REGION, field, forward_ops
 
 _SECOND_TIME = "Trying to backward through the graph a second time"
-_REGION = "Torch-Compiled Region"
 
 
 def _node(name: str) -> str | None:
@@ -82,7 +81,7 @@ def _compile_traces(recs: Sequence[Any]) -> set[int]:
     is followed by that line's region record before any other engine record. They are no backward() call (a
     backward() on the very line that calls the compiled code looks the same, and is not counted either)."""
     marks = [(i, str(field(r, "name") or "").startswith(BACKWARD), field(r, "call_site")) for i, r in enumerate(recs)
-             if str(field(r, "name") or "").startswith((BACKWARD, _REGION))]
+             if str(field(r, "name") or "").startswith((BACKWARD, COMPILED_REGION))]
     out: set[int] = set()
     k = 0
     while k < len(marks):

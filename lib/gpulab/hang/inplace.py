@@ -17,7 +17,7 @@ BACKWARD = "autograd::engine::evaluate_function"   # the name of a backward node
 
 
 # a torch.compile'd region's backward is one node for the whole region; its forward is the region's record
-_COMPILED_NODE, _COMPILED_REGION = "CompiledFunctionBackward", "Torch-Compiled Region"
+_COMPILED_NODE, COMPILED_REGION = "CompiledFunctionBackward", "Torch-Compiled Region"
 
 
 def forward_ops(node: str) -> tuple[str, ...]:
@@ -25,7 +25,7 @@ def forward_ops(node: str) -> tuple[str, ...]:
     aten.native_layer_norm. and aten._native_layer_norm. (aten spells some ops with a leading underscore);
     CompiledFunctionBackward -> the compiled region's record ("Torch-Compiled Region: 0/1")."""
     if re.fullmatch(rf"{_COMPILED_NODE}\d*", node):
-        return (_COMPILED_REGION,)
+        return (COMPILED_REGION,)
     op = re.sub(r"(?<!^)(?=[A-Z])", "_", re.sub(r"Backward\d*$", "", node)).lower()
     return f"aten.{op}.", f"aten._{op}."
 
@@ -35,11 +35,13 @@ def field(rec: Any, key: str) -> Any:
     return rec.get(key) if isinstance(rec, Mapping) else getattr(rec, key, None)
 
 
+def shapes_of(rec: Any) -> list[list[int]]:
+    """The shapes of a record's tensor arguments, in order."""
+    return [list(a["shape"]) for a in field(rec, "args") or () if isinstance(a, Mapping) and "shape" in a]
+
+
 def _first_shape(rec: Any) -> list[int] | None:
-    for a in field(rec, "args") or ():
-        if isinstance(a, Mapping) and "shape" in a:
-            return list(a["shape"])
-    return None
+    return next(iter(shapes_of(rec)), None)
 
 
 def _inplace(name: str) -> bool:

@@ -126,9 +126,11 @@ def _base(op: str | None) -> str:
 
 
 def made(rec: Mapping[str, Any]) -> str:
+    from gpulab.trace import nancause
+
     out = rec.get("output") or {}
-    return ("NaN" if out.get("nan") else "+Inf" if out.get("posinf") else "-Inf" if out.get("neginf") and rec.get("backward")
-            else "NaN/Inf")
+    # a -Inf alone flags an op only in backward (gpulab.trace.opstats): in forward it is a mask's value
+    return nancause.made_word(out.get("nan"), out.get("posinf"), out.get("neginf") and rec.get("backward"))
 
 
 def where(rec: Mapping[str, Any]) -> str:

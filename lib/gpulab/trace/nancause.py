@@ -218,6 +218,11 @@ def _products_overflow(base: str, ins: Sequence[TensorFacts | None], top: float 
     return ma is not None and mb is not None and ma * mb * max(inner, 1) > top
 
 
+def made_word(nan: Any, posinf: Any, neginf: Any) -> str:
+    """The non-finite value an op made, in the verdict's word (NaN first: it is what the others turn into)."""
+    return "NaN" if nan else "+Inf" if posinf else "-Inf" if neginf else "NaN/Inf"
+
+
 def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dtype_max: float | None = None,
           first: bool = False, compiled: bool = False) -> Cause:
     """Why `op` (a name as PyTorch prints it: `aten.div.Tensor`) made NaN/+Inf in `output`, given its inputs'
@@ -229,7 +234,7 @@ def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dt
     base = base_name(op)
     ins = list(inputs)
     given = [(i, f) for i, f in enumerate(ins) if f is not None]
-    made = "NaN" if output.nan else "+Inf" if output.posinf else "-Inf" if output.neginf else "NaN/Inf"
+    made = made_word(output.nan, output.posinf, output.neginf)
     top = _dmax(output.dtype, dtype_max)
     came = ("no op the recorder saw made it: it was made inside a torch.compile'd graph (compiled code ran before "
             "it, and the recorder does not see inside it) or it came in with the data" if first and compiled else

@@ -139,12 +139,7 @@ def worker_error(procs: Path, root: int, views: list, raised: Mapping[str, Any])
     is said as such (gpulab.hang.collate). Nothing when the worker or its log is not found."""
     workers = [p for p in views if p.kind == "worker" and p.worker == raised["worker"]]
     view = next((p for p in workers if p.ppid == root), workers[0] if len(workers) == 1 else None)
-    if view is None or not view.log:
-        return {}
-    try:
-        records = trace.read(procs / view.log).records
-    except Exception:  # noqa: BLE001 - a torn log: the main process's verdict stands
-        return {}
+    records = _records_of(procs, view)
     rec = _raised_for(records, raised["traceback"])
     if rec is None and collate.passes_through(raised["traceback"]):
         rec = collate.unequal_stack(records)
@@ -163,7 +158,7 @@ def rank_crash(procs: Path, views: list, stderr: str) -> tuple[str, str, str] | 
     else any process of the job; None when none did."""
     dead = []
     for p in views:
-        f = procs / f"{p.pid}.faulthandler.txt"
+        f = follow.files(procs, p.pid)["faulthandler"]
         text = f.read_text(errors="replace") if f.is_file() else ""
         sig = classify.fatal_signal(text)
         if sig:
@@ -181,13 +176,8 @@ def worker_death(procs: Path, views: list, died: Mapping[str, Any]) -> dict:
     it was in (still open) or the last one it finished, with the program's line; nothing when its log is not
     found. Its last op says where it was, not what killed it."""
     pids = {int(p) for p in re.findall(r"\d+", str(died.get("pids") or ""))}
-    view = next((p for p in views if p.kind == "worker" and p.pid in pids and p.log), None)
-    if view is None:
-        return {}
-    try:
-        records = trace.read(procs / view.log).records
-    except Exception:  # noqa: BLE001 - a torn log: the main process's verdict stands
-        return {}
+    view = next((p for p in views if p.kind == "worker" and p.pid in pids), None)
+    records = _records_of(procs, view)
     if not records:
         return {}
     last = max(records, key=lambda r: r.seq)
@@ -199,11 +189,23 @@ def worker_death(procs: Path, views: list, died: Mapping[str, Any]) -> dict:
             **({"in_flight_op": op} if still else {"last_completed_op": op})}
 
 
+def _records_of(procs: Path, view: Any) -> Sequence[Any]:
+    """One process's op records, read from the job folder at the verdict (empty: no view, no log, or a torn one,
+    and the main process's verdict stands)."""
+    if view is None or not view.log:
+        return ()
+    try:
+        return trace.read(procs / view.log).records
+    except Exception:  # noqa: BLE001 - a torn log
+        return ()
+
+
 def _raised_for(records: Sequence[Any], traceback: str) -> Any:
     """The op a worker's traceback ended in: of the ops its log shows raising (a worker goes on to its next batch
     after one fails, and an op open when the job stops is marked too), the first one that the traceback's last
-    line of code calls, else the first one. Where the recorder does not mark raised ops (torch 2.11's CUDA
-    wheel), an op that raised never ended: the ops left open stand in."""
+    line of code calls, else the first one. Where the recorder marks no raised op (torch 2.11's CUDA wheel), the
+    ops left open stand in; on the H200 the failed stack was not among them, and worker_error then reads the
+    collate's stack of unequal samples (collate.unequal_stack)."""
     raised = [r for r in records if getattr(r, "raised", False)] or [
         r for r in records if getattr(r, "t_end", None) is None and getattr(r, "kind", "op") == "op"]
     code = [ln.strip() for ln in (traceback or "").splitlines()
