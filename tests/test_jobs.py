@@ -95,6 +95,10 @@ def test_a_rank_that_dies_of_a_signal_is_the_jobs_crash_named_from_its_own_fault
     assert v.evidence[0].startswith("rank 1/2 died of SIGSEGV in string_at"), v.evidence
     assert v.owner["kind"] == "program" and v.owner["where"] == f"fixtures/dist_job.py:{line} in rank_main", v.owner
     assert "ctypes" in v.owner["why"], v.owner
+    # every view of the job says how the rank ended: the headline too, not "ended without a word"
+    assert roles(v)["rank 1/2"]["state"] == "died of SIGSEGV"
+    from gpulab.hang import verdict
+    assert "rank 1/2: died of SIGSEGV" in verdict.headline(v), verdict.headline(v)
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import psutil
 
 from gpulab import trace
-from gpulab.hang import capture
+from gpulab.hang import capture, classify
 from gpulab.hang.jobs.jobcalls import _family, collectives_of, shapes_text
 from gpulab.hang.jobs.jobfacts import ProcessView
 from gpulab.hang.jobs.jobframes import (_FRAME, _LINE, _callers, _known_paths, _line, _line_ops, _origin, _site_of_frame,
@@ -134,12 +134,26 @@ def _rank_held_elsewhere(meta: Mapping[str, Any], metas: Mapping[int, Mapping[st
     return None
 
 
-def state_of(pid: int, meta: Mapping[str, Any]) -> str:
+def state_of(pid: int, meta: Mapping[str, Any], folder: Path | None = None) -> str:
+    """running, exited, exited after an uncaught exception, died of a signal (as its faulthandler file in the job
+    folder says), or ended without a word (killed by a signal Python cannot catch)."""
     if live(pid):
         return "running"
     if meta.get("exception"):
         return f"exited after an uncaught {meta['exception']}"
-    return "exited" if meta.get("ended") else "ended (killed or exited without a word)"
+    if meta.get("ended"):
+        return "exited"
+    sig = classify.fatal_signal(fatal_text(folder, pid)) if folder is not None else None
+    return f"{DIED_OF}{sig}" if sig else "ended (killed or exited without a word)"
+
+
+DIED_OF = "died of "
+
+
+def fatal_text(folder: Path, pid: int) -> str:
+    """A process's faulthandler file ('' when it has none)."""
+    f = follow.files(folder, pid)["faulthandler"]
+    return f.read_text(errors="replace") if f.is_file() else ""
 
 
 # ------------------------------------------------------------------------------------ what it was doing
@@ -244,7 +258,7 @@ def views(folder: str | os.PathLike, pythons: Mapping[int, str], last_progress: 
             state, progress = row.get("state") or "unknown", row.get("last_progress_s")
         else:
             t = (last_progress or {}).get(pid)
-            state, progress = state_of(pid, meta), round(now - t, 2) if t is not None else None
+            state, progress = state_of(pid, meta, folder), round(now - t, 2) if t is not None else None
         # a DataLoader worker issues no collective: what it answers (flight recorder, calls) is its rank's state
         # copied when it was forked, and as a member it would be named as the one that never called the next
         calls = () if kind == "worker" else collectives_of(records, lf.answer, groups)

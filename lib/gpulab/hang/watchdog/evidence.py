@@ -154,21 +154,15 @@ def worker_error(procs: Path, root: int, views: list, raised: Mapping[str, Any])
 
 def rank_crash(procs: Path, views: list, stderr: str) -> tuple[str, str, str] | None:
     """(role, signal, its faulthandler text) of the job's process that died of a signal, as its own faulthandler
-    file says: the rank torchrun names as the first observed failure where it names one, else the first rank,
+    file says (its view's state): the rank torchrun names as the first observed failure where it names one, else the first rank,
     else any process of the job; None when none did."""
-    dead = []
-    for p in views:
-        f = follow.files(procs, p.pid)["faulthandler"]
-        text = f.read_text(errors="replace") if f.is_file() else ""
-        sig = classify.fatal_signal(text)
-        if sig:
-            dead.append((p, sig, text))
+    dead = [p for p in views if str(p.state).startswith(jobread.DIED_OF)]   # jobread.state_of read their files
     if not dead:
         return None
     root = classify.root_rank(stderr)
-    first = (next((d for d in dead if d[0].rank == root), None) if root is not None else None) \
-        or next((d for d in dead if d[0].kind == "rank"), dead[0])
-    return first[0].role, first[1], first[2]
+    first = (next((p for p in dead if p.rank == root), None) if root is not None else None) \
+        or next((p for p in dead if p.kind == "rank"), dead[0])
+    return first.role, first.state[len(jobread.DIED_OF):], jobread.fatal_text(procs, first.pid)
 
 
 def worker_death(procs: Path, views: list, died: Mapping[str, Any]) -> dict:
