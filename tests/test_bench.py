@@ -263,6 +263,31 @@ def test_sampling_stops_once_the_median_is_pinned():
     assert stats.median_precise(m.samples_ms, ci_rel=0.25) and not stats.is_stable(m.samples_ms, 0.05, 0.05)
 
 
+
+@pytest.mark.parametrize("a, b, delta, clear", [
+    (_RNG.normal(50.0, 5.0, 200), _RNG.normal(100.0, 10.0, 200), 0.01, True),    # half the time: faster
+    (_RNG.normal(200.0, 20.0, 200), _RNG.normal(100.0, 10.0, 200), 0.01, True),  # twice: slower
+    (_RNG.normal(100.0, 10.0, 200), _RNG.normal(100.0, 10.0, 200), 0.01, False),  # the same: a tie waits
+    (_RNG.normal(98.0, 10.0, 200), _RNG.normal(100.0, 10.0, 200), 0.01, False),   # 2% apart, 10% spread: unsure
+    (_RNG.normal(50.0, 5.0, 200), _RNG.normal(100.0, 10.0, 200), 0.6, False),     # inside a 60% tie zone
+    ([1.0, 1.0], [2.0, 2.0], 0.01, False),                                         # too few to bound a median
+])
+def test_a_comparison_is_apart_only_beyond_doubt(a, b, delta, clear):
+    assert stats.apart(a, b, delta) is clear
+
+
+def test_a_comparison_stops_sampling_once_its_verdict_is_clear_and_a_tie_samples_on():
+    """Half the work against the whole stops long before its cap, with the verdict the cap gives; a kernel
+    against itself does not stop on that rule (it may still stop once both medians are pinned)."""
+    fast, slow = matmul_loop(4), matmul_loop(8)
+    c = bench.compare(fast, slow, device="cpu", max_time_s=20.0, min_time_s=0.1, iqr_rel=0.0, std_rel=0.0,
+                      ci_rel=0.0)
+    assert c.candidate.stopped == "decided" and c.verdict == "faster" and c.candidate.timed_s < 10.0, c.summary()
+    same = bench.compare(fast, fast, device="cpu", max_time_s=0.5, min_time_s=0.1, iqr_rel=0.0, std_rel=0.0,
+                         ci_rel=0.0)
+    assert same.candidate.stopped in ("max_time", "max_samples") and same.verdict == "tie", same.summary()
+
+
 # ---------------------------------------------------------------------------------------- flops
 
 

@@ -410,7 +410,7 @@ def refuses_mask(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 def test_benchmark_child_end_to_end_on_cpu(tmp_path, monkeypatch):
     (tmp_path / "maskkernels.py").write_text(MASK_KERNELS)
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{Path(bench.__file__).resolve().parents[1]}")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{Path(bench.__file__).resolve().parents[2]}")   # lib: gpulab may not be installed
     needs, refuses = "maskkernels:needs_mask", "maskkernels:refuses_mask"
     gate = {n: {"passed": True, "reason": "", "worst_ratio": 1.0, "cases": 4}
             for n in ("sdpa_math", "sdpa_flash", needs, refuses)}
@@ -479,7 +479,7 @@ def test_benchmark_child_that_hangs_is_killed_and_keeps_what_it_measured(tmp_pat
                 time.sleep(3600)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
     '''))
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{Path(bench.__file__).resolve().parents[1]}")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{Path(bench.__file__).resolve().parents[2]}")   # lib: gpulab may not be installed
     spec = _spec(candidates=["math", "hangs_later:attention"], seq_lens=[], max_time_s=0.2)
     run = bench.run(spec, tmp_path, timeout_s=15)
     assert run.status == "hang", run.detail

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from gpulab import device as _device
-from gpulab.stats import (check_delta, decide, flag_throttled, hedges_g, is_stable, mann_whitney_p,
+from gpulab.stats import (apart, check_delta, decide, flag_throttled, hedges_g, is_stable, mann_whitney_p,
                                 median_ci, median_precise, ratio_ci)
 
 TIMERS = ("auto", "cuda_event", "perf_counter")
@@ -81,7 +81,7 @@ class Measurement:
     n: int
     throttled: tuple[bool, ...]
     clocks_mhz: tuple[float, ...]  # SM clock per sample (NVML), empty when unavailable
-    stopped: str                   # stable | max_time | max_samples
+    stopped: str                   # stable | decided (a comparison's verdict is clear) | max_time | max_samples
     timer: str                     # cuda_event | cuda_graph | perf_counter
     device: str
     warmup_calls: int
@@ -200,8 +200,10 @@ class _Series:
 class _Sampler:
     """Times one sample of each fn in turn (ABAB when there are two), in batches between syncs."""
 
-    def __init__(self, fns: Sequence[Callable[[], Any]], cfg: BenchConfig, device: str):
+    def __init__(self, fns: Sequence[Callable[[], Any]], cfg: BenchConfig, device: str,
+                 decided: Callable[[list[float], list[float]], bool] | None = None):
         self.fns = list(fns)
+        self.decided = decided   # two series: a rule that ends sampling once the comparison's verdict is clear
         self.cfg = cfg
         self.device = device
         self.cuda = device.startswith("cuda")
@@ -273,6 +275,7 @@ class _Sampler:
         per_round = max((time.perf_counter() - t0) / calls, 1e-7)
         t_sampling = time.perf_counter()
         stopped = "max_time"
+        look = cfg.min_samples   # the decided rule is asked after each doubling of the samples, not every batch
         while True:
             n = len(series[0].samples)
             now = time.perf_counter()
@@ -287,6 +290,11 @@ class _Sampler:
                             or median_precise(s.samples, cfg.ci_rel, cfg.confidence) for s in series)):
                 stopped = "stable"
                 break
+            if (self.decided is not None and n >= look and now - t_sampling >= cfg.min_time_s):
+                look = 2 * n
+                if self.decided(series[0].samples, series[1].samples):
+                    stopped = "decided"
+                    break
             # a batch fills ~1/10 of the minimum time, never runs past the deadline or max_samples: near the
             # deadline it takes half of what is left, so calls that slow down (a loaded host) cannot carry a
             # batch sized on the faster ones past it; batches shrink to one call, the one that may end past it
@@ -405,7 +413,8 @@ def compare(candidate: Callable[[], Any], baseline: Callable[[], Any], *,
     """Interleave candidate and baseline (ABAB, cancelling drift) and decide from the ratio's bootstrap CI."""
     cfg = _config(config, overrides)
     check_delta(delta)
-    sampler = _Sampler([candidate, baseline], cfg, _guess_device(device))
+    sampler = _Sampler([candidate, baseline], cfg, _guess_device(device),
+                       decided=lambda a, b: apart(a, b, delta))
     series, stopped, sampling_s, t_begin, timed_s = sampler.run()
     mc = _summarize(names[0], series[0], cfg, sampler, stopped, sampling_s, t_begin, timed_s)
     mb = _summarize(names[1], series[1], cfg, sampler, stopped, sampling_s, t_begin, timed_s)
