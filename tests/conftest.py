@@ -34,15 +34,17 @@ def _has_gpu() -> bool:
 
 # The files that take longest (test time on a 2-core CPU machine, Inductor cache cold as on CI), handed out
 # first: with `--dist loadfile` a worker takes whole files in collection order, so a long file collected last keeps one
-# worker busy after the others have finished. Order only; nothing is skipped. Wall seconds per file, from a full run.
-LONGEST_FIRST = ("test_jobs", "test_numerics_runs", "test_from_capture", "test_liveness", "test_watch_nan", "test_fixes",
-                 "test_oracle", "test_ladder_bisect", "test_fsdp_job", "test_chain", "test_runner", "test_user_project",
-                 "test_fix_selection", "test_script_attention", "test_interrupts", "test_compiled", "test_watch_long",
-                 "test_numerics_notebook", "test_faults_watch", "test_watch_memory", "test_instrument_notebook",
-                 "test_trace", "test_lazydynamo", "test_nan_cause_recorded", "test_evidence_first", "test_firstrun",
-                 "test_html", "test_recorder_modes", "test_products", "test_nan_cause_chain", "test_owner",
-                 "test_chain_failing", "test_imports", "test_champion", "test_env", "test_bad_input", "test_run_folder",
-                 "test_stackdump", "test_bench", "test_chain_crash")
+# worker busy after the others have finished. Order only; nothing is skipped. Wall seconds per file, from a full run
+# (every file over 15 s; a file not named goes after them).
+LONGEST_FIRST = ("test_numerics_runs", "test_jobs", "test_from_capture", "test_call_errors", "test_watch_nan",
+                 "test_nan_cause_recorded", "test_fixes", "test_liveness", "test_oracle", "test_ladder_bisect",
+                 "test_runner", "test_fsdp_job", "test_watch_long", "test_faults_watch", "test_fix_selection",
+                 "test_user_project", "test_chain", "test_instrument_notebook", "test_script_attention",
+                 "test_interrupts", "test_lazydynamo", "test_trace", "test_recorder_modes", "test_compiled",
+                 "test_numerics_notebook", "test_watch_memory", "test_evidence_first", "test_bad_input",
+                 "test_nan_eager_rerun", "test_chain_failing", "test_owner", "test_nan_cause_chain", "test_imports",
+                 "test_firstrun", "test_html", "test_champion", "test_env", "test_environment", "test_chain_crash", "test_lockcycle",
+                 "test_numerics", "test_products", "test_run_folder", "test_workloads")
 
 
 def pytest_collection_modifyitems(config, items):

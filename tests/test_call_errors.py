@@ -203,6 +203,47 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
         assert classify.WORKER_PLACE_UNSEEN not in v["evidence"]
 
 
+def test_a_tensor_whose_sender_ended_before_it_was_received_is_named_at_the_programs_get(tmp_path):
+    """torch.multiprocessing sends a tensor as a handle its sender serves: the parent joins the child, then get()s,
+    and multiprocessing raises ConnectionRefusedError under PyTorch's rebuild_storage_fd. The program's get() is
+    the line (its order of get and join), not 'unknown: no stack names the code'."""
+    program = ROOT / "tests" / "fixtures" / "calls" / "queue_join.py"
+    out = tmp_path / "w"
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "python", str(program), "tensor"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    v = json.loads((out / "verdict.json").read_text())
+    get = next(n for n, t in enumerate(program.read_text().splitlines(), 1) if t.rstrip().endswith("# GET"))
+    assert r.returncode != 0 and v["status"] == "error", v["evidence"]
+    assert v["owner"]["kind"] == "program", v["owner"]
+    assert v["owner"]["where"].startswith(f"calls/queue_join.py:{get} in "), v["owner"]
+    assert "get() from the queue before join()ing" in v["owner"]["why"] and "rebuild_storage_fd" in v["owner"]["why"]
+
+
+@pytest.mark.parametrize("tail,found", [
+    ("  File \"/t/torch/multiprocessing/reductions.py\", line 538, in rebuild_storage_fd\n    fd = df.detach()\n"
+     "ConnectionRefusedError: [Errno 111] Connection refused", "a file descriptor the sender serves"),
+    ("  File \"/t/torch/multiprocessing/reductions.py\", line 520, in rebuild_storage_filename\n"
+     "FileNotFoundError: [Errno 2] No such file or directory: '/torch_123_456'", "a shared-memory file"),
+    ("  File \"/t/torch/multiprocessing/reductions.py\", line 538, in rebuild_storage_fd\n"
+     "RuntimeError: unable to mmap 1024 bytes", None),             # another failure of the same rebuild
+    ("  File \"/t/net.py\", line 3, in fetch\nConnectionRefusedError: [Errno 111] Connection refused", None),
+])
+def test_a_shared_tensors_gone_sender_is_read_from_the_rebuild_and_the_error(tail, found):
+    from gpulab.hang import sharing
+    got = sharing.meaning("Traceback (most recent call last):\n" + tail)
+    assert (got is None) if found is None else (found in got[1] and "get() from the queue" in got[1])
+
+
+def test_an_error_raised_in_pytorchs_python_with_no_op_is_placed_there_and_its_owner_unknown():
+    tb = ("Traceback (most recent call last):\n  File \"/w/train.py\", line 9, in main\n    load(x)\n"
+          "  File \"/v/site-packages/torch/serialization.py\", line 800, in load\n    raise OSError('bad')\n"
+          "OSError: bad")
+    o = owner.decide({"status": "error", "class": "unknown", "stderr_tail": tb, "in_flight_op": None})
+    assert o.kind == "unknown" and o.where == "PyTorch (torch/serialization.py:800 in load), called at w/train.py:9 in "\
+        "main", o
+    assert "not in the evidence" in o.why
+
+
 COLLATE = ROOT / "tests" / "fixtures" / "calls" / "collate_sizes.py"
 
 

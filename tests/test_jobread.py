@@ -58,6 +58,11 @@ def test_roles(meta, metas, role, kind):
     ("subprocess.py:2004 in _try_wait", ("_try_wait (/py/subprocess.py:2004)", "_wait (/py/subprocess.py:2046)"), None,
      "children"),
     ("train.py:40 in step: `loss = model(x)`", ("step (train.py:40)",), None, None),
+    # a child that has returned from its target and, exiting, joins its Queue's feeder thread
+    ("threading.py:1139 in _wait_for_tstate_lock: `if lock.acquire(block, timeout):`",
+     ("_wait_for_tstate_lock (/py/threading.py:1139)", "join (/py/threading.py:1119)",
+      "_finalize_join (/py/multiprocessing/queues.py:199)", "__call__ (/py/multiprocessing/util.py:224)"), None,
+     "queue_flush"),
 ])
 def test_waits(frame, frames, open_op, wait):
     assert jobread.wait_of(frame, frames, open_op) == wait

@@ -125,9 +125,23 @@ def test_a_worker_that_inherited_a_held_lock_at_fork_is_fixed_by_spawn(tmp_path)
 
 def test_a_python_subprocess_that_hangs(tmp_path):
     v = watched(tmp_path, sys.executable, DIST, "child")
-    assert (v.status, v.cls) == ("hang", "worker_stuck")
+    assert (v.status, v.cls) == ("hang", "child_stuck")   # no DataLoader here: none of its fixes is offered
+    assert not any("dataloader" in s["fix"] for s in v.suggested), v.suggested
     assert v.culprit.startswith("pid ") and re.search(r"python[\d.]* -c", v.culprit), v.culprit
     assert roles(v)[next(r for r in roles(v) if r.startswith("main"))]["wait"] == "children"
+
+
+def test_children_joined_before_their_queue_is_read_are_named_at_the_join(tmp_path):
+    """Each child waits, as it exits, until the numpy arrays it put on a multiprocessing Queue are read; the parent
+    waits in join(): the join is the line to change, not the child's frame in threading.py, and no DataLoader fix
+    is offered to a program without one."""
+    program = FIX / "calls" / "queue_join.py"
+    v = watched(tmp_path, sys.executable, str(program), "array")
+    join = next(n for n, t in enumerate(program.read_text().splitlines(), 1) if t.rstrip().endswith("# JOIN"))
+    assert (v.status, v.cls) == ("hang", "child_stuck"), (v.cls, v.evidence)
+    assert roles(v)[v.culprit]["wait"] == "queue_flush", roles(v)[v.culprit]
+    assert v.owner["kind"] == "program" and f"queue_join.py:{join} in main" in v.owner["where"].split(" (")[0], v.owner
+    assert "get() everything from the queue before join()" in v.owner["why"] and not v.suggested, v.suggested
 
 
 def test_a_job_that_passes_is_ok_and_keeps_small_logs(tmp_path):

@@ -3,7 +3,8 @@
 Classes (DESIGN.md): gemm, softmax, layout, sync, library_load, host_lock, collective, unknown; memory faults
 read from what the driver or the runtime said (illegal_address, misaligned_address, out_of_bounds,
 device_assert, launch_failure, gpu_page_fault); errors at the program's own call (refused_call, out_of_memory,
-worker_died: CALL_CLASSES); a job of several processes adds collective_mismatch, rank_stuck, worker_stuck
+worker_died: CALL_CLASSES); a job of several processes adds collective_mismatch, rank_stuck, worker_stuck (a
+DataLoader worker), child_stuck (any other child process its parent waits for)
 (gpulab.hang.jobs.job judges those).
 The rules go from the most specific observation to the least: frames that only appear in one situation
 (NCCL waits, the dynamic loader running a constructor, a host thread parked on a mutex) beat the op's name,
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import lastwords
+from gpulab.hang import lockcycle
 from gpulab.hang.capture import Thread, parse_native, parse_python
 from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vocabulary
 from gpulab.trace.vocab import (describe_op, layout_problems, noncontiguous_args, op_kind,  # the op vocabulary:
@@ -48,9 +50,10 @@ FAULT_CLASSES = tuple(c for c, _ in MEMORY_FAULTS)
 # shapes, dtypes, devices, autograd's use), memory ran out, a DataLoader worker died. Read from the exception the
 # program ended with, before the op's name: an error raised in aten.addmm is no GEMM fault.
 CALL_CLASSES = ("refused_call", "out_of_memory", "worker_died")
-CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "collective", "unknown") + FAULT_CLASSES \
+CLASSES = ("gemm", "softmax", "layout", "sync", "library_load", "host_lock", "lock_cycle", "collective",
+           "unknown") + FAULT_CLASSES \
     + CALL_CLASSES
-JOB_CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck", "uneven_inputs",
+JOB_CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck", "child_stuck", "uneven_inputs",
                "skipped_collective")   # gpulab.hang.jobs.job.CLASSES: across processes
 ALL_CLASSES = CLASSES + JOB_CLASSES
 # Failures whose cause is the program's own code when no fix removed them: the next step (04's and the index's)
@@ -73,6 +76,12 @@ IN_THE_PROGRAM = {
                             "shapes; TORCH_DISTRIBUTED_DEBUG=DETAIL turns such a mismatch into an error that names it"),
     "worker_stuck": ("the DataLoader worker blocks in the dataset's own code (03 names the frame): fix it there; "
                      "num_workers=0 runs that code in the main process, where a debugger or py-spy reaches it"),
+    "lock_cycle": ("the program's threads wait for each other's locks (03 names each thread, the lock it waits for "
+                   "and where the other took it): take the locks in one order everywhere, or hold one at a time"),
+    "child_stuck": ("the program waits for a child process (join(), wait(), communicate()) that does not end (03 "
+                    "names where the child is and where it is waited for): a child that put data on a "
+                    "multiprocessing Queue ends only once that data is read, so read the queue before join(); "
+                    "otherwise the child's own frame says what it waits for"),
 }
 _BUSY = ("a rank runs the program's own code outside any op or collective (03 names its line) while the others "
          "wait in the collective for it: look there (a loop that does not end, a wait for something that never "
@@ -283,6 +292,7 @@ class Evidence:
     open_ops: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     localized: str | None = None     # "raised": the in-flight op is the one whose exception ended the program
+    lock_cycle: Mapping[str, Any] | None = None   # threads waiting for each other's locks (gpulab.hang.lockcycle)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Evidence":
@@ -296,7 +306,7 @@ class Evidence:
                    python=parse_python(python) if isinstance(python, str) else tuple(python),
                    gpu_text=stacks.get("gpu") or "", signal=d.get("signal"), exit_code=d.get("exit_code"),
                    stderr_tail=d.get("stderr_tail") or "", open_ops=tuple(d.get("open_ops") or ()),
-                   localized=d.get("localized"))
+                   localized=d.get("localized"), lock_cycle=d.get("lock_cycle"))
 
 
 @dataclass(frozen=True)
@@ -544,6 +554,11 @@ def classify(ev: Evidence) -> Classification:
     if call:
         facts.extend(call[1])
         return Classification(call[0], tuple(facts))
+
+    # 0c. the program's threads wait for each other's locks (read from their Python stacks and the sources)
+    if ev.lock_cycle and ev.status in ("hang", "timeout"):
+        facts.append(lockcycle.words(ev.lock_cycle))
+        return Classification("lock_cycle", tuple(facts))
 
     # 1. collectives: the op or NCCL/gloo frames
     coll = _hits(all_native, _COLLECTIVE_FRAMES)

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import lastwords
-from gpulab.hang import capture, classify, collate, freedgraph, inplace, memcheck, memtrend, refusals
+from gpulab.hang import (capture, classify, collate, freedgraph, inplace, lockcycle, memcheck, memtrend, refusals,
+                         sharing)
 
 KINDS = ("program", "library", "platform", "unknown")
 # failures whose class says the program's input was rejected by the kernel that checked it
@@ -354,6 +355,12 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
                       "uneven_inputs": "a rank left the training loop the others are still in (uneven inputs)",
                       "skipped_collective": "a rank skipped a collective the others call"}.get(
                          cls, "the DataLoader worker blocks in the dataset's own code"))
+    if cls == "child_stuck":
+        return _child_owner(v)
+    cycle = v.get("lock_cycle")
+    if cls == "lock_cycle" and cycle:
+        first = next((t for t in cycle["threads"] if t["thread"] == "the main thread"), cycle["threads"][0])
+        return Owner("program", f"{first['at']} (waiting for {first['waits_for']})", lockcycle.words(cycle))
     if cls == "rank_stuck":
         row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), None)
         if row and row.get("own_code") and not row.get("open_op") and row.get("wait") not in ("cuda_sync",
@@ -479,6 +486,19 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
                             f"join, an Event it would have set)" if died else ""))
         if who == "library" and pkg != "PyTorch":
             return Owner("library", f"{pkg} ({place})", f"the failure happened in the package {pkg} at {place}")
+        if who == "library" and v.get("status") == "error" and not name:
+            # an exception raised in PyTorch's own Python with no op in flight (no argument check that classify
+            # reads as a refusal): whose it is follows from what it means, or stays unknown, named where it was
+            mine = _first(py or tb, ("program",))
+            at = short(mine[1][1], mine[1][2], mine[1][0]) if mine else None
+            known = sharing.meaning(stderr)
+            if known and at:
+                return Owner("program", f"{at} ({known[0]})", f"{_what(v)} raised in PyTorch's {fr[0]} ({place}): "
+                             f"{known[1]}")
+            return Owner("unknown", f"PyTorch ({place})" + (f", called at {at}" if at else ""),
+                         f"{_what(v)} raised inside PyTorch's own {fr[0]} ({place}) with no op in flight"
+                         + (f", from the program's call at {at}" if at else "") + ": whether that call or PyTorch "
+                         "is at fault is not in the evidence; the exception's message says what it expected")
         if who == "library" and v.get("status") == "crash" and not name:
             # a process that dies of a signal inside PyTorch's own code, outside any op: no argument check
             # fired, so it is PyTorch's to fix, whatever the program passed
@@ -501,6 +521,26 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
         return Owner("unknown", _op_where(op), f"{name} is no PyTorch op and where its namespace {ns} is registered "
                      "was not found in the program's sources nor on the stacks")
     return Owner("unknown", "", "no op was in flight and no stack names the code that failed")
+
+
+def _child_owner(v: Mapping[str, Any]) -> Owner:
+    """A child process its parent waits for: the parent's join is the line to change when the child only waits to
+    hand over what it put on a Queue; else the child's own frame, the program's when it runs the program's code."""
+    rows = v.get("processes") or ()
+    child = next((p for p in rows if p.get("role") == v.get("culprit")), {})
+    parent = next((p for p in rows if p.get("wait") == "children"), {})
+    if child.get("wait") == "queue_flush" and parent.get("frame"):
+        return Owner("program", f"{parent['frame']} (joining {child.get('role')} before reading its queue)",
+                     f"{child.get('role')} has done its work and cannot end: a process that put data on a "
+                     f"multiprocessing Queue waits, as it exits, until that data is written into the queue's pipe, "
+                     f"and nobody reads it while its parent waits in join(): get() everything from the queue "
+                     f"before join() (or join with a timeout after the queue is drained)")
+    where = child.get("frame") or str(v.get("culprit") or "the child process")
+    if child.get("own_code"):
+        return Owner("program", where, f"the child process the program waits for runs the program's own code there "
+                     f"and does not end")
+    return Owner("unknown", where, "the child process the program waits for does not end, and its frame is not the "
+                 "program's own code: what it waits for is not in the evidence")
 
 
 _GENERIC = {"forward", "_call_impl", "_wrapped_call_impl", "__call__", "inner", "wrapper", "<module>"}

@@ -12,7 +12,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from gpulab.hang import capture, classify, collate, freedgraph, inplace, memtrend, owner
+from gpulab.hang import capture, classify, collate, freedgraph, inplace, lockcycle, memtrend, owner
 from gpulab.trace import analysis
 from gpulab.trace.analysis import localize  # noqa: F401 - hang.verdict.localize, as before
 from gpulab.trace.liveness import STATUSES
@@ -83,6 +83,8 @@ class Verdict:
     # autograd's "backward through the graph a second time", read against the op log (gpulab.hang.freedgraph): the
     # node it met and the forward line(s) that make such nodes
     freed_graph: dict | None = None
+    # threads that wait for each other's locks, from their Python stacks and the sources (gpulab.hang.lockcycle)
+    lock_cycle: dict | None = None
     # a batch the DataLoader's default collate could not stack (gpulab.hang.collate): the op, the samples' sizes,
     # the program's line that made them, the worker it ran in
     collate: dict | None = None
@@ -347,11 +349,12 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
             blocked_d = {**(where or {"name": "native code (no Python frame captured)", "call_site": None}),
                          **({"api": api} if api else {}), "outside_ops": True}
     sig = _signal_name(obs.exit_code) if status == "crash" else None
+    cycle = lockcycle.find(py_threads) if status in ("hang", "timeout") and inflight is None else None
     evidence = classify.Evidence(
         status=status, phase=phase, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
         native=native_threads, python=py_threads, gpu_text=obs.gpu_text or "", signal=sig,
         exit_code=obs.exit_code, stderr_tail=obs.stderr_tail, open_ops=tuple(op_dict(r) for r in open_recs),
-        localized=localized)
+        localized=localized, lock_cycle=cycle)
     if status == "ok":
         cls, facts = None, [f"exit code 0 after {obs.ops_completed} recorded op(s)" if obs.recorded else "exit code 0"]
     else:
@@ -397,7 +400,7 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     who = None if status == "ok" else owner.decide(
         {"status": status, "class": cls, "signal": sig, "in_flight_op": op_dict(inflight), "localized": localized,
          "modified_in_place": changed, "freed_graph": freed, "collate": coll, "memory_trend": mem,
-         "pid": obs.pid,
+         "lock_cycle": cycle, "pid": obs.pid,
          "stacks": {"python": py_threads, "native": native_threads, "gpu": obs.gpu_text},
          "stderr_tail": obs.stderr_tail, "open_ops": [op_dict(r) for r in open_recs]},
         dict(obs.registered)).to_dict()
@@ -415,7 +418,7 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
         open_ops=tuple(op_dict(r) for r in open_recs), oplog_tail=oplog_tail,
         collapsed={"python": capture.collapse(py_threads), "native": capture.collapse(native_threads)},
         notes=tuple(notes), left_running=tuple(obs.left_running), localized=localized, driver_call=api, owner=who,
-        modified_in_place=changed, freed_graph=freed, collate=coll, memory_trend=mem)
+        modified_in_place=changed, freed_graph=freed, collate=coll, memory_trend=mem, lock_cycle=cycle)
 
 
 def _signal_name(rc: int | None) -> str | None:

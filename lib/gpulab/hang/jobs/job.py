@@ -76,7 +76,13 @@ def analyse(views: Sequence[ProcessView]) -> JobFinding:
     what = "data" if worker.kind == "worker" else "its child process"
     evidence = (f"{waiter.role} waits for {what}: {_instead(waiter)}",
                 f"{worker.role} (pid {worker.pid}) is running, {_progress(worker)}: {_instead(worker)}")
-    return JobFinding("worker_stuck", worker.role, None, evidence + agreed + gaps, rows)
+    if worker.wait == "queue_flush":
+        evidence += (f"{worker.role} has left its target and, as it exits, waits for its multiprocessing Queue's "
+                     f"feeder thread, which blocks writing what it put into a pipe nobody reads: its parent joins it "
+                     f"before reading that queue (Python's multiprocessing guidelines, 'joining processes that use "
+                     f"queues')",)
+    return JobFinding("worker_stuck" if worker.kind == "worker" else "child_stuck", worker.role, None,
+                      evidence + agreed + gaps, rows)
 
 
 # ---------------------------------------------------------------------------------------- order and groups

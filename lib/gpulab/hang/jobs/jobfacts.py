@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # classes this module adds to gpulab.hang.classify's vocabulary
-CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck", "uneven_inputs", "skipped_collective")
+CLASSES = ("collective_mismatch", "rank_stuck", "worker_stuck", "child_stuck", "uneven_inputs", "skipped_collective")
 
 
 @dataclass(frozen=True)

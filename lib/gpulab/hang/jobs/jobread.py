@@ -165,6 +165,8 @@ def wait_of(frame: str | None, frames: Sequence[str], open_op: Mapping[str, Any]
         return "collective"
     if name and ("synchronize" in name or "_local_scalar_dense" in name):
         return "cuda_sync"
+    if any(f.startswith("_finalize_join ") and "queues.py" in f for f in frames[:8]):
+        return "queue_flush"   # exiting: a multiprocessing Queue's feeder thread still writes what it put
     src = (frame or "").split("`")[1] if frame and "`" in frame else ""
     if ".acquire(" in src or re.search(r"\bwith\b.*\block\b", src, re.I) or re.search(r"lock\w*\(", src, re.I):
         return "lock"

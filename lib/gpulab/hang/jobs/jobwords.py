@@ -8,7 +8,8 @@ from typing import Sequence
 from gpulab.hang.jobs.jobfacts import Collective, ProcessView, _calls
 
 _WAITS = {"lock": "blocked on a lock", "queue": "waiting on a queue", "collective": "waiting in a collective",
-          "cuda_sync": "waiting for the GPU (CUDA sync)", "io": "blocked on I/O"}
+          "cuda_sync": "waiting for the GPU (CUDA sync)", "io": "blocked on I/O",
+          "queue_flush": "ending, but waiting until what it put on a multiprocessing Queue is read"}
 
 
 def _roles(ms: list[ProcessView]) -> tuple[str, ...]:
