@@ -176,13 +176,16 @@ def _line(mark):
     # raised at backward(), made where gradients were off: the call is named with what to look for before it
     ("nograd", "refused_call", "program", "calls/train_errors.py:{BACKWARD} in main (backward() of a tensor with no "
                                           "graph)", "computed with gradients off (inside torch.no_grad()"),
+    # torch.load's weights_only default (2.6) refuses a numpy array in the checkpoint: the load line, and why now
+    ("weights", "refused_call", "program", "calls/train_errors.py:{WEIGHTS} in main (torch.load, whose weights_only",
+     "torch.load(..., weights_only=False)"),
     ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
                                                                                "num_workers=0")),
 ])
 def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cls, kind, where, step, tmp_path):
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
              "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT"),
-             "BACKWARD": _line("# BACKWARD")}
+             "BACKWARD": _line("# BACKWARD"), "WEIGHTS": _line("# WEIGHTS")}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
     where = where.format(**marks)
@@ -196,7 +199,7 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     told = r.stdout.split("next step: ", 1)[1] if "next step: " in r.stdout else v["owner"]["why"]
     assert step.format(**marks) in told, r.stdout
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
-    if case in ("ckpt", "caught"):
+    if case in ("ckpt", "caught", "weights"):
         assert v["in_flight_op"] is None, v["in_flight_op"]   # no op ended the program
     if case == "worker":   # the dead worker's own op log: the Dataset's line it last ran an op at
         assert v["culprit"].startswith("DataLoader worker") and "__getitem__" in v["owner"]["where"], v["owner"]
@@ -232,6 +235,29 @@ def test_a_shared_tensors_gone_sender_is_read_from_the_rebuild_and_the_error(tai
     from gpulab.hang import sharing
     got = sharing.meaning("Traceback (most recent call last):\n" + tail)
     assert (got is None) if found is None else (found in got[1] and "get() from the queue" in got[1])
+
+
+def test_a_ddp_job_waiting_in_the_rendezvous_is_the_launch_not_pytorch():
+    py = [("_create_c10d_store", "/v/site-packages/torch/distributed/rendezvous.py", "199"),
+          ("init_process_group", "/v/site-packages/torch/distributed/distributed_c10d.py", "1892"),
+          ("<module>", "/w/train.py", "9")]
+    o = owner.rendezvous_wait(py)
+    assert o.kind == "program" and o.where.startswith("w/train.py:9 in <module> (init_process_group") and \
+        "torchrun" in o.why
+    assert owner.rendezvous_wait(py[1:]) is None                                  # past the rendezvous
+    assert owner.rendezvous_wait(py[:2]) is None                                  # no line of the program's
+    assert owner.rendezvous_wait([("rendezvous", "/w/mylib.py", "3"), py[2]]) is None   # a rendezvous of its own
+
+
+def test_torch_loads_weights_only_refusal_says_why_now_and_its_escapes_are_dropped():
+    from gpulab.hang import refusals
+    tail = ("_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, \x1b[1mdo those "
+            "steps only if you trust the source\x1b[0m.\n\tWeightsUnpickler error: Unsupported global: GLOBAL "
+            "numpy._core.multiarray._reconstruct was not an allowed global by default.")
+    at, said = refusals.meaning(tail)
+    assert at.startswith("torch.load") and "add_safe_globals([numpy._core.multiarray._reconstruct])" in said
+    kind, msg = classify.refused(tail)
+    assert kind == "_pickle.UnpicklingError" and "\x1b" not in msg and "do those steps" in msg
 
 
 def test_an_error_raised_in_pytorchs_python_with_no_op_is_placed_there_and_its_owner_unknown():

@@ -144,6 +144,18 @@ def test_children_joined_before_their_queue_is_read_are_named_at_the_join(tmp_pa
     assert "get() everything from the queue before join()" in v.owner["why"] and not v.suggested, v.suggested
 
 
+def test_a_ddp_script_started_alone_waits_in_the_rendezvous_and_its_launch_is_named(tmp_path, monkeypatch):
+    """`python train.py` where torchrun was meant: rank 0's TCPStore waits for a world of 2 that never comes. The
+    program's init_process_group line and its launch are named, not 'the fault is in PyTorch'."""
+    program = FIX / "calls" / "dist_alone.py"
+    monkeypatch.setenv("GPULAB_TEST_PORT", str(_free_port()))
+    v = watched(tmp_path, sys.executable, str(program))
+    init = next(n for n, t in enumerate(program.read_text().splitlines(), 1) if t.rstrip().endswith("# INIT"))
+    assert v.status == "hang" and v.owner["kind"] == "program", (v.owner, v.evidence)
+    assert v.owner["where"].startswith(f"calls/dist_alone.py:{init} in <module> (init_process_group"), v.owner
+    assert "torchrun --nproc-per-node N" in v.owner["why"] and "WORLD_SIZE" in v.owner["why"]
+
+
 def test_a_job_that_passes_is_ok_and_keeps_small_logs(tmp_path):
     v = watched(tmp_path, sys.executable, DIST, "ok")
     assert v.status == "ok" and v.processes == ()

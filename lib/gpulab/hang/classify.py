@@ -120,7 +120,7 @@ PHASES = ("startup", "ops")
 # NotImplementedError forms, the Python binding's argument parser); a message that says PyTorch failed inside
 # (an internal assert, a CUDA or library error code, a compiler's failure) is no refusal.
 _REFUSED = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:torch\.)?(?P<type>RuntimeError|ValueError|TypeError|IndexError|"
-                      r"NotImplementedError)(?::\s*(?P<msg>.*))?$")
+                      r"NotImplementedError|_?pickle\.UnpicklingError)(?::\s*(?P<msg>.*))?$")   # torch.load's check
 _NOT_REFUSED = re.compile(r"INTERNAL ASSERT FAILED|please report a bug|CUDA error|CUDA driver error|CUBLAS_STATUS|"
                           r"cuDNN error|CUDNN_STATUS|NCCL error|nccl\w*Error|HIP error|hip\w*Error|cuda\w*Error|"
                           r"CUDA_ERROR|Triton Error|BackendCompilerFailed|InductorError|InternalTorchDynamoError|"
@@ -176,6 +176,9 @@ _FAKE_REFUSED = re.compile(r"Dynamo failed to run FX node with fake tensors: .*?
                            r"TypeError|IndexError)\((?P<q>['\"])(?P<msg>.*?)(?P=q)\)")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")   # a message's own bold (torch.load's): no escapes in a verdict's words
+
+
 def refused(text: str) -> tuple[str, str] | None:
     """(exception type, message) when the program ended with an exception of the kinds PyTorch's argument
     checks raise and nothing in it says PyTorch failed inside, else None."""
@@ -196,7 +199,7 @@ def refused(text: str) -> tuple[str, str] | None:
         if not ln[:1].isspace() or not ln.strip():
             break
         more.append(ln.strip())
-    return m.group("type"), " ".join([msg, *more]).strip()
+    return m.group("type"), _ANSI.sub("", " ".join([msg, *more]).strip())
 
 
 def out_of_memory(text: str) -> dict | None:

@@ -459,6 +459,11 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
             if who == "library":
                 return Owner("library", f"{name} ({pkg})", f"the custom op's namespace {ns} is registered by {pkg}")
 
+    # 5b. no op open, the main thread in init_process_group's rendezvous: it waits for the rest of its job
+    waiting = rendezvous_wait(py) if v.get("status") in ("hang", "timeout") and not name else None
+    if waiting is not None:
+        return waiting
+
     # 6. the frames the failure happened in
     lib = native_library(native) if v.get("status") in ("hang", "timeout") else None
     inner = culprit_frame(py) or culprit_frame(tb)
@@ -521,6 +526,27 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
         return Owner("unknown", _op_where(op), f"{name} is no PyTorch op and where its namespace {ns} is registered "
                      "was not found in the program's sources nor on the stacks")
     return Owner("unknown", "", "no op was in flight and no stack names the code that failed")
+
+
+_RENDEZVOUS = ("_create_c10d_store", "_env_rendezvous_handler", "_tcp_rendezvous_handler", "_store_based_barrier",
+               "_file_rendezvous_handler", "rendezvous")
+
+
+def rendezvous_wait(py: Sequence[tuple[str, str, str]]) -> Owner | None:
+    """A process held in torch.distributed's rendezvous (the TCPStore waits for its workers, a worker for its
+    master, a store-based barrier for the other ranks) past the stall window: the job's other processes never
+    joined. PyTorch's store works; the launch does not match the world size the program asked for."""
+    inner = next((f for f in py if f[0] in _RENDEZVOUS and "/torch/distributed/" in f[1].replace(os.sep, "/")), None)
+    mine = _first(py, ("program",))
+    if inner is None or mine is None:
+        return None
+    at = short(mine[1][1], mine[1][2], mine[1][0])
+    return Owner("program", f"{at} (init_process_group, waiting for the job's other processes)",
+                 f"the process waits in torch.distributed's rendezvous ({inner[0]}) for the rest of its job, and they "
+                 f"never joined: started alone (python, not torchrun), with a world size larger than the processes "
+                 f"launched, stuck before they reach init_process_group (their own verdicts say where), or unable to reach MASTER_ADDR:MASTER_PORT (another job on that port, a firewall, a "
+                 f"node that never started): launch every rank (torchrun --nproc-per-node N, or mp.spawn), make "
+                 f"WORLD_SIZE match what is launched, or check the address; PyTorch's store only waits as asked")
 
 
 def _child_owner(v: Mapping[str, Any]) -> Owner:

@@ -1,9 +1,11 @@
-"""What two of PyTorch's refusals mean for the program, where the line they raise at is not the line to change.
+"""What some of PyTorch's refusals mean for the program, where the line they raise at is not the line to change,
+or where the message alone does not say why now.
 
 Why: "element 0 of tensors does not require grad" is raised at `loss.backward()`, but the loss lost its graph
 where it was computed (under torch.no_grad(), from a .detach()ed or .item()-made value, with every parameter
 frozen); DDP's "Expected to have finished reduction in the prior iteration" is raised in the forward of the step
-after the one whose loss left parameters out. Each meaning is read from PyTorch's own message and says what to
+after the one whose loss left parameters out; torch.load's "Weights only load failed" meets a checkpoint that
+loaded for years, since the default of weights_only changed in 2.6. Each meaning is read from PyTorch's own message and says what to
 look for, never a line the evidence does not show. Pure: text in, words out.
 """
 from __future__ import annotations
@@ -15,6 +17,8 @@ _DDP_UNUSED = re.compile(r"Expected to have finished reduction in the prior iter
 _DDP_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (?P<rank>\d+):\s*(?P<idx>[\d ]+)")
 _DDP_NAMES = re.compile(r"Parameters which did not receive grad for rank (?P<rank>\d+):\s*(?P<names>[^\n]+)")
 _MAX_LISTED = 8
+_WEIGHTS_ONLY = re.compile(r"Weights only load failed")
+_GLOBAL = re.compile(r"Unsupported global: GLOBAL (?P<name>[\w.]+)")
 
 
 def meaning(text: str) -> tuple[str, str] | None:
@@ -27,6 +31,16 @@ def meaning(text: str) -> tuple[str, str] | None:
                 "values cut from the graph (.detach(), .item(), .numpy(), torch.tensor(x) of a tensor), or with every "
                 "parameter it depends on frozen (requires_grad=False): the line to change is where that tensor and "
                 "its inputs were computed, before this call")
+    if _WEIGHTS_ONLY.search(text or ""):
+        g = _GLOBAL.search(text)
+        what = f"`{g.group('name')}`" if g else "an object that is not a tensor or a plain container"
+        allow = f"torch.serialization.add_safe_globals([{g.group('name')}])" if g else \
+            "torch.serialization.add_safe_globals([...]) with the type it names"
+        return ("torch.load, whose weights_only=True is the default since PyTorch 2.6",
+                f"the checkpoint holds {what}, which torch.load refuses with weights_only=True (the default since "
+                f"PyTorch 2.6; the file was written before, or with more than tensors): if the file is your own or "
+                f"trusted, torch.load(..., weights_only=False); or allow that type ({allow}); or save only tensors "
+                f"and plain Python values (a numpy array as a tensor, a generator's state as a dict of ints)")
     if _DDP_UNUSED.search(text or ""):
         names = _DDP_NAMES.search(text)
         idx = _DDP_INDICES.search(text)
