@@ -1,12 +1,13 @@
-"""Figure: what stopping on the median's CI (BenchConfig.ci_rel) saves against the per-sample spread rules
-alone, with the same decisions.
+"""Figure: what stopping on the median's CI (BenchConfig.ci_rel), then on a verdict beyond doubt
+(BenchConfig.decide_early, gpulab.stats.apart), save against the per-sample spread rules alone, with the same
+decisions.
 
 Notebook 06 compares every candidate with the baseline on the workload's attention call. On the H100 every
 one of those comparisons ran to its max_time_s cap: with CUDA events a microsecond kernel's per-sample
 spread never gets under 1% (the timer's resolution alone is ~0.5 us), although a few hundred samples pin
 its median. Here the same comparisons run side by side, interleaved by repeat, with ci_rel=0 (the spread
-rules only, as before) and ci_rel=0.01 (the default now); the table gives time spent, samples, the ratio,
-its CI and the verdict of each.
+rules only), ci_rel=0.01, and ci_rel=0.01 with decide_early (the default now); the table gives time spent,
+samples, the ratio, its CI and the verdict of each.
 
     python benchmarks/bench_stop_rule.py [--device auto] [--max-time 1.0] [--repeats 3] [--out DIR]
 """
@@ -20,6 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
+
+
+RULES = {"spread only": (0.0, False), "ci_rel 0.01": (0.01, False), "ci_rel 0.01, decided": (0.01, True)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,22 +60,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for r in range(a.repeats):
         for name, (cand, base) in pairs.items():
-            for ci_rel in (0.0, 0.01):
-                c = bench.compare(cand, base, device=dev, max_time_s=a.max_time, ci_rel=ci_rel)
-                rows.append({"pair": name, "ci_rel": ci_rel, "repeat": r, "timed_s": c.candidate.timed_s,
+            for rule, (ci_rel, early) in RULES.items():
+                c = bench.compare(cand, base, device=dev, max_time_s=a.max_time, ci_rel=ci_rel, decide_early=early)
+                rows.append({"pair": name, "rule": rule, "repeat": r, "timed_s": c.candidate.timed_s,
                              "samples": c.candidate.n, "stopped": c.candidate.stopped, "ratio": c.ratio,
                              "ratio_ci": list(c.ratio_ci), "verdict": c.verdict})
     print(f"device {dev} ({torch.cuda.get_device_name() if dev.startswith('cuda') else 'CPU'}), max_time_s "
           f"{a.max_time}, {a.repeats} repeats interleaved; medians over repeats")
-    print(f"{'pair':22s} {'rule':>12s} {'timed s':>8s} {'samples':>8s} {'ratio':>7s} {'ratio CI':>17s}  verdicts")
+    print(f"{'pair':22s} {'rule':>18s} {'timed s':>8s} {'samples':>8s} {'ratio':>7s} {'ratio CI':>17s}  verdicts")
     for name in pairs:
-        for ci_rel in (0.0, 0.01):
-            rs = [x for x in rows if x["pair"] == name and x["ci_rel"] == ci_rel]
+        for rule in RULES:
+            rs = [x for x in rows if x["pair"] == name and x["rule"] == rule]
             med = lambda key: statistics.median(x[key] for x in rs)  # noqa: E731
             lo = statistics.median(x["ratio_ci"][0] for x in rs)
             hi = statistics.median(x["ratio_ci"][1] for x in rs)
-            rule = "spread only" if ci_rel == 0 else f"ci_rel {ci_rel:g}"
-            print(f"{name:22s} {rule:>12s} {med('timed_s'):8.3f} {med('samples'):8.0f} {med('ratio'):7.3f} "
+            print(f"{name:22s} {rule:>18s} {med('timed_s'):8.3f} {med('samples'):8.0f} {med('ratio'):7.3f} "
                   f"{f'[{lo:.3f}, {hi:.3f}]':>17s}  {','.join(sorted({x['verdict'] for x in rs}))}")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,9 @@ PY = "/usr/bin/python3"
     ({"pid": 16, "ppid": 1, "root": True, "argv": [PY, "-m", "gpulab.trace", "--", "train.py"]}, {},
      "main (pid 16)", "main"),
     ({"pid": 17, "ppid": 16, "argv": [PY, "tools/prep.py", "--fast"]}, {}, "pid 17: python3 prep.py --fast", "process"),
+    ({"pid": 21, "ppid": 16, "argv": [PY, "-B", "-c", "from multiprocessing.spawn import spawn_main; spawn_main("
+                                      "tracker_fd=9, pipe_handle=11)", "--multiprocessing-fork"]}, {},
+     "multiprocessing child (pid 21 of pid 16)", "process"),
     # a rank's child inherits its RANK (Inductor's compile check, its compile workers): not a second rank 0
     ({"pid": 18, "ppid": 11, "argv": [PY, "-c", "from ctypes import cdll"], "env": {"rank": "0", "world_size": "2"}},
      {11: {"pid": 11, "rank": 0, "world": 2, "env": {"rank": "0", "world_size": "2"}}},

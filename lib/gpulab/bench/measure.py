@@ -37,6 +37,7 @@ class BenchConfig:
     iqr_rel: float = 0.01          # stop when IQR/median < this ...
     std_rel: float = 0.005         # ... or std/mean < this ...
     ci_rel: float = 0.01           # ... or the median's 95% CI is narrower than this fraction of it (0: off)
+    decide_early: bool = True      # a comparison also stops once its verdict is beyond doubt (gpulab.stats.apart)
     flush_l2: bool = True          # GPU only: zero a buffer >= 2x L2 (and >= 256 MB) before each timed call
     graph_calls: int = 0           # GPU only: >0 times a CUDA graph of this many calls per sample
     hold_gpu: bool = True          # GPU only: nvbench's blocking kernel - hold the GPU while the host queues a
@@ -414,7 +415,7 @@ def compare(candidate: Callable[[], Any], baseline: Callable[[], Any], *,
     cfg = _config(config, overrides)
     check_delta(delta)
     sampler = _Sampler([candidate, baseline], cfg, _guess_device(device),
-                       decided=lambda a, b: apart(a, b, delta))
+                       decided=(lambda a, b: apart(a, b, delta)) if cfg.decide_early else None)
     series, stopped, sampling_s, t_begin, timed_s = sampler.run()
     mc = _summarize(names[0], series[0], cfg, sampler, stopped, sampling_s, t_begin, timed_s)
     mb = _summarize(names[1], series[1], cfg, sampler, stopped, sampling_s, t_begin, timed_s)

@@ -114,6 +114,9 @@ def role_of(meta: Mapping[str, Any], metas: Mapping[int, Mapping[str, Any]]) -> 
         return f"launcher (pid {meta.get('pid')}: {command_text(meta)})", "launcher"
     if meta.get("root"):
         return f"main (pid {meta.get('pid')})", "main"
+    if "multiprocessing.spawn" in argv or "--multiprocessing-fork" in argv:   # spawn's and forkserver's children
+        return (f"multiprocessing child (pid {meta.get('pid')} of pid {meta.get('ppid')})" + (f" ({held})" if held
+                                                                                              else "")), "process"
     return f"pid {meta.get('pid')}: {command_text(meta)}" + (f" ({held})" if held else ""), "process"
 
 
