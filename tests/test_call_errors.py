@@ -179,13 +179,17 @@ def _line(mark):
     # torch.load's weights_only default (2.6) refuses a numpy array in the checkpoint: the load line, and why now
     ("weights", "refused_call", "program", "calls/train_errors.py:{WEIGHTS} in main (torch.load, whose weights_only",
      "torch.load(..., weights_only=False)"),
+    # raised in multiprocessing's pickling, below PyTorch's DataLoader: no op raised it (the .item() before it
+    # had been named, as a sync), and the lambda is the program's to move
+    ("spawn", "unknown", "program", "calls/train_errors.py:{LOADER} in main (starting the DataLoader's worker",
+     "define it at module level"),
     ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
                                                                                "num_workers=0")),
 ])
 def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cls, kind, where, step, tmp_path):
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
              "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT"),
-             "BACKWARD": _line("# BACKWARD"), "WEIGHTS": _line("# WEIGHTS")}
+             "BACKWARD": _line("# BACKWARD"), "WEIGHTS": _line("# WEIGHTS"), "LOADER": _line("# LOADER")}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
     where = where.format(**marks)
@@ -199,7 +203,7 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     told = r.stdout.split("next step: ", 1)[1] if "next step: " in r.stdout else v["owner"]["why"]
     assert step.format(**marks) in told, r.stdout
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
-    if case in ("ckpt", "caught", "weights"):
+    if case in ("ckpt", "caught", "weights", "spawn"):
         assert v["in_flight_op"] is None, v["in_flight_op"]   # no op ended the program
     if case == "worker":   # the dead worker's own op log: the Dataset's line it last ran an op at
         assert v["culprit"].startswith("DataLoader worker") and "__getitem__" in v["owner"]["where"], v["owner"]
@@ -230,11 +234,15 @@ def test_a_tensor_whose_sender_ended_before_it_was_received_is_named_at_the_prog
     ("  File \"/t/torch/multiprocessing/reductions.py\", line 538, in rebuild_storage_fd\n"
      "RuntimeError: unable to mmap 1024 bytes", None),             # another failure of the same rebuild
     ("  File \"/t/net.py\", line 3, in fetch\nConnectionRefusedError: [Errno 111] Connection refused", None),
+    ("  File \"/t/torch/utils/data/dataloader.py\", line 1176, in __init__\n    w.start()\n  File \"/py/multiprocessing/"
+     "reduction.py\", line 60, in dump\nAttributeError: Can't pickle local object 'main.<locals>.<lambda>'",
+     "cannot be pickled"),
 ])
 def test_a_shared_tensors_gone_sender_is_read_from_the_rebuild_and_the_error(tail, found):
     from gpulab.hang import sharing
     got = sharing.meaning("Traceback (most recent call last):\n" + tail)
-    assert (got is None) if found is None else (found in got[1] and "get() from the queue" in got[1])
+    assert (got is None) if found is None else (found in got[1] and ("get() from the queue" in got[1]
+                                                                     or "module level" in got[1]))
 
 
 def test_a_ddp_job_waiting_in_the_rendezvous_is_the_launch_not_pytorch():
@@ -505,6 +513,10 @@ def test_the_op_that_raised_is_the_one_at_the_line_the_traceback_names():
     assert verdict.raised_op(marked, tb.replace("line 46", "line 40"))["name"] == "aten.addmm.default"
     # a GPU error is raised at the next sync, not by the op at that line
     assert verdict.raised_op(recs, tb + "\nRuntimeError: CUDA error: an illegal memory access was encountered") is None
+    # raised in the standard library's code below the line (pickling a DataLoader's collate_fn for spawn workers)
+    pickled = tb.replace('RuntimeError: mat1', '  File "/usr/lib/python3.12/multiprocessing/reduction.py", line 60, '
+                         'in dump\n    ForkingPickler(file, protocol).dump(obj)\nRuntimeError: mat1')
+    assert verdict.raised_op(recs, pickled) is None
 
 
 RANK0_GONE = "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"

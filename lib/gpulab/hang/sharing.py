@@ -1,4 +1,5 @@
-"""A tensor sent between processes whose sender was gone when it arrived (torch.multiprocessing's sharing).
+"""What handing objects to other processes broke: a tensor whose sender was gone when it arrived
+(torch.multiprocessing's sharing), and what a DataLoader could not pickle for the workers it starts.
 
 Why: torch.multiprocessing pickles a tensor's storage as a handle, not its bytes: a file descriptor that the
 sending process serves through a socket while it lives (the default strategy), or a shared-memory file it
@@ -6,7 +7,12 @@ keeps (file_system), or a CUDA IPC handle to memory it owns. A program that join
 get()s their tensors, or a producer that returns right after put(), leaves the receiver unpickling a handle
 nobody serves: ConnectionRefusedError, FileNotFoundError or an EOFError raised deep inside multiprocessing's
 code, called from PyTorch's rebuild function, at the program's get(). The line to change is the program's
-order of get() and join(), which the traceback shows only as its call. Pure: text in, words out.
+order of get() and join(), which the traceback shows only as its call.
+
+And a DataLoader whose workers start with spawn or forkserver (macOS's default, Python 3.14's on Linux, a
+`multiprocessing_context` the program or a fix sets) pickles its Dataset, collate_fn, worker_init_fn and sampler
+into each worker: a lambda or a function defined inside another cannot be, and the error is raised deep in
+multiprocessing's reduction, below the program's `for batch in loader`. Pure: text in, words out.
 """
 from __future__ import annotations
 
@@ -17,10 +23,22 @@ _GONE = re.compile(r"^(ConnectionRefusedError|FileNotFoundError|ConnectionResetE
                    r"BrokenPipeError)\b.*$", re.M)
 
 
+_UNPICKLABLE = re.compile(r"(Can't pickle|cannot pickle|Can't get local object|PicklingError)[^\n]*", re.I)
+
+
 def meaning(text: str) -> tuple[str, str] | None:
     """(what the program's line was doing, what it means) when `text` (a traceback's tail) ends in a shared
-    tensor whose sender had gone; None for anything else."""
+    tensor whose sender had gone, or in what a DataLoader could not pickle for its workers; None for anything
+    else."""
     text = text or ""
+    bad = _UNPICKLABLE.search(text)
+    if bad and "w.start()" in text and "dataloader.py" in text:
+        return ("starting the DataLoader's worker processes",
+                f"the DataLoader starts its workers with spawn or forkserver, which pickle the Dataset, collate_fn, "
+                f"worker_init_fn and sampler into each of them, and one of those cannot be pickled ({bad.group(0)[:120]}"
+                f"): define it at module level (functools.partial of a module-level function for its arguments), "
+                f"keep locks, open files and connections out of the Dataset until a worker opens them, or start "
+                f"the workers with fork where the platform has it (multiprocessing_context='fork')")
     rebuild = _REBUILD.findall(text)
     gone = _GONE.findall(text)
     if not rebuild or not gone:

@@ -244,17 +244,20 @@ def gpu_facts(inflight: Any, localized: str | None, records: Sequence[Any], api:
 
 
 def _raised_at(stderr: str) -> tuple[str, str, bool] | None:
-    """(file, line, raised by a Python `raise`) of the traceback frame a recorded op's call site would name
-    (gpulab.hang.owner.call_site_frame), the last flag from the innermost frame of all."""
+    """(file, line, raised by Python code: a `raise`, or the standard library) of the traceback frame a recorded
+    op's call site would name (gpulab.hang.owner.call_site_frame), the last flag from the innermost frame of all."""
     lines = (stderr or "").splitlines()
     at = [i for i, ln in enumerate(lines) if classify.TB_FRAME.match(ln)]
     fr = owner.call_site_frame(owner.traceback_frames(stderr))
     if not at or fr is None:
         return None
     inner = classify.TB_FRAME.match(lines[at[-1]]).group("file")
-    # a `raise` in Python, not in a dispatch mode of gpulab's raising for the op (a planted fault)
-    by_raise = (at[-1] + 1 < len(lines) and lines[at[-1] + 1].strip().startswith("raise ")
-                and owner.origin(inner)[0] != "tool")
+    # a `raise` in Python, not in a dispatch mode of gpulab's raising for the op (a planted fault); or raised in
+    # the standard library's own code (pickle, multiprocessing, socket): an op raises from C++ with its caller
+    # innermost, which is never the standard library's (seen: a DataLoader pickling a lambda for its spawn workers,
+    # read as the .item() before it)
+    by_raise = ((at[-1] + 1 < len(lines) and lines[at[-1] + 1].strip().startswith("raise ")
+                 and owner.origin(inner)[0] != "tool") or owner.origin(inner)[0] == "stdlib")
     return fr[1], fr[2], by_raise
 
 
