@@ -268,6 +268,16 @@ def test_torch_loads_weights_only_refusal_says_why_now_and_its_escapes_are_dropp
     assert kind == "_pickle.UnpicklingError" and "\x1b" not in msg and "do those steps" in msg
 
 
+def test_a_program_asking_for_cuda_where_pytorch_has_none_is_the_platforms_answer_at_its_line():
+    tb = ("Traceback (most recent call last):\n  File \"/w/train.py\", line 2, in <module>\n    m.to('cuda')\n"
+          "  File \"/v/site-packages/torch/cuda/__init__.py\", line 522, in _lazy_init\n"
+          "    raise AssertionError(\"Torch not compiled with CUDA enabled\")\n"
+          "AssertionError: Torch not compiled with CUDA enabled")
+    o = owner.decide({"status": "error", "class": "unknown", "stderr_tail": tb, "in_flight_op": None})
+    assert o.kind == "platform" and o.where.startswith("w/train.py:2 in <module> (asking for a GPU"), o
+    assert "device='cpu'" in o.why
+
+
 def test_an_error_raised_in_pytorchs_python_with_no_op_is_placed_there_and_its_owner_unknown():
     tb = ("Traceback (most recent call last):\n  File \"/w/train.py\", line 9, in main\n    load(x)\n"
           "  File \"/v/site-packages/torch/serialization.py\", line 800, in load\n    raise OSError('bad')\n"

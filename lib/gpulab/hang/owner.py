@@ -496,6 +496,12 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
             # reads as a refusal): whose it is follows from what it means, or stays unknown, named where it was
             mine = _first(py or tb, ("program",))
             at = short(mine[1][1], mine[1][2], mine[1][0]) if mine else None
+            if _NO_DEVICE.search(stderr):
+                return Owner("platform", f"{at or place} (asking for a GPU this PyTorch or machine does not have)",
+                             f"{_what(v)} raised in PyTorch's {fr[0]} ({place}): the program asks for CUDA and this "
+                             f"PyTorch build has none (a +cpu wheel), or the machine has no NVIDIA driver or no visible "
+                             f"GPU (CUDA_VISIBLE_DEVICES): run it where PyTorch sees a GPU (torch.cuda.is_available()), "
+                             f"or choose the device the program runs on (device='cpu' where there is none)")
             known = sharing.meaning(stderr)
             if known and at:
                 return Owner("program", f"{at} ({known[0]})", f"{_what(v)} raised in PyTorch's {fr[0]} ({place}): "
@@ -528,6 +534,8 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     return Owner("unknown", "", "no op was in flight and no stack names the code that failed")
 
 
+_NO_DEVICE = re.compile(r"Torch not compiled with CUDA enabled|Found no NVIDIA driver on your system|"
+                        r"No CUDA GPUs are available|CUDA driver initialization failed")
 _RENDEZVOUS = ("_create_c10d_store", "_env_rendezvous_handler", "_tcp_rendezvous_handler", "_store_based_barrier",
                "_file_rendezvous_handler", "rendezvous")
 
