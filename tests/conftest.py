@@ -58,6 +58,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _fixture_tmp(tmp_path_factory):
+    """Where fixture programs make their own folders (a checkpoint's): a run the watchdog kills never reaches its
+    atexit clean-up, and its folder then stays in pytest's rotated base folder, not in /tmp."""
+    os.environ["GPULAB_TEST_TMP"] = str(tmp_path_factory.mktemp("fixture-tmp"))
+
+
 @pytest.fixture(autouse=True)
 def _no_orphans():
     """Fail a test that leaves a descendant process running."""
