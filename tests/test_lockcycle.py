@@ -47,7 +47,7 @@ def test_two_threads_taking_two_locks_in_opposite_orders_are_a_cycle():
     got = lockcycle.find([_thread(True, ("one", 8)), _thread(False, ("two", 14))], _read)
     assert got is not None and [t["waits_for"] for t in got["threads"]] == ["b", "a"], got
     assert got["threads"][0]["holds"] == {"a": "t.py:6 in one"} and got["threads"][0]["thread"] == "the main thread"
-    said = lockcycle.words(got)
+    said = got["said"]
     assert "waits for `b` at t.py:8 in one, which the thread running two() holds (taken at t.py:12 in two)" in said
 
 
@@ -63,7 +63,7 @@ def test_waits_that_make_no_cycle_are_no_finding(threads):
 def test_a_lock_taken_again_by_its_holder_is_a_cycle_of_one():
     src = "import threading\nl = threading.Lock()\ndef f():\n    with l:\n        with l:\n            pass\n"
     got = lockcycle.find([_thread(True, ("f", 5))], lambda p: src)
-    assert got and "already holds (taken at t.py:4 in f" in lockcycle.words(got) and "RLock" in lockcycle.words(got)
+    assert got and "already holds (taken at t.py:4 in f" in got["said"] and "RLock" in got["said"]
 
 
 def test_a_trainer_and_its_logging_thread_in_a_lock_order_deadlock_are_named_with_both_locks(tmp_path):

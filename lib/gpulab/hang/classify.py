@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import lastwords
-from gpulab.hang import lockcycle
 from gpulab.hang.capture import Thread, parse_native, parse_python
 from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vocabulary
 from gpulab.trace.vocab import (describe_op, layout_problems, noncontiguous_args, op_kind,  # the op vocabulary:
@@ -560,7 +559,7 @@ def classify(ev: Evidence) -> Classification:
 
     # 0c. the program's threads wait for each other's locks (read from their Python stacks and the sources)
     if ev.lock_cycle and ev.status in ("hang", "timeout"):
-        facts.append(lockcycle.words(ev.lock_cycle))
+        facts.append(ev.lock_cycle["said"])
         return Classification("lock_cycle", tuple(facts))
 
     # 1. collectives: the op or NCCL/gloo frames

@@ -6,17 +6,19 @@ hangs with no op open and the GPU idle; the stacks show each thread at a `with l
 blocks its frames sit inside. A thread waits for the lock its innermost frame's line takes (`with X:` or
 `X.acquire()`); it holds those of the `with` statements whose bodies hold its frames' lines. A cycle of waits
 for held locks is the finding. Locks are matched by their expression's text (`stats_lock`, `self.lock`): two
-objects' `self.lock` would read as one, so the words say "by name". Pure apart from reading the sources.
+objects' `self.lock` would read as one, so the words say "by name". Only the program's own frames are read
+(gpulab.hang.owner.origin): a lock the standard library takes inside a Condition or a Queue is no lock of the
+program's order. Pure apart from reading the sources.
 """
 from __future__ import annotations
 
 import ast
 import functools
-import sysconfig
 from pathlib import Path
 from typing import Callable, Sequence
 
 from gpulab.hang.capture import Thread
+from gpulab.hang.owner import origin, short, thread_frames
 
 
 def _read(path: str) -> str | None:
@@ -32,15 +34,6 @@ def _tree(text: str) -> ast.Module | None:
         return ast.parse(text)
     except (SyntaxError, ValueError):
         return None
-
-
-def _frame(f: str) -> tuple[str, str, int] | None:
-    """'func (file:line)' -> (func, file, line)."""
-    if " (" not in f or not f.endswith(")"):
-        return None
-    func, where = f.split(" (", 1)
-    path, _, line = where[:-1].rpartition(":")
-    return (func, path, int(line)) if line.isdigit() and path else None
 
 
 def _withs(tree: ast.Module) -> list[ast.With | ast.AsyncWith]:
@@ -69,47 +62,38 @@ def held_at(tree: ast.Module, line: int) -> list[tuple[str, int]]:
     return sorted(out, key=lambda h: h[1])
 
 
-_LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
-
-
-def _library(path: str) -> bool:
-    """The standard library's or an installed package's file (a thread's entry is the first frame that is not)."""
-    return path.startswith("<") or path.startswith(_LIBRARIES) or "/site-packages/" in path
-
-
-def _short(path: str, line: int, func: str) -> str:
-    return f"{'/'.join(Path(path).parts[-2:]) if Path(path).is_absolute() else path}:{line} in {func}"
-
-
 def _state(t: Thread, read: Callable[[str], str | None]) -> dict | None:
-    """What one thread waits for and holds, or None when its innermost frame takes no lock."""
-    frames = [x for x in (_frame(f) for f in t.frames) if x]
-    if not frames:
+    """What one thread waits for and holds, or None when its innermost frame is not the program's taking a lock."""
+    every = thread_frames(t)
+    if not every or origin(every[0][1])[0] != "program":
         return None
+    frames = [(fn, p, int(ln)) for fn, p, ln in every if origin(p)[0] == "program"]
+    trees = {p: _tree(src) for p in dict.fromkeys(p for _, p, _ in frames) if (src := read(p))}
     func, path, line = frames[0]
-    text = read(path)
-    tree = _tree(text) if text else None
-    want = taken_at(tree, line) if tree else None
+    want = taken_at(trees[path], line) if trees.get(path) else None
     if want is None:
         return None
     holds: dict[str, str] = {}
     for fn, p, ln in frames:
-        src = read(p)
-        tr = _tree(src) if src else None
-        for lock, at in (held_at(tr, ln) if tr else ()):
-            holds.setdefault(lock, _short(p, at, fn))
-    entry = next((fn for fn, p, _ in reversed(frames) if not _library(p)), func)
-    name = "the main thread" if t.main else f"the thread running {entry}()"
-    return {"thread": name, "waits_for": want, "at": _short(path, line, func), "holds": holds}
+        for lock, at in (held_at(trees[p], ln) if trees.get(p) else ()):
+            holds.setdefault(lock, short(p, at, fn))
+    name = "the main thread" if t.main else f"the thread running {frames[-1][0]}()"
+    return {"thread": name, "waits_for": want, "at": short(path, line, func), "holds": holds}
 
 
 def find(threads: Sequence[Thread], read: Callable[[str], str | None] = _read) -> dict | None:
-    """{"threads": [{thread, waits_for, at, holds: {lock: taken_at}}...]} of a cycle of threads each waiting for a
-    lock the next one holds (one thread: a lock it holds itself), or None."""
+    """{"threads": [{thread, waits_for, at, holds: {lock: taken_at}}...], "said": the sentence} of a cycle of
+    threads each waiting for a lock the next one holds (one thread: a lock it holds itself), or None."""
     states = [s for s in (_state(t, read) for t in threads) if s]
+    ring = _ring(states)
+    return {"threads": ring, "said": words(ring)} if ring else None
+
+
+def _ring(states: list[dict]) -> list[dict] | None:
+    """The first cycle of waits for held locks among the threads' states, or None."""
     for s in states:
         if s["waits_for"] in s["holds"]:   # a Lock taken again by the thread that holds it
-            return {"threads": [s]}
+            return [s]
     for start in range(len(states)):
         path, seen, cur = [], set(), start
         while cur is not None and cur not in seen:
@@ -120,14 +104,13 @@ def find(threads: Sequence[Thread], read: Callable[[str], str | None] = _read) -
         if cur is not None and cur in path:
             ring = path[path.index(cur):]
             if len(ring) >= 2:
-                return {"threads": [states[i] for i in ring]}
+                return [states[i] for i in ring]
     return None
 
 
-def words(cycle: dict) -> str:
-    """The cycle in a sentence."""
+def words(ts: list[dict]) -> str:
+    """The cycle's threads in a sentence."""
     parts = []
-    ts = cycle["threads"]
     if len(ts) == 1:
         s = ts[0]
         return (f"{s['thread']} waits for `{s['waits_for']}` at {s['at']}, which it already holds (taken at "

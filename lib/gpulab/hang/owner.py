@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpulab import lastwords
-from gpulab.hang import (capture, classify, collate, freedgraph, inplace, lockcycle, memcheck, memtrend, refusals,
-                         sharing)
+from gpulab.hang import capture, classify, collate, freedgraph, inplace, memcheck, memtrend, refusals, sharing
 
 KINDS = ("program", "library", "platform", "unknown")
 # failures whose class says the program's input was rejected by the kernel that checked it
@@ -168,12 +167,12 @@ def culprit_op(v: Mapping[str, Any]) -> dict:
 def _frames(threads: Sequence[capture.Thread]) -> list[tuple[str, str, str]]:
     """The main thread's Python frames, innermost first: (func, file, line)."""
     main = next((t for t in threads if t.main), threads[0] if threads else None)
-    out = []
-    for f in (main.frames if main else ()):
-        m = _FRAME.match(f)
-        if m:
-            out.append((m.group("func"), m.group("file"), m.group("line")))
-    return out
+    return thread_frames(main) if main else []
+
+
+def thread_frames(t: capture.Thread) -> list[tuple[str, str, str]]:
+    """One thread's Python frames, innermost first: (func, file, line)."""
+    return [(m.group("func"), m.group("file"), m.group("line")) for m in (_FRAME.match(f) for f in t.frames) if m]
 
 
 def traceback_frames(text: str) -> list[tuple[str, str, str]]:
@@ -360,7 +359,7 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     cycle = v.get("lock_cycle")
     if cls == "lock_cycle" and cycle:
         first = next((t for t in cycle["threads"] if t["thread"] == "the main thread"), cycle["threads"][0])
-        return Owner("program", f"{first['at']} (waiting for {first['waits_for']})", lockcycle.words(cycle))
+        return Owner("program", f"{first['at']} (waiting for {first['waits_for']})", cycle["said"])
     if cls == "rank_stuck":
         row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), None)
         if row and row.get("own_code") and not row.get("open_op") and row.get("wait") not in ("cuda_sync",
@@ -552,8 +551,9 @@ def rendezvous_wait(py: Sequence[tuple[str, str, str]]) -> Owner | None:
     return Owner("program", f"{at} (init_process_group, waiting for the job's other processes)",
                  f"the process waits in torch.distributed's rendezvous ({inner[0]}) for the rest of its job, and they "
                  f"never joined: started alone (python, not torchrun), with a world size larger than the processes "
-                 f"launched, stuck before they reach init_process_group (their own verdicts say where), or unable to reach MASTER_ADDR:MASTER_PORT (another job on that port, a firewall, a "
-                 f"node that never started): launch every rank (torchrun --nproc-per-node N, or mp.spawn), make "
+                 f"launched, stuck before they reach init_process_group (their own verdicts say where), or unable "
+                 f"to reach MASTER_ADDR:MASTER_PORT (another job on that port, a firewall, a node that never "
+                 f"started): launch every rank (torchrun --nproc-per-node N, or mp.spawn), make "
                  f"WORLD_SIZE match what is launched, or check the address; PyTorch's store only waits as asked")
 
 

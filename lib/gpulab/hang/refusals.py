@@ -5,8 +5,8 @@ Why: "element 0 of tensors does not require grad" is raised at `loss.backward()`
 where it was computed (under torch.no_grad(), from a .detach()ed or .item()-made value, with every parameter
 frozen); DDP's "Expected to have finished reduction in the prior iteration" is raised in the forward of the step
 after the one whose loss left parameters out; torch.load's "Weights only load failed" meets a checkpoint that
-loaded for years, since the default of weights_only changed in 2.6. Each meaning is read from PyTorch's own message and says what to
-look for, never a line the evidence does not show. Pure: text in, words out.
+loaded for years, since the default of weights_only changed in 2.6. Each meaning is read from PyTorch's own
+message and says what to look for, never a line the evidence does not show. Pure: text in, words out.
 """
 from __future__ import annotations
 

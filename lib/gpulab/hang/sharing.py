@@ -21,8 +21,6 @@ import re
 _REBUILD = re.compile(r"in (rebuild_storage_fd|rebuild_storage_filename|rebuild_cuda_tensor|rebuild_event)\b")
 _GONE = re.compile(r"^(ConnectionRefusedError|FileNotFoundError|ConnectionResetError|EOFError|"
                    r"BrokenPipeError)\b.*$", re.M)
-
-
 _UNPICKLABLE = re.compile(r"(Can't pickle|cannot pickle|Can't get local object|PicklingError)[^\n]*", re.I)
 
 
