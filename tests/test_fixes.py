@@ -156,6 +156,17 @@ def test_the_mask_fact_is_known_for_the_built_in_workload_only(params, masked):
     assert workload_mask(None) is None
 
 
+def test_the_cpu_facts_are_torchs_own_without_importing_it(tmp_path):
+    """04's kernel on the CPU only starts children: its facts come from torch's version file, and they are the
+    ones the imported torch gives."""
+    code = ("import sys, json; from gpulab.fixes import platform; "
+            "print(json.dumps([platform.facts('cpu', True), 'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    facts, loaded = json.loads(out.stdout)
+    assert facts == {"device": "cpu", "gpu": None, "cudnn": False, "torch": torch.__version__, "sdpa_mask": True}
+    assert loaded is False
+
+
 def test_not_applicable_names_the_first_fix_that_does_not_apply_and_what_it_needs():
     why = not_applicable(registry.resolve(["fp32_softmax", "sync_gemm", "alloc_async"]), CPU)
     assert why == f"sync_gemm needs {registry.get('sync_gemm').needs}"

@@ -60,7 +60,8 @@ def _kernel_imports_torch(nb: Any, device: str | None) -> bool:
     """gpulab imports torch lazily, at the first call that needs it: in a chain kernel, the device (unless it is
     cpu or the runner's answer is in: gpulab.device.known_without_torch) and whatever the notebook's metadata
     says its cells call into torch for (`gpulab.kernel_torch`). Imported ahead where it will be; elsewhere it was
-    CPU-seconds the kernel never needed (01, 03 and 04 on the CPU, measured: no torch in their kernels)."""
+    CPU-seconds the kernel never needed (01 to 04 on the CPU, measured: no torch in their kernels; 04's platform
+    facts read torch's version file there, gpulab.fixes.platform)."""
     from gpulab import device as dev
 
     if nb.metadata.get("gpulab", {}).get("kernel_torch") or device is None:

@@ -91,9 +91,10 @@ class MatrixConfig:
 class _Matrix:
     """The state of one matrix run: results so far (in the planned order), saved after every change."""
 
-    def __init__(self, target: Target, cfg: MatrixConfig, out: Path, facts: dict, say: Callable[[str], None],
+    def __init__(self, target: Target, cfg: MatrixConfig, out: Path, device: str, say: Callable[[str], None],
                  pointers: scenarios.Pointers, json_copy: Path | None = None):
-        self.target, self.cfg, self.out, self.facts, self.say, self.pointers = target, cfg, out, facts, say, pointers
+        self.target, self.cfg, self.out, self.device, self.say, self.pointers = target, cfg, out, device, say, pointers
+        self._facts: dict | None = None
         self.json_copy = json_copy
         self.order: list[str] = []
         self.done: dict[str, ScenarioResult] = {}
@@ -102,6 +103,15 @@ class _Matrix:
         self.skipped: list[dict] = []     # auto: fixes the failure's evidence rules out, with why
         self.interrupted = False
         self.lock = threading.RLock()
+
+    @property
+    def facts(self) -> dict:
+        """The platform facts fixes are judged against (gpulab.fixes.platform), asked when a fix is first judged:
+        where none is (the baseline passed, nothing to fix), a GPU's kernel never imports torch for them (4 s of
+        04 on the H100 machine)."""
+        if self._facts is None:
+            self._facts = platform.facts(self.device, platform.workload_mask(self.target.cfg))
+        return self._facts
 
     @property
     def results(self) -> list[ScenarioResult]:
@@ -127,10 +137,11 @@ class _Matrix:
     def result(self) -> MatrixResult:
         judged_, rec, nxt = judged(self.results, self.cfg.max_overhead, self.cfg.stall_s, self.not_tried)
         note = "" if self.target.compares_outputs else PLAIN
-        return MatrixResult(self.target.describe(), self.target.kind, self.facts, tuple(judged_), rec, nxt,
+        facts = self._facts if self._facts is not None else {"device": str(self.device), "asked": False}
+        return MatrixResult(self.target.describe(), self.target.kind, facts, tuple(judged_), rec, nxt,
                             self.cfg.max_overhead, self.cfg.repeats, self.cfg.stall_s, self.cfg.fault,
                             self.interrupted, note, self.cfg.jobs,
-                            self.cfg.jobs > 1 and str(self.facts.get("device", "")).startswith("cuda"),
+                            self.cfg.jobs > 1 and str(self.device).startswith("cuda"),
                             tuple(self.not_tried), self.cfg.budget_s, apply_lines(self.results),
                             skipped=tuple(self.skipped), time_saved_s=time_saved(self.results, len(self.skipped)))
 
@@ -149,7 +160,7 @@ class _Matrix:
         fixes = registry.resolve(sc.fixes)
         comp = compose(fixes)
         changes = "; ".join(f"{f.name}: {f.changes}" for f in fixes) or "nothing (the workload as it is)"
-        why_not = not_applicable(fixes, self.facts)
+        why_not = not_applicable(fixes, self.facts) if fixes else None   # the baseline needs no facts
         res = ScenarioResult(sc.name, sc.fixes, sc.why, changes, why_not is None, why_not, stage=stage)
         if why_not:
             self.say(f"{sc.name}: not applicable ({why_not})")
@@ -226,6 +237,8 @@ class _Matrix:
         time. What was planned and not run is kept with the reason."""
         base = self.baseline
         failed = bool(base and base.failures)
+        if not failed and not self.pointers.suggested:
+            return   # nothing to fix and nothing 01 suggests: no scenario to plan
         planned = scenarios.plan(self.pointers, self.evidence() if failed else [], self.facts,
                                  self.classes() if failed else (), self.order)
         plan = list(planned.stages)
@@ -336,8 +349,7 @@ def run(target: Target, cfg: MatrixConfig, out_dir: str | Path, *, pointers_dir:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     found = scenarios.pointers(pointers_dir)
-    mx = _Matrix(target, cfg, out, platform.facts(dev, platform.workload_mask(target.cfg)), say, found,
-                 Path(json_copy) if json_copy else None)
+    mx = _Matrix(target, cfg, out, dev, say, found, Path(json_copy) if json_copy else None)
     base_env = clean_env(os.environ if env is None else env)
     say(f"{target.describe()}: {len(chosen)} scenario(s){' (auto)' if is_auto else ''}, {cfg.repeats} run(s) per "
         f"rung, {cfg.jobs} side by side, stall {cfg.stall_s:g} s"

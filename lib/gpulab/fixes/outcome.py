@@ -62,7 +62,7 @@ class ScenarioResult:
 class MatrixResult:
     workload: str
     kind: str
-    platform: dict
+    platform: dict                  # gpulab.fixes.platform.facts; {"device", "asked": False} where no fix was judged
     scenarios: tuple[ScenarioResult, ...]
     recommendation: str | None
     next_step: str
