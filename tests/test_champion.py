@@ -489,6 +489,60 @@ def test_benchmark_child_that_hangs_is_killed_and_keeps_what_it_measured(tmp_pat
     assert "hang" in head
 
 
+def test_the_worker_times_the_recorder_after_the_kernels_and_06_reads_its_figures(tmp_path):
+    """06's recorder cost in the benchmark's own process, after its timing: no child of its own (one torch import
+    fewer), the figures in the file the child wrote, read as the child's were."""
+    from gpulab.trace import followups
+    cfg = _cfg(layers=2)
+    plan = followups.recorder_plan(cfg, tmp_path, mode="auto", repeats=2)
+    assert plan["modes"] and plan["json"].endswith("overhead_raw.json")
+    run = bench.run(_spec(cfg, candidates=["math"], seq_lens=[], max_time_s=0.05, recorder=plan), tmp_path)
+    assert run.status == "ok" and run.result["done"], (run.detail, Path(run.log).read_text()[-2000:])
+    assert run.recorder["status"] == "ok" and run.result["stage"] == "recorder timed"
+    ov, note = followups.recorder_cost(cfg, tmp_path, mode="auto", repeats=2, timed=run.recorder)
+    assert note == "" and {"none", "passthrough", *plan["modes"]} <= set(ov["variant"])
+    assert (ov["ops"] > 50).all() and (ov["median_s"] > 0).all()
+    assert not (tmp_path / "overhead.stderr.txt").exists()   # no child of its own
+    assert (tmp_path / "overhead.csv").exists()
+    # a user program: nothing to plan, and 02's unfinished run: nothing either
+    assert followups.recorder_plan(WorkloadConfig(workload="script:x.py"), tmp_path, mode="auto", repeats=2) is None
+    record(tmp_path / "hung", "02_instrument", "hang", status="hang")
+    assert followups.recorder_plan(cfg, tmp_path / "hung", mode="auto", repeats=2) is None
+
+
+def test_where_the_benchmark_imported_dynamo_the_recorder_is_timed_in_a_child_of_its_own(tmp_path, monkeypatch):
+    """A candidate that imports torch._dynamo (a compiled kernel's module) makes the process one no recorded run
+    is: the modes would be timed wrapped. The worker leaves it, and 06's own child times it."""
+    from gpulab.trace import followups
+    (tmp_path / "dynkernel.py").write_text("import torch._dynamo\nimport torch.nn.functional as F\n"
+                                           "def attention(q, k, v, attn_mask=None, is_causal=False, scale=None):\n"
+                                           "    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{Path(bench.__file__).resolve().parents[2]}")
+    cfg = _cfg()
+    plan = followups.recorder_plan(cfg, tmp_path, mode="auto", repeats=1)
+    run = bench.run(_spec(cfg, candidates=["dynkernel:attention"], seq_lens=[], max_time_s=0.05, recorder=plan),
+                    tmp_path)
+    assert run.status == "ok", (run.detail, Path(run.log).read_text()[-2000:])
+    assert run.recorder["status"] == "not_here" and "torch._dynamo" in run.recorder["why"]
+    assert not Path(plan["json"]).exists()
+    ov, note = followups.recorder_cost(cfg, tmp_path, mode="auto", repeats=1, stall_s=30.0, timed=run.recorder)
+    assert note == "" and "auto" in set(ov["variant"]) and (tmp_path / "overhead.stderr.txt").exists()
+
+
+def test_a_recorder_timing_that_fails_in_the_worker_keeps_the_benchmark_and_says_why(tmp_path):
+    from gpulab.trace import followups
+    cfg = _cfg()
+    (tmp_path / "a_file").write_text("")
+    plan = {**followups.recorder_plan(cfg, tmp_path, mode="auto", repeats=1),
+            "json": str(tmp_path / "a_file" / "overhead_raw.json")}   # under a file: it cannot be written
+    run = bench.run(_spec(cfg, candidates=["math"], seq_lens=[], max_time_s=0.05, recorder=plan), tmp_path)
+    assert run.status == "ok" and "decision" in run.result, run.detail
+    assert run.recorder["status"] == "error" and run.recorder["why"]
+    ov, note = followups.recorder_cost(cfg, tmp_path, mode="auto", repeats=1, timed=run.recorder)
+    assert ov is None and note.startswith("**Recording cost not measured:** its timing in the benchmark worker "
+                                          "ended as error (")
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(candidates="math"), "candidates"), (dict(seq_lens=[0]), "seq_lens"), (dict(delta=2.0), "delta"),
     (dict(max_time_s=0), "max_time_s"), (dict(baseline=""), "baseline"),

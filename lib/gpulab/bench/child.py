@@ -6,6 +6,7 @@ loses nothing already measured. The parent never touches the device.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -27,6 +28,7 @@ SPEC_FILE = "benchmark_spec.json"
 LOG_FILE = "benchmark.log"
 WORKER = "gpulab.bench.worker"
 STATUSES = ("ok", "hang", "crash", "error", "not_applicable")   # not_applicable: nothing to time, no child
+RECORDER_S = 300.0   # the worker's deadline grows by this when it also times the recorder (its own child had 600 s)
 
 
 def canonical(names: Sequence[str]) -> list[str]:
@@ -71,6 +73,8 @@ class Spec:
     source: str = ""                # whose call `call` is, in words ("" for the built-in workload's)
     reason: str = ""                # why nothing is timed (call is None): the workload makes no call 06 can time
     recorded: tuple[dict, ...] = () # a user program's attention calls as 02 recorded them (RecordedCall.row)
+    recorder: dict | None = None    # the recorder's cost to time after the benchmark, in the same process
+                                    # (gpulab.trace.followups.recorder_plan), None for none
 
     @property
     def applies(self) -> bool:
@@ -83,7 +87,7 @@ class Spec:
         """Caps of every measurement the child may take, plus start-up and bootstrap time."""
         n = len(set(self.candidates) | {self.baseline})
         timed = (2 * n + 1 + n * len(self.seq_lens) + 1)
-        return 90.0 + timed * (1.5 * self.max_time_s + 5.0)
+        return 90.0 + timed * (1.5 * self.max_time_s + 5.0) + (RECORDER_S if self.recorder else 0.0)
 
 
 def spec_from_dict(d: Mapping[str, Any]) -> Spec:
@@ -113,8 +117,10 @@ def load_gate(out_dir: str | os.PathLike) -> dict[str, Gate] | None:
 
 
 def make_spec(cfg: WorkloadConfig, *, candidates: Sequence[str], baseline: str, seq_lens: Sequence[int],
-              delta: float, max_time_s: float, out_dir: str | os.PathLike | None = None) -> Spec:
-    """The notebook's parameters -> a checked Spec (with 05's gate read from out_dir when it is there)."""
+              delta: float, max_time_s: float, out_dir: str | os.PathLike | None = None,
+              recorder: Mapping[str, Any] | None = None) -> Spec:
+    """The notebook's parameters -> a checked Spec (with 05's gate read from out_dir when it is there). recorder:
+    gpulab.trace.followups.recorder_plan's request, timed by the worker after the benchmark (None: not)."""
     if not isinstance(candidates, (list, tuple)) or not all(isinstance(c, str) and c for c in candidates):
         raise ValueError(f"candidates={candidates!r} must be a list of names: SDPA backends "
                          f"({', '.join(BACKENDS)}), gpulab.oracle.candidates names or module:function")
@@ -133,7 +139,7 @@ def make_spec(cfg: WorkloadConfig, *, candidates: Sequence[str], baseline: str, 
     call, whose, rows = workload_call(cfg, dev, out_dir)
     return Spec(dev, call, tuple(canonical(candidates)), canonical([baseline])[0], tuple(seq_lens), float(delta),
                 float(max_time_s), asdict(cfg), gate, source=whose if call is not None else "",
-                reason=whose if call is None else "", recorded=rows)
+                reason=whose if call is None else "", recorded=rows, recorder=dict(recorder) if recorder else None)
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,12 @@ class RunResult:
     log: str                       # path of the child's output log
     detail: str = ""
 
+    @property
+    def recorder(self) -> dict | None:
+        """What the worker said of the recorder's cost it was asked to time (gpulab.trace.followups.recorder_cost's
+        `timed`): {"status": ok|not_here|hang|crash|error, "json", "why"}; None when it was not asked."""
+        return self.result.get("recorder")
+
 
 def run(spec: Spec, out_dir: str | os.PathLike, timeout_s: float | None = None) -> RunResult:
     """Run the worker in a child process group with a deadline; whatever it saved survives a hang or crash.
@@ -151,6 +163,9 @@ def run(spec: Spec, out_dir: str | os.PathLike, timeout_s: float | None = None) 
     spec_path, result_path, log_path = (report.product(out_dir, n) for n in (SPEC_FILE, RESULT_FILE, LOG_FILE))
     report.write_json(spec_path, asdict(spec))
     result_path.unlink(missing_ok=True)
+    if spec.recorder:
+        with contextlib.suppress(OSError):   # an earlier run's figures are not this one's
+            Path(spec.recorder["json"]).unlink(missing_ok=True)
     if not spec.applies:
         result = {"spec": asdict(spec), "done": True, "stage": "not_applicable", "reason": spec.reason}
         report.write_json(result_path, result)
@@ -161,13 +176,27 @@ def run(spec: Spec, out_dir: str | os.PathLike, timeout_s: float | None = None) 
                  grace_s=0.2, label="06_benchmark")
     result = report.read_json(result_path, default={}) or {}
     stage = result.get("stage", "none")
-    if r.status == "timeout":
+    ended, code = r.status, r.returncode
+    if spec.recorder and result.get("done") and (result.get("recorder") or {}).get("status") in (None, "started"):
+        # the benchmark was done and saved: only the recorder's timing after it ended with the process
+        result["recorder"] = {**spec.recorder, "status": {"timeout": "hang", "crash": "crash"}.get(r.status, "error"),
+                              "why": f"the worker {_ended_words(r, deadline)} while timing it"}
+        ended, code = "ok", 0
+    if ended == "timeout":
         status, detail = "hang", f"no result after {deadline:.0f} s (stage reached: {stage})"
-    elif r.status == "crash":
+    elif ended == "crash":
         status, detail = "crash", f"killed by signal {r.signal} (stage reached: {stage})"
-    elif r.returncode != 0 or not result.get("done"):
+    elif code != 0 or not result.get("done"):
         tail = log_path.read_text(errors="replace").strip().splitlines()
-        status, detail = "error", f"exit code {r.returncode}: {tail[-1] if tail else ''}"
+        status, detail = "error", f"exit code {code}: {tail[-1] if tail else ''}"
     else:
         status, detail = "ok", ""
     return RunResult(status, result, r.elapsed_s, str(log_path), detail)
+
+
+def _ended_words(r: Any, deadline: float) -> str:
+    if r.status == "timeout":
+        return f"was stopped at its deadline ({deadline:.0f} s)"
+    if r.status == "crash":
+        return f"was killed by signal {r.signal}"
+    return f"ended with exit code {r.returncode}"

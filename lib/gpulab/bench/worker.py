@@ -222,7 +222,33 @@ def worker(spec: Spec, result_path: Path) -> dict[str, Any]:
             res["stage_errors"]["workload"] = _first_line(exc)
     res["done"] = True
     save("done")
+    if spec.recorder:
+        res["recorder"] = {**spec.recorder, "status": "started"}
+        save("recorder")
+        res["recorder"] = recorder_cost(spec)
+        save("recorder timed")
     return res
+
+
+def recorder_cost(spec: Spec) -> dict[str, Any]:
+    """The recorder's cost on the built-in workload (gpulab.trace.bench.time_recorder), timed here after the
+    benchmark instead of in a child of its own: one process start and torch import fewer. Not here (06 then times
+    it in its own child) where something in this process imported torch._dynamo: a recorded run defers it, and
+    the modes timed with it imported would cost what no recorded run pays."""
+    from gpulab.trace import bench as recorder_bench
+    from gpulab.trace import lazydynamo
+
+    plan = dict(spec.recorder or {})
+    if lazydynamo.NAME in sys.modules:
+        return {**plan, "status": "not_here", "why": "torch._dynamo was imported in the benchmark's process"}
+    lazydynamo.defer()
+    _say("time the recorder on the workload")
+    try:
+        recorder_bench.time_recorder(WorkloadConfig(**{**(spec.workload or {}), "device": spec.device}),
+                                     list(plan["modes"]), int(plan["repeats"]), plan["json"])
+    except Exception as exc:  # noqa: BLE001 - the benchmark's results stand; the cost says why it is missing
+        return {**plan, "status": "error", "why": _first_line(exc)}
+    return {**plan, "status": "ok"}
 
 
 def main(argv: list[str]) -> int:

@@ -214,6 +214,18 @@ def main(argv: list[str] | None = None) -> int:
         _check_mode(m)
     cfg = workloads.parse_cli(argv[i + 1:])
     lazydynamo.defer()   # every mode timed here made as the recorder's is in a recorded run
+    time_recorder(cfg, modes, ns.repeats, ns.json)
+    return 0
+
+
+def time_recorder(cfg: workloads.WorkloadConfig, modes: list[str], repeats: int, json_path: str | os.PathLike
+                  ) -> dict:
+    """The built-in workload's rung bare, under a bare dispatch mode and under each recording mode, interleaved in
+    this process, written to json_path. The caller has deferred torch._dynamo (lazydynamo.defer) before anything
+    imported it, so the modes are what a recorded run's are: this module's child, or 06's benchmark worker once
+    its own timing is done (one process start and torch import fewer)."""
+    for m in modes:
+        _check_mode(m)
     prep = builtin_model.prepare(cfg)
     import torch
 
@@ -222,14 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         variants, recs = recorder_variants(modes, tmp)
         variants = {"none": None, "passthrough": passthrough_variant(), **variants}
-        samples = time_variants(prep.fn, variants, repeats=ns.repeats, sync=sync)
+        samples = time_variants(prep.fn, variants, repeats=repeats, sync=sync)
         for r in recs:
             r.close()
     out = [r.__dict__ | {"samples_s": list(r.samples_s)} for r in rows(samples, ops)]
-
-    write_json(ns.json, {"rung": cfg.rung, "device": prep.device, "ops": ops, "rows": out,
-                         "hot_path": recs[0].hot_path if recs else None})
-    return 0
+    data = {"rung": cfg.rung, "device": prep.device, "ops": ops, "rows": out,
+            "hot_path": recs[0].hot_path if recs else None}
+    write_json(json_path, data)
+    return data
 
 
 if __name__ == "__main__":

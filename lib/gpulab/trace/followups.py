@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -129,13 +129,29 @@ def cost_words(cfg: Any, captured: bool = False) -> str:
             else "recording cost not measured")
 
 
-def recorder_cost(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int, stall_s: float | None = None
-                  ) -> tuple[Any, str]:
+def recorder_plan(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int) -> dict | None:
+    """What 06's benchmark worker times of the recorder once its own timing is done, in the same process (one
+    process start and torch import fewer than a child of its own: about 5 s on the H100 machine): {"modes",
+    "repeats", "json"}; None where recorder_cost would time nothing (a user program, 02's run unfinished)."""
+    from gpulab import report
+    from gpulab.trace import native, run
+
+    if not _builtin(cfg) or report.metrics_of(out_dir, "02_instrument").get("status") not in (None, "ok"):
+        return None
+    native.ensure_all()   # built by a launcher, never by the process that records (gpulab.trace.native)
+    return {"modes": list(run.modes_for(cfg, mode)), "repeats": int(repeats),
+            "json": str(Path(out_dir) / run.OVERHEAD_RAW)}
+
+
+def recorder_cost(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int, stall_s: float | None = None,
+                  timed: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """Notebook 06's table of what recording costs the built-in workload (02's recording mode against none and a
     bare dispatch) -> (DataFrame or None, a sentence why not), saved as overhead.csv and .json. 06 runs with
     nothing beside it, 02 beside the notebooks that time nothing: the cost is timed where timing is trusted. Not
     timed when 02's run of the workload did not finish (its wall time measures nothing, a rerun would only fail
-    again) or for a user program (NOT_TIMED says why)."""
+    again) or for a user program (NOT_TIMED says why). timed: what the benchmark worker said of the timing
+    recorder_plan asked of it (its "status", and "why" where it could not); its figures are read, not timed
+    again; where it could not time them in its process, a child of their own does."""
     from gpulab import report
     from gpulab.trace import analysis, run
 
@@ -144,6 +160,12 @@ def recorder_cost(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int, sta
     status = report.metrics_of(out_dir, "02_instrument").get("status")
     if status not in (None, "ok"):
         return None, run.unfinished_cost(status, "02's run of the workload")
-    ov, note = run.timed_overhead(cfg, mode=mode, repeats=repeats, out_dir=out_dir, stall_s=stall_s)
+    if timed and timed.get("status") == "ok":
+        ov, note = run.overhead_from(timed["json"]), ""
+    elif timed and timed.get("status") in ("hang", "crash", "error"):
+        return None, (f"**Recording cost not measured:** its timing in the benchmark worker ended as "
+                      f"{timed['status']} ({timed.get('why') or 'see benchmark.log'}).")
+    else:
+        ov, note = run.timed_overhead(cfg, mode=mode, repeats=repeats, out_dir=out_dir, stall_s=stall_s)
     analysis.save_overhead(ov, out_dir)
     return ov, note

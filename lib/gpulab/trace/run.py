@@ -264,6 +264,9 @@ def unfinished_cost(status: str, what: str = "the workload") -> str:
     return f"**Recording cost not measured:** {what} did not finish ({status}), so its wall time measures nothing."
 
 
+OVERHEAD_RAW = "overhead_raw.json"   # the recorder's cost as timed in one process (gpulab.trace.bench)
+
+
 def timed_overhead(cfg, *, mode: str, repeats: int, out_dir: str | os.PathLike, timeout_s: float = 600.0,
                    stall_s: float | None = None):
     """`overhead` of `mode`'s set of modes -> (DataFrame, "") or (None, the sentence saying how a timing run ended)."""
@@ -284,8 +287,6 @@ def overhead(cfg, modes: Sequence[str] | None = None, repeats: int = 5, out_dir:
     The built-in workload is timed in-process in the child (model built once); us/op = (t_mode - t_none)/ops.
     modes: default `modes_for(cfg)`.
     """
-    import pandas as pd
-
     modes = modes_for(cfg) if modes is None else modes
     for m in modes:
         _check_mode(m)
@@ -293,7 +294,7 @@ def overhead(cfg, modes: Sequence[str] | None = None, repeats: int = 5, out_dir:
     out.mkdir(parents=True, exist_ok=True)
     if not isinstance(cfg, WorkloadConfig) or cfg.kind != "builtin":
         return _overhead_whole_process(cfg, modes, repeats, out, timeout_s, stall_s)
-    js = out / "overhead_raw.json"
+    js = out / OVERHEAD_RAW
     native.ensure_all()
     cmd = [sys.executable, "-m", "gpulab.trace.bench", "--json", str(js), "--modes", ",".join(modes),
            "--repeats", str(repeats), "--", *cli_args(cfg)]
@@ -302,8 +303,14 @@ def overhead(cfg, modes: Sequence[str] | None = None, repeats: int = 5, out_dir:
         tail = (out / "overhead.stderr.txt").read_text(errors="replace")[-2000:]
         raise OverheadFailed(f"the overhead child ended as {end.status} (exit {end.returncode}):\n{tail}", end.status,
                              "overhead.stderr.txt")
-    data = json.loads(js.read_text())
-    return pd.DataFrame(data["rows"])
+    return overhead_from(js)
+
+
+def overhead_from(path: str | os.PathLike):
+    """The rows gpulab.trace.bench.time_recorder wrote, as overhead() returns them (a DataFrame)."""
+    import pandas as pd
+
+    return pd.DataFrame(json.loads(Path(path).read_text())["rows"])
 
 
 def _overhead_whole_process(cfg_or_command, modes, repeats, out: Path, timeout_s: float,
