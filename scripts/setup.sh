@@ -33,9 +33,21 @@ find_uv() {   # once a run: offline, a failed bootstrap must not cost its timeou
     return
   fi
   UV=$(command -v uv || true)
+  # pip puts uv in a folder of gpulab's cache (the recorder's native parts are cached beside it), once a machine:
+  # fetching it took 6 s of every set-up, a second clone's too
+  local kept="${XDG_CACHE_HOME:-$HOME/.cache}/gpulab/uv"
+  if [ -z "$UV" ] && [ -x "$kept/bin/uv" ] && "$kept/bin/uv" --version >/dev/null 2>&1; then
+    UV="$kept/bin/uv"
+  fi
   if [ -z "$UV" ] && "$PY" -m pip install -q --disable-pip-version-check --retries 1 --timeout 15 --target "$TMP/uv" uv >/dev/null 2>&1 \
      && [ -x "$TMP/uv/bin/uv" ]; then
     UV="$TMP/uv/bin/uv"
+    if mkdir -p "$(dirname "$kept")" 2>/dev/null && cp -r "$TMP/uv" "$kept.$$" 2>/dev/null \
+       && mv -T "$kept.$$" "$kept" 2>/dev/null; then
+      UV="$kept/bin/uv"
+    else
+      rm -rf "$kept.$$"
+    fi
   fi
 }
 PIP=("$VPY" -m pip install -q --disable-pip-version-check --no-compile)   # bytecode: scripts/warm.py below
