@@ -183,13 +183,21 @@ def _line(mark):
     # had been named, as a sync), and the lambda is the program's to move
     ("spawn", "unknown", "program", "calls/train_errors.py:{LOADER} in main (starting the DataLoader's worker",
      "define it at module level"),
+    # float64 samples from the third batch on: the model's line met two dtypes on its fifth addmm (two Linear layers
+    # a step at that line); the input is to change, where it is made
+    ("float64", "refused_call", "program", "calls/train_errors.py:{SHAPE} in main (a call that met tensors of two "
+                                           "dtypes)", "it was the 5th call of aten.addmm.default from"),
+    # a checkpoint of the DDP-wrapped model: every key with `module.` in front
+    ("prefix", "refused_call", "program", "calls/train_errors.py:{PREFIX} in main (load_state_dict of keys saved",
+     "consume_prefix_in_state_dict_if_present(state, 'module.')"),
     ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
                                                                                "num_workers=0")),
 ])
 def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cls, kind, where, step, tmp_path):
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
              "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT"),
-             "BACKWARD": _line("# BACKWARD"), "WEIGHTS": _line("# WEIGHTS"), "LOADER": _line("# LOADER")}
+             "BACKWARD": _line("# BACKWARD"), "WEIGHTS": _line("# WEIGHTS"), "LOADER": _line("# LOADER"),
+             "PREFIX": _line("# PREFIX")}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
     where = where.format(**marks)
@@ -203,7 +211,9 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     told = r.stdout.split("next step: ", 1)[1] if "next step: " in r.stdout else v["owner"]["why"]
     assert step.format(**marks) in told, r.stdout
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
-    if case in ("ckpt", "caught", "weights", "spawn"):
+    if case == "float64":   # the meaning too: where the float64 came from
+        assert "float64 comes from numpy arrays" in told, told
+    if case in ("ckpt", "caught", "weights", "spawn", "prefix"):
         assert v["in_flight_op"] is None, v["in_flight_op"]   # no op ended the program
     if case == "worker":   # the dead worker's own op log: the Dataset's line it last ran an op at
         assert v["culprit"].startswith("DataLoader worker") and "__getitem__" in v["owner"]["where"], v["owner"]
@@ -303,6 +313,46 @@ def test_what_a_refusal_means_is_read_from_pytorchs_own_message():
     named = ddp + "Parameters which did not receive grad for rank 1: aux.bias, aux.weight\n"
     assert "aux.bias aux.weight on rank 1" in refusals.meaning(named)[1]
     assert refusals.meaning("RuntimeError: mat1 and mat2 shapes cannot be multiplied") is None
+
+
+@pytest.mark.parametrize("message,words", [
+    ("RuntimeError: mat1 and mat2 must have the same dtype, but got Double and Float", "float64 comes from numpy"),
+    ("RuntimeError: expected m1 and m2 to have the same dtype, but got: double != float", "float64 comes from numpy"),
+    ("RuntimeError: Input type (double) and bias type (float) should be the same", "float64 comes from numpy"),
+    ("RuntimeError: Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same",
+     "one operand is float16, the other float32: a model cast"),
+    ("RuntimeError: expected scalar type Float but found BFloat16", "one operand is float32, the other bfloat16"),
+])
+def test_two_dtypes_in_one_call_say_where_the_odd_one_comes_from(message, words):
+    from gpulab.hang import refusals
+    at, said = refusals.meaning(message)
+    assert at == "a call that met tensors of two dtypes" and words in said
+
+
+@pytest.mark.parametrize("missing,unexpected,words", [
+    ('"body.0.weight", "body.0.bias"', '"module.body.0.weight", "module.body.0.bias"', "model.module), or strip"),
+    ('"_orig_mod.a.weight"', '"a.weight"', "load it into the unwrapped model (model._orig_mod)"),
+    ('"b.weight"', '"a.weight"', None),                  # other names: no prefix explains them
+    ('"a.weight", "b.weight"', '"module.a.weight"', None),   # a key the checkpoint lacks altogether
+])
+def test_state_dict_keys_that_differ_by_a_wrappers_prefix_name_the_wrapper(missing, unexpected, words):
+    from gpulab.hang import refusals
+    text = (f"RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: {missing}. \n"
+            f"\tUnexpected key(s) in state_dict: {unexpected}. ")
+    got = refusals.meaning(text)
+    assert (got is None) if words is None else (words in got[1]), got
+
+
+@pytest.mark.parametrize("nth,words", [(1, "the first call of aten.mm.default from t.py:3 in f"),
+                                       (2, "the 2nd call of aten.mm.default from t.py:3 in f: the 1 before"),
+                                       (13, "the 13th call"), (23, "the 23rd call")])
+def test_the_call_of_the_op_from_its_line_says_whether_the_line_ran_it_before(nth, words):
+    from gpulab.hang import verdict
+    recs = [{"seq": i, "name": "aten.mm.default" if i % 2 else "aten.add.Tensor", "call_site": "t.py:3 in f"}
+            for i in range(1, 2 * nth + 1)]
+    last_mm = recs[-2]
+    assert verdict.line_pass(recs, last_mm) == nth and verdict.line_pass(recs, {"seq": 5, "name": "x"}) is None
+    assert words in owner.pass_words(last_mm, nth)
 
 
 @pytest.mark.parametrize("workers,where", [

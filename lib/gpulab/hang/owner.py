@@ -315,6 +315,31 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     stacks, stderr_tail, memcheck, processes, culprit, divergence), where the program's sources register
     custom ops and kernels (`registrations`), and what is known of the platform (its GPU arch, when 01 read it).
     Never reads `planted`: a planted fault is judged like a real one."""
+    who = _decide(v, registered, platform)
+    op = v.get("in_flight_op") or {}
+    nth = op.get("pass") if isinstance(op, Mapping) else None
+    if who.kind == "program" and v.get("status") == "error" and isinstance(nth, int) and nth > 1:
+        return Owner(who.kind, who.where, f"{who.why}; {pass_words(op, nth)}", who.program)
+    return who
+
+
+def pass_words(op: Mapping[str, Any], nth: int) -> str:
+    """Whether the line ever ran the op before: on its first call the code path itself fails; on a later one the
+    same code ran to the end before, so what it was given changed (the data, a shape, a state). Calls, not loop
+    steps: a line that calls the op twice a step (two Linear layers in one Sequential) counts two a step."""
+    if nth == 1:
+        return f"it was the first call of {op.get('name')} from {op.get('call_site')}"
+    return (f"it was the {ordinal(nth)} call of {op.get('name')} from {op.get('call_site')}: the {nth - 1} before "
+            f"it from that line ran to the end, so what the line was given changed (the data, a shape, a state), "
+            f"not the code")
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 13 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
+            platform: Mapping[str, Any] | None) -> Owner:
     registered = dict(registered or {})
     platform = dict(platform or {})
     cls = v.get("class")

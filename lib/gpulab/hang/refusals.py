@@ -18,6 +18,23 @@ _DDP_INDICES = re.compile(r"Parameter indices which did not receive grad for ran
 _DDP_NAMES = re.compile(r"Parameters which did not receive grad for rank (?P<rank>\d+):\s*(?P<names>[^\n]+)")
 _MAX_LISTED = 8
 _WEIGHTS_ONLY = re.compile(r"Weights only load failed")
+# two dtypes met in one call: addmm/mm ("mat1 and mat2 must have the same dtype, but got Double and Float"), matmul
+# and the older kernels ("expected scalar type Float but found Double", "expected m1 and m2 to have the same dtype,
+# but got: double != float"), convolutions ("Input type (double) and bias type (float) should be the same")
+_TWO_DTYPES = re.compile(
+    r"must have the same dtype, but got (?P<a>\w+) and (?P<b>\w+)"
+    r"|expected scalar type (?P<c>\w+) but found (?P<d>\w+)"
+    r"|to have the same dtype, but got:? (?P<e>\w+) != (?P<f>\w+)"
+    r"|Input type \((?:torch\.)?(?:cuda\.)?(?P<g>[A-Za-z0-9]+?)(?:Tensor)?\) and (?:weight|bias) type "
+    r"\((?:torch\.)?(?:cuda\.)?(?P<h>[A-Za-z0-9]+?)(?:Tensor)?\) should be the same")
+_DTYPE_NAMES = {"double": "float64", "float": "float32", "half": "float16", "bfloat16": "bfloat16",
+                "float64": "float64", "float32": "float32", "float16": "float16", "cudadouble": "float64",
+                "cudafloat": "float32", "cudahalf": "float16", "cudabfloat16": "bfloat16"}
+_STATE_KEYS = re.compile(r"Missing key\(s\) in state_dict: (?P<missing>.+?)\.\s*\n?\s*"
+                         r"Unexpected key\(s\) in state_dict: (?P<unexpected>.+?)\.\s*(?:\n|$)", re.S)
+_KEY = re.compile(r'"([^"]+)"')
+_WRAPPERS = {"module.": ("DistributedDataParallel or DataParallel", "model.module"),
+             "_orig_mod.": ("torch.compile", "model._orig_mod")}
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL (?P<name>[\w.]+)")
 
 
@@ -41,6 +58,13 @@ def meaning(text: str) -> tuple[str, str] | None:
                 f"PyTorch 2.6; the file was written before, or with more than tensors): if the file is your own or "
                 f"trusted, torch.load(..., weights_only=False); or allow that type ({allow}); or save only tensors "
                 f"and plain Python values (a numpy array as a tensor, a generator's state as a dict of ints)")
+    two = _TWO_DTYPES.search(text or "")
+    if two:
+        got = [_DTYPE_NAMES.get(g.lower(), g) for g in two.groups() if g]
+        return ("a call that met tensors of two dtypes", _two_dtypes(got[0], got[1]))
+    keys = _prefix(text or "")
+    if keys:
+        return keys
     if _DDP_UNUSED.search(text or ""):
         names = _DDP_NAMES.search(text)
         idx = _DDP_INDICES.search(text)
@@ -56,6 +80,42 @@ def meaning(text: str) -> tuple[str, str] | None:
                 f"in that step's loss (a branch or head that did not run, a loss term left out, a frozen layer "
                 f"still wrapped): make every wrapped parameter reach the loss, leave it out of the module DDP wraps, "
                 f"or pass find_unused_parameters=True to DDP (a walk of the graph every step)")
+    return None
+
+
+def _two_dtypes(a: str, b: str) -> str:
+    if "float64" in (a, b):
+        return (f"one operand is {a}, the other {b}: float64 comes from numpy arrays (torch.from_numpy and "
+                f"torch.tensor keep numpy's default float64) or a .double() somewhere, while a layer's weights are "
+                f"float32: convert where the input is made (torch.from_numpy(x).float(), x.astype(np.float32), or "
+                f"x.to(the weights' dtype)); the line that raised only met it")
+    return (f"one operand is {a}, the other {b}: a model cast to one dtype (.half(), .to(torch.bfloat16)) fed "
+            f"tensors of another, or an autocast region's output meeting a layer outside it: cast the input to "
+            f"the weights' dtype (x.to(next(model.parameters()).dtype)) or run both inside the same torch.autocast")
+
+
+def _prefix(text: str) -> tuple[str, str] | None:
+    """load_state_dict's missing and unexpected keys that are the same names with a wrapper's prefix."""
+    m = _STATE_KEYS.search(text)
+    if not m:
+        return None
+    missing, unexpected = _KEY.findall(m.group("missing")), _KEY.findall(m.group("unexpected"))
+    if not missing or not unexpected:
+        return None
+    for pre, (who, inner) in _WRAPPERS.items():
+        if {k.removeprefix(pre) for k in unexpected if k.startswith(pre)} >= set(missing) \
+                and all(k.startswith(pre) for k in unexpected):
+            return ("load_state_dict of keys saved with a wrapper's prefix",
+                    f"every key the checkpoint has is a key the model wants with `{pre}` in front: it was saved from "
+                    f"the model wrapped by {who}: save the unwrapped model's state_dict() ({inner}), or strip the "
+                    f"prefix as it loads: "
+                    f"torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, '{pre}')")
+        if {k.removeprefix(pre) for k in missing if k.startswith(pre)} >= set(unexpected) \
+                and all(k.startswith(pre) for k in missing):
+            return ("load_state_dict into a wrapped model",
+                    f"every key the model wants is a key the checkpoint has with `{pre}` in front: the model is "
+                    f"wrapped by {who} and the checkpoint is the plain model's: load it into the unwrapped model "
+                    f"({inner}), or before wrapping")
     return None
 
 

@@ -309,6 +309,16 @@ def _threads(obs: Observation) -> tuple[tuple[capture.Thread, ...], tuple[captur
     return python, capture.parse_native(obs.native_text, obs.pid)
 
 
+def line_pass(records: Sequence[Any], rec: Any) -> int | None:
+    """Which call of its op from its call site the record is, counting from 1: the loop's pass through that line
+    (a loop's step 3 is pass 4). None where the op has no call site."""
+    name, site, seq = _get(rec, "name"), _get(rec, "call_site"), _get(rec, "seq")
+    if not site or seq is None:
+        return None
+    return sum(1 for r in records if _get(r, "call_site") == site and _get(r, "name") == name
+               and (_get(r, "seq") if _get(r, "seq") is not None else seq + 1) <= seq)
+
+
 # ------------------------------------------------------------------------------------ the judgement
 
 def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
@@ -400,15 +410,20 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     mem = memtrend.trend(obs.memory) if cls == "out_of_memory" else None
     if mem:
         facts.append(f"from the recorder's memory samples: {memtrend.words(mem)}")
+    nth = line_pass(records, inflight) if inflight is not None and not obs.dropped else None
+    inflight_d = op_dict(inflight)
+    if nth:
+        inflight_d["pass"] = nth
+        facts.append(owner.pass_words(inflight_d, nth))
     who = None if status == "ok" else owner.decide(
-        {"status": status, "class": cls, "signal": sig, "in_flight_op": op_dict(inflight), "localized": localized,
+        {"status": status, "class": cls, "signal": sig, "in_flight_op": inflight_d, "localized": localized,
          "modified_in_place": changed, "freed_graph": freed, "collate": coll, "memory_trend": mem,
          "lock_cycle": cycle, "pid": obs.pid,
          "stacks": {"python": py_threads, "native": native_threads, "gpu": obs.gpu_text},
          "stderr_tail": obs.stderr_tail, "open_ops": [op_dict(r) for r in open_recs]},
         dict(obs.registered)).to_dict()
     return Verdict(
-        status=status, phase=phase, cls=cls, in_flight_op=op_dict(inflight), host_blocked_in=blocked_d,
+        status=status, phase=phase, cls=cls, in_flight_op=inflight_d, host_blocked_in=blocked_d,
         last_completed_op=op_dict(last_done), ops_completed=obs.ops_completed, signal=sig,
         exit_code=obs.exit_code, elapsed_s=round(obs.elapsed_s, 3),
         stacks={"python": obs.python_text, "native": obs.native_text, "gpu": obs.gpu_text},
