@@ -557,6 +557,27 @@ def test_the_matrix_finds_the_one_fix_that_removes_a_real_hang(tmp_path, fixture
     assert (tmp_path / "fixes_table.csv").exists()
 
 
+@pytest.mark.parametrize("target,seen,judged", [
+    (Target(command=("python", "x.py")), "cpu", "cpu"),      # a CPU program on a GPU machine: no CUDA fix applies
+    (Target(command=("python", "x.py")), "cuda:0", "cuda"),  # its op on the GPU: the machine's GPU
+    (Target(command=("python", "x.py")), None, "cuda"),      # the evidence does not say: the machine's
+    (Target(workloads.WorkloadConfig(device="cuda")), "cpu", "cuda"),   # the built-in workload: as configured
+])
+def test_a_commands_fixes_are_judged_where_its_failing_op_ran(monkeypatch, tmp_path, target, seen, judged):
+    """Before a command runs, device auto is the machine's GPU; once its baseline failed, the failing op's device
+    says where the program runs (a CPU program on a GPU host was offered sync_gemm, a CUDA fix)."""
+    from gpulab.fixes.outcome import ScenarioResult
+    asked = []
+    monkeypatch.setattr(matrix.platform, "facts", lambda dev, mask=None: asked.append(dev) or {"device": dev})
+    mx = matrix._Matrix(target, matrix.MatrixConfig("sync_gemm"), tmp_path, "cuda", lambda m: None,
+                        scenarios.Pointers())
+    op = {"name": "aten.mm.default", "device": seen} if seen else None
+    mx.order, mx.done["baseline"] = ["baseline"], ScenarioResult(
+        "baseline", (), "", "", True, counts={"hang": 1}, trials=1,
+        first_failure={"evidence": {"status": "hang", "in_flight_op": op}})
+    assert mx.facts["device"] == judged and asked == [judged]
+
+
 def test_cost_of_a_plain_command_is_its_time(tmp_path):
     cfg = matrix.MatrixConfig("omp_single_thread", repeats=1, stall_s=5.0, timeout_s=60, cost_rounds=3)
     script = tmp_path / "quick.py"

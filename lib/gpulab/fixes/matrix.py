@@ -110,8 +110,20 @@ class _Matrix:
         where none is (the baseline passed, nothing to fix), a GPU's kernel never imports torch for them (4 s of
         04 on the H100 machine)."""
         if self._facts is None:
-            self._facts = platform.facts(self.device, platform.workload_mask(self.target.cfg))
+            self._facts = platform.facts(self._device_seen(), platform.workload_mask(self.target.cfg))
         return self._facts
+
+    def _device_seen(self) -> str:
+        """Where a command's failing op ran, as its baseline showed it: before a command runs gpulab cannot tell a
+        CPU program from a GPU one (device auto is the machine's GPU), and a CUDA fix means nothing to an op on
+        the CPU. The configured device for the built-in workload, and wherever the evidence does not say."""
+        base = self.baseline
+        ff = (base.first_failure or {}) if base else {}
+        op = (ff.get("evidence") or {}).get("in_flight_op") if isinstance(ff.get("evidence"), Mapping) else None
+        seen = op.get("device") if isinstance(op, Mapping) else None
+        if self.target.cfg is None and isinstance(seen, str) and seen.split(":")[0] == "cpu":
+            return "cpu"
+        return self.device
 
     @property
     def results(self) -> list[ScenarioResult]:
