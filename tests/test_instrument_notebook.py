@@ -180,6 +180,24 @@ def test_beside_the_builtin_workloads_first_run_the_runs_it_makes_useless_are_st
     assert time.monotonic() - t0 < 20 and not list((tmp_path / "raised").glob("stats*"))
 
 
+@pytest.mark.parametrize("raised_at, want", [
+    (1, ", last op aten.add.Tensor (raised);"),                         # the failing op is the last one
+    (0, ", last op aten.add.Tensor; the latest op to raise: aten.mm.default at t.py:3;"),   # ops ran after it
+    (None, ", last op aten.add.Tensor;"),                               # no op marked (torch 2.11 marks none)
+])
+def test_02_names_the_op_that_raised_when_ops_ran_after_it(raised_at, want):
+    from gpulab.trace import analysis
+    from gpulab.trace.ring import OpRecord, Snapshot
+    from gpulab.trace.run import Recording
+
+    recs = tuple(OpRecord(i, n, [], f"t.py:{3 + i}", "main", 1.0 + i, 1.1 + i, None, None, raised=i == raised_at)
+                 for i, n in enumerate(("aten.mm.default", "aten.add.Tensor")))
+    rec = Recording(Snapshot(recs, 2, 2, None, "ops", 1, "cpu", 64, 0), 1, None, False, 4.0, "/o/ops.log",
+                    ("python", "t.py"), "", "error", 30.0)
+    head, _ = analysis.finding(rec, None, "script", "cpu", "ops.log")
+    assert head.startswith("the workload did not finish: error (exit 1) after 2 ops" + want), head
+
+
 @pytest.mark.parametrize("snap_ops,rung,want", [
     (2, "forward", "2 ops recorded (forward rung on cpu)"),
     (2, None, "2 ops recorded (on cpu)"),                  # what a watch caught: no rung of the built-in workload

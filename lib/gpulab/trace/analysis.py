@@ -172,6 +172,15 @@ def _where(rec: Any) -> tuple[OpRecord | None, OpRecord | None]:
     return localize(snap.records)[0], snap.records[-1]
 
 
+def _raised_before(rec: Any) -> str:
+    """The latest op the recorder saw raise, when ops ran after it (the exception's unwinding, a handler's
+    cleanup): the last op recorded is then not the one that failed (03's verdict says which the traceback names)."""
+    raised = next((r for r in reversed(rec.snapshot.records) if r.raised), None)
+    if raised is None:
+        return ""
+    return f"; the latest op to raise: {raised.name}" + (f" at {raised.call_site}" if raised.call_site else "")
+
+
 def _unfinished(r: OpRecord) -> str:
     return "never finished" if r.t_end is None else "its GPU work never completed"
 
@@ -219,7 +228,7 @@ def finding(rec: Any, stats_rec: Any, rung: str | None, device: str, log: str, m
         headline = f"{counted} ({what}); {cost}; {nan}"
     else:
         where = (f", in op {open_op.name} ({_unfinished(open_op)})" if open_op else
-                 f", last op {last.name}" + (" (raised)" if last.raised else "") if last else
+                 f", last op {last.name}" + (" (raised)" if last.raised else _raised_before(rec)) if last else
                  ", before any op of its own" if getattr(rec, "processes", 0) else ", before any op")
         if getattr(rec, "shown", ""):
             where = f" (in {rec.shown}){where}"
