@@ -238,7 +238,7 @@ def recorder_cost(spec: Spec) -> dict[str, Any]:
     from gpulab.trace import bench as recorder_bench
     from gpulab.trace import lazydynamo
 
-    plan = dict(spec.recorder or {})
+    plan = dict(spec.recorder)
     if lazydynamo.NAME in sys.modules:
         return {**plan, "status": "not_here", "why": "torch._dynamo was imported in the benchmark's process"}
     lazydynamo.defer()

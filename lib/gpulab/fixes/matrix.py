@@ -118,10 +118,9 @@ class _Matrix:
         CPU program from a GPU one (device auto is the machine's GPU), and a CUDA fix means nothing to an op on
         the CPU. The configured device for the built-in workload, and wherever the evidence does not say."""
         base = self.baseline
-        ff = (base.first_failure or {}) if base else {}
-        op = (ff.get("evidence") or {}).get("in_flight_op") if isinstance(ff.get("evidence"), Mapping) else None
+        op = (((base.first_failure or {}) if base else {}).get("evidence") or {}).get("in_flight_op")
         seen = op.get("device") if isinstance(op, Mapping) else None
-        if self.target.cfg is None and isinstance(seen, str) and seen.split(":")[0] == "cpu":
+        if self.target.cfg is None and gdevice.kind(seen or "") == "cpu":
             return "cpu"
         return self.device
 

@@ -5,6 +5,8 @@ anything here (cuDNN or an allocator setting on a CPU) is reported not_applicabl
 """
 from __future__ import annotations
 
+from gpulab import device as gdevice
+
 
 def facts(device: str, sdpa_mask: bool | None = None) -> dict:
     """{"device": cpu|cuda[:N], "gpu": cuda|rocm|None, "cudnn": bool, "torch": version, "sdpa_mask": the
@@ -12,7 +14,7 @@ def facts(device: str, sdpa_mask: bool | None = None) -> dict:
     unknown: a user's program)}. torch is imported only for a GPU device: on the CPU nothing here needs more
     than torch's version file, and 04's kernel, which only starts children, then never loads torch (3.5
     CPU-s of a 2-core machine)."""
-    if str(device).strip().lower().startswith("cpu"):
+    if gdevice.kind(device) == "cpu":
         built = _build_file()
         if built is not None:
             return {"device": str(device), "gpu": None, "cudnn": False, "torch": built.get("__version__"),

@@ -27,9 +27,7 @@ _TWO_DTYPES = re.compile(
     r"|to have the same dtype, but got:? (?P<e>\w+) != (?P<f>\w+)"
     r"|Input type \((?:torch\.)?(?:cuda\.)?(?P<g>[A-Za-z0-9]+?)(?:Tensor)?\) and (?:weight|bias) type "
     r"\((?:torch\.)?(?:cuda\.)?(?P<h>[A-Za-z0-9]+?)(?:Tensor)?\) should be the same")
-_DTYPE_NAMES = {"double": "float64", "float": "float32", "half": "float16", "bfloat16": "bfloat16",
-                "float64": "float64", "float32": "float32", "float16": "float16", "cudadouble": "float64",
-                "cudafloat": "float32", "cudahalf": "float16", "cudabfloat16": "bfloat16"}
+_DTYPE_NAMES = {"double": "float64", "float": "float32", "half": "float16"}   # the rest are torch's own names
 _STATE_KEYS = re.compile(r"Missing key\(s\) in state_dict: (?P<missing>.+?)\.\s*\n?\s*"
                          r"Unexpected key\(s\) in state_dict: (?P<unexpected>.+?)\.\s*(?:\n|$)", re.S)
 _KEY = re.compile(r'"([^"]+)"')
@@ -60,7 +58,7 @@ def meaning(text: str) -> tuple[str, str] | None:
                 f"and plain Python values (a numpy array as a tensor, a generator's state as a dict of ints)")
     two = _TWO_DTYPES.search(text or "")
     if two:
-        got = [_DTYPE_NAMES.get(g.lower(), g) for g in two.groups() if g]
+        got = [_DTYPE_NAMES.get(g.lower(), g.lower()) for g in two.groups() if g]
         return ("a call that met tensors of two dtypes", _two_dtypes(got[0], got[1]))
     keys = _prefix(text or "")
     if keys:
@@ -103,20 +101,23 @@ def _prefix(text: str) -> tuple[str, str] | None:
     if not missing or not unexpected:
         return None
     for pre, (who, inner) in _WRAPPERS.items():
-        if {k.removeprefix(pre) for k in unexpected if k.startswith(pre)} >= set(missing) \
-                and all(k.startswith(pre) for k in unexpected):
+        if _carry(unexpected, pre, missing):
             return ("load_state_dict of keys saved with a wrapper's prefix",
                     f"every key the checkpoint has is a key the model wants with `{pre}` in front: it was saved from "
                     f"the model wrapped by {who}: save the unwrapped model's state_dict() ({inner}), or strip the "
                     f"prefix as it loads: "
                     f"torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, '{pre}')")
-        if {k.removeprefix(pre) for k in missing if k.startswith(pre)} >= set(unexpected) \
-                and all(k.startswith(pre) for k in missing):
+        if _carry(missing, pre, unexpected):
             return ("load_state_dict into a wrapped model",
                     f"every key the model wants is a key the checkpoint has with `{pre}` in front: the model is "
                     f"wrapped by {who} and the checkpoint is the plain model's: load it into the unwrapped model "
                     f"({inner}), or before wrapping")
     return None
+
+
+def _carry(keys: list[str], pre: str, others: list[str]) -> bool:
+    """Every key is one of the others with `pre` in front."""
+    return all(k.startswith(pre) for k in keys) and {k.removeprefix(pre) for k in keys} >= set(others)
 
 
 def _listed(items: list[str]) -> str:

@@ -310,13 +310,13 @@ def _threads(obs: Observation) -> tuple[tuple[capture.Thread, ...], tuple[captur
 
 
 def line_pass(records: Sequence[Any], rec: Any) -> int | None:
-    """Which call of its op from its call site the record is, counting from 1: the loop's pass through that line
-    (a loop's step 3 is pass 4). None where the op has no call site."""
+    """Which call of its op from its call site the record is, counting from 1 (owner.pass_words: calls, not loop
+    steps). None where the op has no call site."""
     name, site, seq = _get(rec, "name"), _get(rec, "call_site"), _get(rec, "seq")
     if not site or seq is None:
         return None
     return sum(1 for r in records if _get(r, "call_site") == site and _get(r, "name") == name
-               and (_get(r, "seq") if _get(r, "seq") is not None else seq + 1) <= seq)
+               and _get(r, "seq") is not None and _get(r, "seq") <= seq)
 
 
 # ------------------------------------------------------------------------------------ the judgement

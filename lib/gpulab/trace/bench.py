@@ -209,17 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     ns = p.parse_args(argv[:i])
 
-    modes = [m for m in ns.modes.split(",") if m]
-    for m in modes:
-        _check_mode(m)
     cfg = workloads.parse_cli(argv[i + 1:])
     lazydynamo.defer()   # every mode timed here made as the recorder's is in a recorded run
-    time_recorder(cfg, modes, ns.repeats, ns.json)
+    time_recorder(cfg, [m for m in ns.modes.split(",") if m], ns.repeats, ns.json)
     return 0
 
 
 def time_recorder(cfg: workloads.WorkloadConfig, modes: list[str], repeats: int, json_path: str | os.PathLike
-                  ) -> dict:
+                  ) -> None:
     """The built-in workload's rung bare, under a bare dispatch mode and under each recording mode, interleaved in
     this process, written to json_path. The caller has deferred torch._dynamo (lazydynamo.defer) before anything
     imported it, so the modes are what a recorded run's are: this module's child, or 06's benchmark worker once
@@ -238,10 +235,8 @@ def time_recorder(cfg: workloads.WorkloadConfig, modes: list[str], repeats: int,
         for r in recs:
             r.close()
     out = [r.__dict__ | {"samples_s": list(r.samples_s)} for r in rows(samples, ops)]
-    data = {"rung": cfg.rung, "device": prep.device, "ops": ops, "rows": out,
-            "hot_path": recs[0].hot_path if recs else None}
-    write_json(json_path, data)
-    return data
+    write_json(json_path, {"rung": cfg.rung, "device": prep.device, "ops": ops, "rows": out,
+                           "hot_path": recs[0].hot_path if recs else None})
 
 
 if __name__ == "__main__":

@@ -129,14 +129,25 @@ def cost_words(cfg: Any, captured: bool = False) -> str:
             else "recording cost not measured")
 
 
+def _not_timed(cfg: Any, out_dir: str | Path) -> str:
+    """Why the recorder's cost is not timed for this workload ("" where it is): a user program (NOT_TIMED), or
+    02's run of the workload did not finish (its wall time measures nothing, a rerun would only fail again)."""
+    from gpulab import report
+    from gpulab.trace import run
+
+    if not _builtin(cfg):
+        return NOT_TIMED
+    status = report.metrics_of(out_dir, "02_instrument").get("status")
+    return "" if status in (None, "ok") else run.unfinished_cost(status, "02's run of the workload")
+
+
 def recorder_plan(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int) -> dict | None:
     """What 06's benchmark worker times of the recorder once its own timing is done, in the same process (one
     process start and torch import fewer than a child of its own: about 5 s on the H100 machine): {"modes",
     "repeats", "json"}; None where recorder_cost would time nothing (a user program, 02's run unfinished)."""
-    from gpulab import report
     from gpulab.trace import native, run
 
-    if not _builtin(cfg) or report.metrics_of(out_dir, "02_instrument").get("status") not in (None, "ok"):
+    if _not_timed(cfg, out_dir):
         return None
     native.ensure_all()   # built by a launcher, never by the process that records (gpulab.trace.native)
     return {"modes": list(run.modes_for(cfg, mode)), "repeats": int(repeats),
@@ -152,14 +163,11 @@ def recorder_cost(cfg: Any, out_dir: str | Path, *, mode: str, repeats: int, sta
     again) or for a user program (NOT_TIMED says why). timed: what the benchmark worker said of the timing
     recorder_plan asked of it (its "status", and "why" where it could not); its figures are read, not timed
     again; where it could not time them in its process, a child of their own does."""
-    from gpulab import report
     from gpulab.trace import analysis, run
 
-    if not _builtin(cfg):
-        return None, NOT_TIMED
-    status = report.metrics_of(out_dir, "02_instrument").get("status")
-    if status not in (None, "ok"):
-        return None, run.unfinished_cost(status, "02's run of the workload")
+    why = _not_timed(cfg, out_dir)
+    if why:
+        return None, why
     if timed and timed.get("status") == "ok":
         ov, note = run.overhead_from(timed["json"]), ""
     elif timed and timed.get("status") in ("hang", "crash", "error"):
