@@ -416,3 +416,14 @@ def test_benchmark_text_table_aligns_and_dashes_missing_values():
     assert tbench.text_table([{"variant": "ops", "ms": 1.234, "goal": 3.0},
                               {"variant": "none", "ms": 10.0, "goal": None}], cols) == [
         "  variant      ms  goal", "  ops        1.23    3%", "  none      10.00     -"]
+
+
+def test_06s_kernel_reads_and_draws_without_loading_torch():
+    """06's kernel only reads the worker's results and draws them: torch's start-up (seconds on a small CPU) is
+    the worker's alone."""
+    import subprocess
+    import sys
+    code = ("import sys, gpulab.bench, gpulab.bench.view, gpulab.trace.followups, gpulab.trace.analysis; "
+            "gpulab.bench.finding; print('torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "False", p.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulab import trace
 from gpulab.fixes import answers, registry
 from gpulab.hang import classify, collate, freedgraph, inplace, memtrend, owner, verdict
 
@@ -190,6 +191,11 @@ def _line(mark):
     # a checkpoint of the DDP-wrapped model: every key with `module.` in front
     ("prefix", "refused_call", "program", "calls/train_errors.py:{PREFIX} in main (load_state_dict of keys saved",
      "consume_prefix_in_state_dict_if_present(state, 'module.')"),
+    # torch.save into a folder that does not exist raises outside any op: the detach it ran at that line before is
+    # not named (a recorder that marks raised ops marked none)
+    ("save", "refused_call", "program", "calls/train_errors.py:{SAVE} in main",
+     "PyTorch's save refused the arguments the program gave it (RuntimeError: Parent directory runs/no-such-folder "
+     "does not exist."),
     ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
                                                                                "num_workers=0")),
 ])
@@ -197,9 +203,14 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
              "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT"),
              "BACKWARD": _line("# BACKWARD"), "WEIGHTS": _line("# WEIGHTS"), "LOADER": _line("# LOADER"),
-             "PREFIX": _line("# PREFIX")}
+             "PREFIX": _line("# PREFIX"), "SAVE": _line("# SAVE")}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
+    if case == "save" and trace.read(tmp_path / case / "ops.log").raise_marks is False:
+        # torch 2.11's CUDA wheels: no op is marked when it raises, so the last op at the line (the detach
+        # torch.save ran) is named, and the verdict says it guessed
+        assert "this PyTorch build's ops are not marked when they raise" in " ".join(v["notes"]), v["notes"]
+        return
     where = where.format(**marks)
     if v["localized"] != "raised":   # the op is named where the recorder saw it raise (torch 2.11's did not, once)
         where = where.split(" (calling ")[0]
@@ -213,7 +224,7 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     assert not v["suggested"] or case == "worker", v["suggested"]   # nothing tried on the op's name alone
     if case == "float64":   # the meaning too: where the float64 came from
         assert "float64 comes from numpy arrays" in told, told
-    if case in ("ckpt", "caught", "weights", "spawn", "prefix"):
+    if case in ("ckpt", "caught", "weights", "spawn", "prefix", "save"):
         assert v["in_flight_op"] is None, v["in_flight_op"]   # no op ended the program
     if case == "worker":   # the dead worker's own op log: the Dataset's line it last ran an op at
         assert v["culprit"].startswith("DataLoader worker") and "__getitem__" in v["owner"]["where"], v["owner"]
@@ -577,6 +588,9 @@ def test_the_op_that_raised_is_the_one_at_the_line_the_traceback_names():
     pickled = tb.replace('RuntimeError: mat1', '  File "/usr/lib/python3.12/multiprocessing/reduction.py", line 60, '
                          'in dump\n    ForkingPickler(file, protocol).dump(obj)\nRuntimeError: mat1')
     assert verdict.raised_op(recs, pickled) is None
+    # a recorder that marks raised ops and marked none: no op raised (torch.save's file writer after its detach)
+    assert verdict.raised_op(recs, tb, marks=True) is None
+    assert verdict.raised_op(recs, tb, marks=False)["name"] == "aten.addmm.default"
 
 
 RANK0_GONE = "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"

@@ -58,7 +58,9 @@ def test_02_on_an_error_exit_finishes_and_checks_nans_once_more(tmp_path):
     assert (m["status"], m["exit_code"], m["last_op"]) == ("error", 1, "aten.mm.default")
     assert m["overhead_us_per_op"] is None and m["nonfinite_checked"] is True and m["first_nonfinite_op"] is None
     assert entry["headline"].startswith("the workload did not finish: error (exit 1) after ")
-    assert "aten.mm.default (raised)" in entry["headline"]
+    marks = trace.read(tmp_path / "out" / "ops.log").raise_marks   # torch 2.11's CUDA wheels: not marked
+    assert ("aten.mm.default (raised)" if marks else "aten.mm.default (whether it raised is not known") \
+        in entry["headline"], (marks, entry["headline"])
     assert (tmp_path / "out" / "stats.log").exists() and not (tmp_path / "out" / "overhead.csv").exists()
     assert any("recording cost and GPU times not measured" in t for t in texts)   # the finding, shown
     assert any("<td>raised</td>" in t for t in texts)

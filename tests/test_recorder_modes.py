@@ -254,6 +254,28 @@ def test_native_and_python_hot_paths_write_the_same_records(tmp_path):
     assert len(a.records) >= 20 and any(r.kind == "composite" for r in a.records)
 
 
+@pytest.mark.parametrize("path", hotpaths.PATHS)
+def test_the_log_says_whether_a_raised_op_is_marked_and_the_probe_is_not_recorded(tmp_path, path):
+    """A reader of a program's error needs to know whether 'no op marked raised' means that none raised: the
+    recorder says so in the log, from one failing op of its own (never a record), and a real raise is marked."""
+    import torch
+
+    log = tmp_path / "ops.log"
+    with trace.Recorder(log, "ops", **hotpaths.kw(path)) as rec:
+        x = torch.ones(2, 3)
+        try:
+            torch.mm(x, x)
+        except RuntimeError:
+            pass
+    assert rec.hot_path == hotpaths.expected(path)
+    rec.close()
+    snap = trace.read(log)
+    top = hotpaths.top(snap.records)
+    assert [(r.name, r.raised) for r in top[:1]] == [("aten.ones.default", False)] and top[1].name == "aten.mm.default"
+    assert snap.raise_marks is top[1].raised, (path, snap.raise_marks)   # the probe says what a real raise gets
+    assert snap.raise_marks or path == "observer"   # the dispatch mode's try/except sees every raise
+
+
 def test_the_observer_records_every_op_the_dispatch_mode_sees_in_order(tmp_path):
     """The observer sees each op where the dispatcher is entered, so it also records what an op runs inside it
     (one level deeper) and the ops of composites the dispatch mode only sees decomposed; every record of the

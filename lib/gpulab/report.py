@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.json"
+ORACLE_GATE_FILE = "oracle_gate.json"   # 05's gate, read by 06 (gpulab.oracle.check writes it)
 
 
 def _jsonable(value: Any) -> Any:

@@ -24,6 +24,7 @@ RUNGS = ("sdpa", "forward", "step", "steps")
 # The vocabulary every subpackage shares (defined here once).
 BACKENDS = ("math", "flash", "efficient", "cudnn")          # concrete SDPA backends, gpulab's names
 FUSED_BACKENDS = ("flash", "efficient", "cudnn")
+SDPA_CANDIDATES = {b: f"sdpa_{b}" for b in BACKENDS}   # backend -> its oracle candidate's name ("math" -> "sdpa_math")
 SDPA_BACKENDS = ("auto",) + BACKENDS                        # the sdpa_backend parameter's choices
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DTYPES = ("auto",) + DTYPE_NAMES                            # the dtype parameter's choices

@@ -19,9 +19,7 @@ from gpulab import proc, recorded, report
 from gpulab import device as _device
 from gpulab.bench.decision import Gate, parse_gate
 from gpulab.stats import check_delta
-from gpulab.oracle import GATE_FILE
-from gpulab.oracle.candidates import ALIASES
-from gpulab.workloads import BACKENDS, AttentionCall, WorkloadConfig
+from gpulab.workloads import BACKENDS, SDPA_CANDIDATES, AttentionCall, WorkloadConfig
 
 RESULT_FILE = "benchmark.json"
 SPEC_FILE = "benchmark_spec.json"
@@ -33,7 +31,7 @@ RECORDER_S = 300.0   # the worker's deadline grows by this when it also times th
 
 def canonical(names: Sequence[str]) -> list[str]:
     """Registry names in order, no repeats: the registry's aliases ('math' -> 'sdpa_math') applied."""
-    return list(dict.fromkeys(ALIASES.get(n, n) for n in names))
+    return list(dict.fromkeys(SDPA_CANDIDATES.get(n, n) for n in names))
 
 
 def at_length(call: AttentionCall, seq_len: int) -> AttentionCall:
@@ -113,7 +111,7 @@ def workload_call(cfg: WorkloadConfig, device: str, out_dir: str | os.PathLike |
 
 def load_gate(out_dir: str | os.PathLike) -> dict[str, Gate] | None:
     """05's gate from out_dir, or None when 05 has not run there."""
-    return parse_gate(report.read_json(Path(out_dir) / GATE_FILE), GATE_FILE)
+    return parse_gate(report.read_json(Path(out_dir) / report.ORACLE_GATE_FILE), report.ORACLE_GATE_FILE)
 
 
 def make_spec(cfg: WorkloadConfig, *, candidates: Sequence[str], baseline: str, seq_lens: Sequence[int],
@@ -134,8 +132,8 @@ def make_spec(cfg: WorkloadConfig, *, candidates: Sequence[str], baseline: str, 
     dev = _device.resolve(cfg.device)
     gate = None
     if out_dir is not None:
-        gate = report.read_json(Path(out_dir) / GATE_FILE)
-        parse_gate(gate, GATE_FILE)  # fail early on a malformed gate
+        gate = report.read_json(Path(out_dir) / report.ORACLE_GATE_FILE)
+        parse_gate(gate, report.ORACLE_GATE_FILE)  # fail early on a malformed gate
     call, whose, rows = workload_call(cfg, dev, out_dir)
     return Spec(dev, call, tuple(canonical(candidates)), canonical([baseline])[0], tuple(seq_lens), float(delta),
                 float(max_time_s), asdict(cfg), gate, source=whose if call is not None else "",

@@ -10,8 +10,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from gpulab.bench.measure import measure
 
 MODES = ("fwd", "bwd", "fwd_bwd")
@@ -136,6 +134,7 @@ def table_roof(device_name: str, dtype: str) -> Roof | None:
 
 def measured_roof(device: str, dtype: str, *, size: int | None = None, max_time_s: float = 1.0) -> Roof:
     """A large matmul's TFLOP/s stands in for the peak on a device the table does not know."""
+    import torch
     dt = str(dtype).replace("torch.", "")
     cuda = str(device).startswith("cuda")
     n = size or (8192 if cuda else 1024)
@@ -152,6 +151,7 @@ def measured_roof(device: str, dtype: str, *, size: int | None = None, max_time_
 
 def device_roof(device: str, dtype: str, *, measure_if_unknown: bool = True, max_time_s: float = 1.0) -> Roof:
     """Table roof when the device is known, else a measured matmul (or an empty roof when told not to)."""
+    import torch
     dt = str(dtype).replace("torch.", "")
     cuda = str(device).startswith("cuda")
     name = torch.cuda.get_device_name(torch.device(device)) if cuda else "cpu"

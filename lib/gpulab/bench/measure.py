@@ -5,6 +5,9 @@ with no error bar. Here every call is timed on its own (CUDA events on a GPU, pe
 flushed before each timed GPU call (as triton's do_bench does), sampling stops when the spread is small
 enough, the median is pinned (its CI within ci_rel of it) or a hard cap is hit, raw samples are kept, and
 "faster" is decided from a bootstrap confidence interval of the ratio of medians (`gpulab.stats`).
+
+torch is imported where a sample is taken: notebook 06's kernel reads and draws results and never pays its
+start-up (the benchmark worker times).
 """
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import torch
 
 from gpulab import device as _device
 from gpulab.stats import (apart, check_delta, decide, flag_throttled, hedges_g, is_stable, mann_whitney_p,
@@ -152,6 +154,7 @@ class _NvmlClock:
                 return
             idx = cuda_index
             try:
+                import torch
                 idx = int(torch.cuda._get_nvml_device_index(cuda_index))
             except Exception:  # noqa: BLE001 - older torch or no CUDA_VISIBLE_DEVICES mapping: plain index
                 pass
@@ -175,6 +178,7 @@ def l2_bytes(device: str) -> int:
     """The device's L2 size in bytes (0 on CPU or when torch does not say)."""
     if not str(device).startswith("cuda"):
         return 0
+    import torch
     props = torch.cuda.get_device_properties(torch.device(device))
     return int(getattr(props, "L2_cache_size", 0) or 0)
 
@@ -223,6 +227,7 @@ class _Sampler:
         self.graphs: list[Any] = []
         self.host_per_iter = 1e-3  # seconds the host takes to queue one timed call; refined every batch
         if self.cuda:
+            import torch
             if cfg.flush_l2:
                 self.flush_bytes = flush_buffer_bytes(device)
                 self.cache = torch.empty(self.flush_bytes, dtype=torch.int8, device=device)
@@ -230,10 +235,12 @@ class _Sampler:
 
     def _sync(self):
         if self.cuda:
+            import torch
             torch.cuda.synchronize(self.device)
 
     def _capture(self):
         """One CUDA graph per fn of `graph_calls` calls: removes launch overhead for microsecond kernels."""
+        import torch
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -323,6 +330,8 @@ class _Sampler:
                     series[i].samples.append((time.perf_counter() - t0) * 1e3)
                     series[i].clocks.append(self.clock.read() if self.clock else None)
             return
+        import torch   # the event timers: a CUDA device, so torch is loaded already
+
         events = []
         hold = self.cfg.hold_gpu and hasattr(torch.cuda, "_sleep")
         if hold:

@@ -22,8 +22,7 @@ from gpulab.bench.child import RunResult, Spec
 from gpulab.bench.decision import decision_from_dict
 from gpulab.bench.measure import Comparison, Measurement, comparison_from_dict
 from gpulab.bench.overhead import OVERHEAD_BUDGET, scenario_overhead
-from gpulab.oracle import GATE_FILE
-from gpulab.report import esc, product, table
+from gpulab.report import ORACLE_GATE_FILE, esc, product, table
 from gpulab.workloads import AttentionCall
 
 KIND_LABELS = {"vendor": "PyTorch SDPA", "reference": "reference (gpulab)", "fix": "fix (gpulab)",
@@ -187,7 +186,7 @@ def spec_note(spec: Spec) -> Note:
         "none in this out_dir, so every candidate is **unverified** (the champion will be provisional)"
     return Note(f"Device `{spec.device}`. Every candidate is timed on **{esc(_whose(asdict(spec)))}**: "
                 f"{spec.call.describe()}. Candidates: {', '.join(f'`{n}`' for n in spec.candidates)}; "
-                f"baseline `{spec.baseline}`. Oracle gate from notebook 05 ({GATE_FILE}): {gate}.")
+                f"baseline `{spec.baseline}`. Oracle gate from notebook 05 ({ORACLE_GATE_FILE}): {gate}.")
 
 
 def recorded_table(spec: Spec) -> pd.DataFrame | Note:
@@ -457,7 +456,7 @@ def finding_text(run: RunResult) -> Note:
         return Note(" ".join(parts + ["No decision was reached."]))
     dec = decision_from_dict(d)
     if dec.provisional:
-        parts.append(f"There is no `{GATE_FILE}` from notebook 05 in this out_dir: every candidate is "
+        parts.append(f"There is no `{ORACLE_GATE_FILE}` from notebook 05 in this out_dir: every candidate is "
                      f"**unverified**, so the champion is provisional (fast is not the same as right).")
     if dec.champion is None:
         parts.append("No candidate is eligible to be champion.")

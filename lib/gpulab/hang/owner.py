@@ -603,6 +603,19 @@ def _child_owner(v: Mapping[str, Any]) -> Owner:
 
 
 _GENERIC = {"forward", "_call_impl", "_wrapped_call_impl", "__call__", "inner", "wrapper", "<module>"}
+
+
+def _torch_entry(frames: Sequence[tuple[str, str, str]]) -> str | None:
+    """The PyTorch function the program called where it raised (torch.save, not the file writer's __init__ inside
+    it): the outermost named frame of PyTorch's innermost run of frames."""
+    run = []
+    for f in frames:
+        if origin(f[1]) != ("library", "PyTorch"):
+            if run:
+                break
+            continue
+        run.append(f[0])
+    return next((fn for fn in reversed(run) if fn not in _GENERIC), None)
 _BACKWARD = re.compile(r"^autograd::engine::evaluate_function:\s*(\S+)")
 
 
@@ -680,8 +693,8 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
             name = None
             what = f"autograd (running {node.group(1)})"
         else:
-            torch_fn = next((f[0] for f in frames if origin(f[1]) == ("library", "PyTorch")), None)
-            what = name or (f"PyTorch's {torch_fn}" if torch_fn and torch_fn not in _GENERIC else "PyTorch")
+            torch_fn = _torch_entry(frames)
+            what = name or (f"PyTorch's {torch_fn}" if torch_fn else "PyTorch")
         said = f"{got[0]}: {classify.brief(got[1], 300)}"
         known = refusals.meaning(stderr)
         if known and place and not via:

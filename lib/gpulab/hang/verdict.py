@@ -125,6 +125,7 @@ class Observation:
     ops_completed: int = 0
     dropped: int = 0
     log_stopped_at: int | None = None   # the recorder stopped writing after this many ops (the disk was full)
+    raise_marks: bool | None = None   # the recorder marks an op that raises (None: not known)
     python_text: str = ""             # faulthandler dump (or py-spy text)
     native_text: str = ""             # py-spy --native or gdb text
     gpu_text: str | None = None
@@ -267,10 +268,12 @@ def _called_at(rec: Any, where: tuple[str, str, bool]) -> bool:
     return bool(path) and rest.split(" ", 1)[0] == where[1] and (where[0] == path or where[0].endswith("/" + path))
 
 
-def raised_op(records: Sequence[Any], stderr: str) -> Any:
+def raised_op(records: Sequence[Any], stderr: str, marks: bool | None = None) -> Any:
     """The op whose exception ended the program: the last one the recorder marked raised, unless the traceback
     says the exception came from another line (the op's was caught: a fallback in a try/except, a program's
-    own error after it) or from a Python `raise` (load_state_dict's error after its copies). Without a mark (a
+    own error after it) or from a Python `raise` (load_state_dict's error after its copies). None where the
+    recorder marks raises (`marks`) and marked none: torch raised outside any op (torch.save into a folder that
+    does not exist, after the detach it ran at the same line). Where it does not mark them, or it is not known (a
     PyTorch built with its own C++ runtime: the observer's std::uncaught_exceptions() does not see torch's
     exceptions), the last op recorded if it was called from the traceback's line; never for a GPU error, raised
     at a later sync, where the line lies."""
@@ -281,7 +284,7 @@ def raised_op(records: Sequence[Any], stderr: str) -> Any:
     if marked:
         last = max(marked, key=lambda r: _get(r, "seq"))
         return last if where is None or (_called_at(last, where) and not where[2]) else None
-    if where is None or where[2] or classify.memory_fault(stderr) or "CUDA error" in stderr:
+    if marks or where is None or where[2] or classify.memory_fault(stderr) or "CUDA error" in stderr:
         return None
     last = max(records, key=lambda r: _get(r, "seq") or 0)
     return last if _get(last, "t_end") is not None and _called_at(last, where) else None
@@ -332,7 +335,7 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     if inflight is not None:
         localized = "gpu_event" if _get(inflight, "gpu_done") is False else "host"
     if inflight is None and status == "error":
-        inflight = raised_op(records, obs.stderr_tail)
+        inflight = raised_op(records, obs.stderr_tail, obs.raise_marks)
         if inflight is not None:   # the op whose exception ended the program
             localized = "raised"
             notes.append(f"{_get(inflight, 'name')} raised" + (" (the recorder marked it)" if _get(inflight, "raised")

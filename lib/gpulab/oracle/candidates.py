@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from gpulab.device import resolve as resolve_device
-from gpulab.workloads import BACKENDS, sdpa_backend_enum
+from gpulab.workloads import BACKENDS, SDPA_CANDIDATES, sdpa_backend_enum
 
 KINDS = ("vendor", "reference", "fix", "user", "planted")
 GROUPS = ("all", "vendor", "reference", "fix", "planted")
-ALIASES = {b: f"sdpa_{b}" for b in BACKENDS}  # gpulab backend name -> registry name ("math" -> "sdpa_math")
+ALIASES = SDPA_CANDIDATES                     # gpulab backend name -> registry name ("math" -> "sdpa_math")
 CPU_BACKENDS = ("math", "flash")             # the SDPA backends PyTorch has on the CPU
 
 

@@ -28,7 +28,7 @@ from gpulab.oracle.errors import CandidateError, OracleError
 from gpulab.oracle.rule import RuleResult, gold_and_baselines, rule
 from gpulab.workloads import dtype_name
 
-GATE_FILE = "oracle_gate.json"
+GATE_FILE = report.ORACLE_GATE_FILE
 TABLE = "oracle_table"          # the gate's long table: oracle_table.csv / .json
 TENSORS_DIR = "oracle_tensors"  # the worst failing cases' tensors, as .npy
 

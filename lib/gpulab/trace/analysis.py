@@ -176,8 +176,9 @@ def _raised_before(rec: Any) -> str:
     """The latest op the recorder saw raise, when ops ran after it (the exception's unwinding, a handler's
     cleanup): the last op recorded is then not the one that failed (03's verdict says which the traceback names)."""
     raised = next((r for r in reversed(rec.snapshot.records) if r.raised), None)
-    if raised is None:
-        return ""
+    if raised is None:   # none marked: none raised, unless this build's ops are not marked when they raise
+        return (" (whether it raised is not known: this PyTorch build does not mark the ops that raise)"
+                if rec.snapshot.raise_marks is False and rec.returncode not in (None, 0) else "")
     return f"; the latest op to raise: {raised.name}" + (f" at {raised.call_site}" if raised.call_site else "")
 
 

@@ -119,6 +119,19 @@ class ObserverMode:
     def forget_frames(self) -> None:
         pass
 
+    def raise_marks(self) -> bool | None:
+        """Whether an op that raises is marked so (F_RAISED): one op that fails, unrecorded. Not where torch
+        carries a C++ runtime of its own, whose exceptions this callback's std::uncaught_exceptions() does not
+        count (seen with torch 2.11's CUDA wheels); a reader then cannot tell 'no op raised' from 'unmarked'."""
+        torch = self._torch
+
+        def fail() -> None:
+            try:
+                torch.empty(-1)
+            except RuntimeError:
+                pass
+        return self._obs.probe(fail)
+
     def release(self) -> None:
         self._obs.release()
 

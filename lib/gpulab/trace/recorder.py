@@ -80,6 +80,7 @@ class Recorder:
         self._mem_interval = mem_interval_s
         self._mode_obj = None
         self._installed = False
+        self._marks_known = False
         self._closed = False
         self._bg: threading.Thread | None = None
         self._stop = threading.Event()
@@ -103,6 +104,10 @@ class Recorder:
             else:
                 self._mode_obj = make_mode(self)
         self._mode_obj.__enter__()
+        if not self._marks_known:   # the dispatch mode marks every raise (its try/except); the observer may not
+            probe = getattr(self._mode_obj, "raise_marks", None)
+            ring.mark_raise_marks(self._mm, probe() if probe else True)
+            self._marks_known = True
         self._orig_sdpa = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = self._mode_obj.sdpa_wrapper(self._orig_sdpa)
         self._restore_dist = collectives.install(self._mode_obj.call_wrapper, on_init=_note_dist)

@@ -61,6 +61,9 @@ _COUNTERS = struct.Struct("<QQqqQQQQ")
 # after the counters: 1 + the count of ops recorded when the recorder stopped writing for good (0: it never did;
 # the disk refused the log a page, see gpulab.trace.prefault), so a reader can say the log ends early and why
 _OFF_STOPPED = COUNTERS_OFF + _COUNTERS.size
+# after it: whether the recorder marks an op that raises (0 not known: an older log; 1 yes; 2 no), so a reader
+# of a program's error knows whether 'no op marked' means that no op raised
+_OFF_RAISE_MARKS = _OFF_STOPPED + 8
 _Q = struct.Struct("<Q")
 _q = struct.Struct("<q")
 _MEM = struct.Struct("<dqqq")                       # t seq allocated reserved
@@ -157,6 +160,7 @@ class Snapshot:
     gpu_mechanism: str = ""   # how GPU progress was tracked ("" when it never was)
     gpu_notes: str = ""       # why better mechanisms were passed over
     stopped_at: int | None = None   # recording stopped for good after this many ops (the disk was full)
+    raise_marks: bool | None = None   # an op that raises is marked so (None: not known)
 
     def in_flight(self) -> tuple[OpRecord, ...]:
         """Ops whose host call started and never returned (innermost last)."""
@@ -462,7 +466,7 @@ def read(path: str | os.PathLike) -> Snapshot:
                     device=_cstr(device), capacity=lay.capacity, dropped=first, t0=t0,
                     first_nonfinite=None if nonfinite < 0 else nonfinite, memory=tuple(mem), torn=torn,
                     streams=streams, gpu_mechanism=_cstr(mechanism), gpu_notes=text(notes) if notes > 0 else "",
-                    stopped_at=stopped_at(data))
+                    stopped_at=stopped_at(data), raise_marks=raise_marks(data))
 
 
 def stopped_at(buf) -> int | None:
@@ -475,6 +479,17 @@ def stopped_at(buf) -> int | None:
 
 def mark_stopped(buf, started: int) -> None:
     _Q.pack_into(buf, _OFF_STOPPED, started + 1)
+
+
+def raise_marks(buf) -> bool | None:
+    """Whether the recorder marks an op that raises (None: not known)."""
+    if len(buf) < _OFF_RAISE_MARKS + 8:
+        return None
+    return {1: True, 2: False}.get(_Q.unpack_from(buf, _OFF_RAISE_MARKS)[0])
+
+
+def mark_raise_marks(buf, marks: bool | None) -> None:
+    _Q.pack_into(buf, _OFF_RAISE_MARKS, {True: 1, False: 2}.get(marks, 0))
 
 
 def read_device(path: str | os.PathLike) -> str:

@@ -311,6 +311,7 @@ def judge_seen(command: Sequence[str], launch: Launch, seen: Seen, *, status: st
         recorded=launch.recorded and snap is not None, records=tuple(snap.records) if snap is not None else (),
         ops_started=snap.started if snap is not None else 0, ops_completed=snap.completed if snap is not None else 0,
         dropped=snap.dropped if snap is not None else 0, log_stopped_at=snap.stopped_at if snap is not None else None,
+        raise_marks=snap.raise_marks if snap is not None else None,
         python_text=py_text if py_text is not None else (caps["python"].text if "python" in caps else ""),
         native_text=caps["native"].text if "native" in caps else "",
         gpu_text=caps["gpu"].text if "gpu" in caps else None,

@@ -318,6 +318,22 @@ static PyObject *Observer_release(Observer *self, PyObject *unused) {
     Py_RETURN_TRUE;
 }
 
+static PyObject *Observer_probe(Observer *self, PyObject *fn) {
+    /* fn() runs ops that raise, none recorded: whether this callback sees an op raise (std::uncaught_exceptions
+       counts the exception only where torch and this module share one C++ runtime) */
+    g_probe.store(0);
+    t_probe = true;
+    PyObject *r = PyObject_CallNoArgs(fn);
+    t_probe = false;
+    if (r == nullptr)
+        return nullptr;
+    Py_DECREF(r);
+    int seen = g_probe.load();
+    if (seen == 0)
+        Py_RETURN_NONE;
+    return PyBool_FromLong(seen == 1);
+}
+
 static PyObject *Observer_leave(Observer *self, PyObject *unused) {
     /* in a forked child: never write into the parent's log (the callback stays registered, inactive) */
     if (self->s) {
@@ -375,6 +391,7 @@ static PyMethodDef Observer_methods[] = {
     {"gpu_state", (PyCFunction)Observer_gpu_state, METH_NOARGS, "GPU tracking's state (None: not started)"},
     {"release", (PyCFunction)Observer_release, METH_NOARGS, "stop and release the buffer -> False if an op is still in a record"},
     {"leave", (PyCFunction)Observer_leave, METH_NOARGS, "in a forked child: record nothing more"},
+    {"probe", (PyCFunction)Observer_probe, METH_O, "probe(fn) -> whether an op fn runs is seen to raise (None: no op ran)"},
     {"stats", (PyCFunction)Observer_stats, METH_NOARGS, "counters and cache sizes"},
     {NULL}
 };

@@ -63,6 +63,7 @@ std::unique_ptr<at::ObserverContext> enter(State *s, const at::RecordFunction &f
     c->dev = ai.dev;
     c->nomark = ni->nomark;
     c->exc = std::uncaught_exceptions();
+    c->handling = (bool)std::current_exception();
     c->slot = write_slot(s, c->seq, nsid, ssid, ai.sid, tsid, 0);
     return c;
 }
@@ -73,6 +74,13 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction &fn) {
         (s->ablate & 32))
         return nullptr;
     s->inflight.fetch_add(1, std::memory_order_relaxed);
+    if (t_probe) {
+        auto c = std::make_unique<Ctx>();
+        c->probe = true;
+        c->exc = std::uncaught_exceptions();
+        c->handling = (bool)std::current_exception();
+        return c;
+    }
     struct Inside {
         Inside() { t_inside = true; }
         ~Inside() { t_inside = false; }
@@ -97,7 +105,14 @@ void on_exit(const at::RecordFunction &fn, at::ObserverContext *ctx) {
     Ctx *c = static_cast<Ctx *>(ctx);
     if (c == nullptr || s == nullptr)
         return;
-    bool raised = std::uncaught_exceptions() > c->exc;
+    /* unwinding through the op; or, where RecordFunction ends in the dispatcher's catch block before a rethrow,
+       an exception being handled that was not there when the op began */
+    bool raised = std::uncaught_exceptions() > c->exc || (!c->handling && (bool)std::current_exception());
+    if (c->probe) {
+        g_probe.store(raised ? 1 : 2);
+        s->inflight.fetch_sub(1, std::memory_order_relaxed);
+        return;
+    }
     if (!raised && s->base != nullptr && s->track.load(std::memory_order_relaxed) != kTrackPlain)
         gpu_after(s, c);
     if (s->base != nullptr)

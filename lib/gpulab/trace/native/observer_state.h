@@ -102,6 +102,8 @@ struct Ctx : public at::ObserverContext {
     int32_t dev = -1;
     int exc = 0;
     bool nomark = false;
+    bool probe = false;   /* Observer.probe's op: nothing written, only whether its raise was seen */
+    bool handling = false;   /* entered inside a C++ catch block (a fallback): a current exception is not its own */
     Ctx *next_free = nullptr;
     /* from the thread's free list: RecordFunction frees each op's context, so it would be an allocation per op */
     static void *operator new(size_t n);
@@ -178,6 +180,8 @@ struct State {
 };
 
 std::atomic<State *> g_state{nullptr};
+thread_local bool t_probe = false;   /* set around Observer.probe's call */
+std::atomic<int> g_probe{0};         /* the probe's op: 0 not seen, 1 seen to raise, 2 ended without a raise seen */
 /* the one RecordFunction callback of this process (a forked child inherits it registered: it is reused there,
    so that the child's own observer never records each op twice) */
 std::atomic<at::CallbackHandle> g_handle{0};
