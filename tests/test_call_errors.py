@@ -564,9 +564,8 @@ def test_a_loop_that_keeps_every_steps_graph_runs_out_of_memory_and_the_climb_is
 
 
 def test_the_op_that_raised_is_the_one_at_the_line_the_traceback_names():
-    """A PyTorch built with its own C++ runtime (torch 2.11's CUDA wheel) hides its exceptions from the
-    observer's std::uncaught_exceptions(): the op is then the last one recorded, only if it was called from the
-    line the traceback's innermost program frame names."""
+    """Where the observer does not see an op raise (torch 2.11's CUDA wheel), the op is the last one recorded,
+    only if it was called from the line the traceback's innermost program frame names."""
     recs = [{"seq": 1, "name": "aten.linear.default", "call_site": "calls/train.py:46 in main", "t_end": 2.0},
             {"seq": 2, "name": "aten.addmm.default", "call_site": "calls/train.py:46 in main", "t_end": 2.0}]
     tb = ('Traceback (most recent call last):\n  File "/home/u/calls/train.py", line 46, in main\n'

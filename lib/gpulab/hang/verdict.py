@@ -273,9 +273,8 @@ def raised_op(records: Sequence[Any], stderr: str, marks: bool | None = None) ->
     says the exception came from another line (the op's was caught: a fallback in a try/except, a program's
     own error after it) or from a Python `raise` (load_state_dict's error after its copies). None where the
     recorder marks raises (`marks`) and marked none: torch raised outside any op (torch.save into a folder that
-    does not exist, after the detach it ran at the same line). Where it does not mark them, or it is not known (a
-    PyTorch built with its own C++ runtime: the observer's std::uncaught_exceptions() does not see torch's
-    exceptions), the last op recorded if it was called from the traceback's line; never for a GPU error, raised
+    does not exist, after the detach it ran at the same line). Where it does not mark them, or it is not known (torch
+    2.11's CUDA wheels: the observer does not see their ops raise), the last op recorded if it was called from the traceback's line; never for a GPU error, raised
     at a later sync, where the line lies."""
     if not records:
         return None

@@ -120,9 +120,9 @@ class ObserverMode:
         pass
 
     def raise_marks(self) -> bool | None:
-        """Whether an op that raises is marked so (F_RAISED): one op that fails, unrecorded. Not where torch
-        carries a C++ runtime of its own, whose exceptions this callback's std::uncaught_exceptions() does not
-        count (seen with torch 2.11's CUDA wheels); a reader then cannot tell 'no op raised' from 'unmarked'."""
+        """Whether an op that raises is marked so (F_RAISED): one op that fails, unrecorded. Not with torch
+        2.11's CUDA wheels, though they share the system's libstdc++ with this module (why is not known); a reader
+        of such a log cannot tell 'no op raised' from 'unmarked', and is told so."""
         torch = self._torch
 
         def fail() -> None:

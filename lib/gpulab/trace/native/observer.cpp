@@ -319,8 +319,8 @@ static PyObject *Observer_release(Observer *self, PyObject *unused) {
 }
 
 static PyObject *Observer_probe(Observer *self, PyObject *fn) {
-    /* fn() runs ops that raise, none recorded: whether this callback sees an op raise (std::uncaught_exceptions
-       counts the exception only where torch and this module share one C++ runtime) */
+    /* fn() runs ops that raise, none recorded: whether this callback sees an op raise (it does not with torch
+       2.11's CUDA wheels, for a reason not known) */
     g_probe.store(0);
     t_probe = true;
     PyObject *r = PyObject_CallNoArgs(fn);
