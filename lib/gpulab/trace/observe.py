@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from typing import Any, Callable
 
 from gpulab.trace import gpumarks, graphs, kernels, native, texts
@@ -120,9 +121,11 @@ class ObserverMode:
         pass
 
     def raise_marks(self) -> bool | None:
-        """Whether an op that raises is marked so (F_RAISED): one op that fails, unrecorded. Not with torch
-        2.11's CUDA wheels, though they share the system's libstdc++ with this module (why is not known); a reader
-        of such a log cannot tell 'no op raised' from 'unmarked', and is told so."""
+        """Whether an op that raises is marked so (F_RAISED), from one op that fails, unrecorded. torch 2.11's
+        CUDA wheels end an op's record with no exception in flight: there the observer asks for every op's
+        outputs, which an op that raised never has (GPULAB_OBSERVER_RAISE=outputs asks for them anywhere, =seen
+        never: their cost is measured against it). None
+        or False: a reader cannot tell 'no op raised' from 'unmarked', and says so."""
         torch = self._torch
 
         def fail() -> None:
@@ -130,7 +133,14 @@ class ObserverMode:
                 torch.empty(-1)
             except RuntimeError:
                 pass
-        return self._obs.probe(fail)
+        how = os.environ.get("GPULAB_OBSERVER_RAISE", "")   # "outputs": ask anywhere; "seen": never ask
+        if how == "outputs":
+            self._obs.mark_by_outputs()
+        seen = self._obs.probe(fail)
+        if seen is False and how != "seen":
+            self._obs.mark_by_outputs()
+            seen = self._obs.probe(fail)
+        return seen
 
     def release(self) -> None:
         self._obs.release()

@@ -108,6 +108,13 @@ static int Observer_init(Observer *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
+static at::CallbackHandle add_callback(State *s) {
+    return at::addGlobalCallback(at::RecordFunctionCallback(on_enter, on_exit)
+                                     .needsInputs(!(s->ablate & 64))
+                                     .needsOutputs(g_by_outputs.load())
+                                     .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+}
+
 static PyObject *Observer_install(Observer *self, PyObject *unused) {
     State *s = self->s;
     if (s == nullptr || !self->has_view) {
@@ -121,10 +128,7 @@ static PyObject *Observer_install(Observer *self, PyObject *unused) {
     }
     if (g_handle.load() == 0) {
         try {
-            g_handle.store(at::addGlobalCallback(
-                at::RecordFunctionCallback(on_enter, on_exit)
-                    .needsInputs(!(s->ablate & 64))
-                    .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE})));
+            g_handle.store(add_callback(s));
             g_handle_pid = getpid();
         } catch (const std::exception &e) {
             g_state.store(nullptr);
@@ -334,6 +338,24 @@ static PyObject *Observer_probe(Observer *self, PyObject *fn) {
     return PyBool_FromLong(seen == 1);
 }
 
+static PyObject *Observer_mark_by_outputs(Observer *self, PyObject *unused) {
+    /* where a raise is not seen as the op ends (torch 2.11's CUDA wheels end the record with no exception in
+       flight): ask for every op's outputs, which an op that raised never gives; the callback is added again */
+    g_by_outputs.store(true);
+    State *s = self->s;
+    if (s == nullptr || g_handle.load() == 0 || getpid() != g_handle_pid)
+        Py_RETURN_NONE;
+    try {
+        at::removeCallback(g_handle.load());
+        g_handle.store(add_callback(s));
+        s->handle = g_handle.load();
+    } catch (const std::exception &e) {
+        PyErr_Format(PyExc_RuntimeError, "could not add the RecordFunction callback again: %s", e.what());
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *Observer_leave(Observer *self, PyObject *unused) {
     /* in a forked child: never write into the parent's log (the callback stays registered, inactive) */
     if (self->s) {
@@ -391,6 +413,8 @@ static PyMethodDef Observer_methods[] = {
     {"gpu_state", (PyCFunction)Observer_gpu_state, METH_NOARGS, "GPU tracking's state (None: not started)"},
     {"release", (PyCFunction)Observer_release, METH_NOARGS, "stop and release the buffer -> False if an op is still in a record"},
     {"leave", (PyCFunction)Observer_leave, METH_NOARGS, "in a forked child: record nothing more"},
+    {"mark_by_outputs", (PyCFunction)Observer_mark_by_outputs, METH_NOARGS,
+     "mark an op raised when it ends without outputs (its outputs asked for)"},
     {"probe", (PyCFunction)Observer_probe, METH_O, "probe(fn) -> whether an op fn runs is seen to raise (None: no op ran)"},
     {"stats", (PyCFunction)Observer_stats, METH_NOARGS, "counters and cache sizes"},
     {NULL}

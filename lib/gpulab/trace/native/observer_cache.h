@@ -52,6 +52,7 @@ NameInfo *name_info(State *s, const at::RecordFunction &fn) {
                 n.replace(n.find("::"), 2, ".");
                 text = n + "." + (ol ? std::string(over) : std::string("default"));
                 ni->schema = true;
+                ni->returns = !schema->returns().empty();
                 bool view = false;
                 for (const auto &a : schema->arguments()) {
                     ArgInfo ai;

@@ -74,6 +74,7 @@ struct NameInfo {
     bool skip = false;        /* the profiler's own bookkeeping ops: not recorded */
     bool elide = false;       /* inside an op, bookkeeping of that op: not recorded there (see name_info) */
     bool schema = false;      /* positional arguments known: the rest are dropped as the dispatch mode drops them */
+    bool returns = false;     /* the schema returns something: no outputs at its end means that it raised */
     size_t positional = 0;
     std::vector<ArgInfo> args;
 };
@@ -104,6 +105,7 @@ struct Ctx : public at::ObserverContext {
     bool nomark = false;
     bool probe = false;   /* Observer.probe's op: nothing written, only whether its raise was seen */
     bool handling = false;   /* entered inside a C++ catch block (a fallback): a current exception is not its own */
+    bool by_outputs = false; /* raised if it ends with no outputs (g_by_outputs, an op that returns something) */
     Ctx *next_free = nullptr;
     /* from the thread's free list: RecordFunction frees each op's context, so it would be an allocation per op */
     static void *operator new(size_t n);
@@ -181,6 +183,7 @@ struct State {
 
 std::atomic<State *> g_state{nullptr};
 thread_local bool t_probe = false;   /* set around Observer.probe's call */
+std::atomic<bool> g_by_outputs{false};   /* Observer.mark_by_outputs: the callback asks for each op's outputs */
 std::atomic<int> g_probe{0};         /* the probe's op: 0 not seen, 1 seen to raise, 2 ended without a raise seen */
 /* the one RecordFunction callback of this process (a forked child inherits it registered: it is reused there,
    so that the child's own observer never records each op twice) */
