@@ -130,7 +130,7 @@ class ObserverMode:
 
         def fail() -> None:
             try:
-                torch.empty(-1)
+                torch.empty(-1, device="cpu")   # never the default device: CUDA starts when the program says
             except RuntimeError:
                 pass
         how = os.environ.get("GPULAB_OBSERVER_RAISE", "")   # "outputs": ask anywhere; "seen": never ask
