@@ -207,8 +207,8 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
     if case == "save" and trace.read(tmp_path / case / "ops.log").raise_marks is False:
-        # torch 2.11's CUDA wheels: no op is marked when it raises, so the last op at the line (the detach
-        # torch.save ran) is named, and the verdict says it guessed
+        # a build where no raise is seen (neither in flight nor by missing outputs): the last op at the line (the
+        # detach torch.save ran) is named, and the verdict says it guessed
         assert "this PyTorch build's ops are not marked when they raise" in " ".join(v["notes"]), v["notes"]
         return
     where = where.format(**marks)
@@ -564,7 +564,7 @@ def test_a_loop_that_keeps_every_steps_graph_runs_out_of_memory_and_the_climb_is
 
 
 def test_the_op_that_raised_is_the_one_at_the_line_the_traceback_names():
-    """Where the observer does not see an op raise (torch 2.11's CUDA wheel), the op is the last one recorded,
+    """Where the recorder does not mark an op that raises (or its log does not say), the op is the last one recorded,
     only if it was called from the line the traceback's innermost program frame names."""
     recs = [{"seq": 1, "name": "aten.linear.default", "call_site": "calls/train.py:46 in main", "t_end": 2.0},
             {"seq": 2, "name": "aten.addmm.default", "call_site": "calls/train.py:46 in main", "t_end": 2.0}]

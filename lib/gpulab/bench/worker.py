@@ -225,12 +225,12 @@ def worker(spec: Spec, result_path: Path) -> dict[str, Any]:
     if spec.recorder:
         res["recorder"] = {**spec.recorder, "status": "started"}
         save("recorder")
-        res["recorder"] = recorder_cost(spec)
+        res["recorder"] = _time_recorder(spec)
         save("recorder timed")
     return res
 
 
-def recorder_cost(spec: Spec) -> dict[str, Any]:
+def _time_recorder(spec: Spec) -> dict[str, Any]:
     """The recorder's cost on the built-in workload (gpulab.trace.bench.time_recorder), timed here after the
     benchmark instead of in a child of its own: one process start and torch import fewer. Not here (06 then times
     it in its own child) where something in this process imported torch._dynamo: a recorded run defers it, and

@@ -616,6 +616,8 @@ def _torch_entry(frames: Sequence[tuple[str, str, str]]) -> str | None:
             continue
         run.append(f[0])
     return next((fn for fn in reversed(run) if fn not in _GENERIC), None)
+
+
 _BACKWARD = re.compile(r"^autograd::engine::evaluate_function:\s*(\S+)")
 
 

@@ -273,9 +273,9 @@ def raised_op(records: Sequence[Any], stderr: str, marks: bool | None = None) ->
     says the exception came from another line (the op's was caught: a fallback in a try/except, a program's
     own error after it) or from a Python `raise` (load_state_dict's error after its copies). None where the
     recorder marks raises (`marks`) and marked none: torch raised outside any op (torch.save into a folder that
-    does not exist, after the detach it ran at the same line). Where it does not mark them, or it is not known (torch
-    2.11's CUDA wheels: the observer does not see their ops raise), the last op recorded if it was called from the traceback's line; never for a GPU error, raised
-    at a later sync, where the line lies."""
+    does not exist, after the detach it ran at the same line). Where it does not mark them, or it is not known
+    (an older log; a build where neither an exception in flight nor missing outputs tell), the last op recorded if
+    it was called from the traceback's line; never for a GPU error, raised at a later sync, where the line lies."""
     if not records:
         return None
     where = _raised_at(stderr)

@@ -124,8 +124,8 @@ class ObserverMode:
         """Whether an op that raises is marked so (F_RAISED), from one op that fails, unrecorded. torch 2.11's
         CUDA wheels end an op's record with no exception in flight: there the observer asks for every op's
         outputs, which an op that raised never has (GPULAB_OBSERVER_RAISE=outputs asks for them anywhere, =seen
-        never: their cost is measured against it). None
-        or False: a reader cannot tell 'no op raised' from 'unmarked', and says so."""
+        never: their cost is measured against it). None or False: a reader cannot tell 'no op raised' from
+        'unmarked', and says so."""
         torch = self._torch
 
         def fail() -> None:

@@ -323,8 +323,8 @@ static PyObject *Observer_release(Observer *self, PyObject *unused) {
 }
 
 static PyObject *Observer_probe(Observer *self, PyObject *fn) {
-    /* fn() runs ops that raise, none recorded: whether this callback sees an op raise (it does not with torch
-       2.11's CUDA wheels, for a reason not known) */
+    /* fn() runs ops that raise, none recorded: whether this callback sees an op raise (torch 2.11's CUDA
+       wheels end the record with no exception in flight: mark_by_outputs then) */
     g_probe.store(0);
     t_probe = true;
     PyObject *r = PyObject_CallNoArgs(fn);

@@ -104,7 +104,6 @@ struct Ctx : public at::ObserverContext {
     int exc = 0;
     bool nomark = false;
     bool probe = false;   /* Observer.probe's op: nothing written, only whether its raise was seen */
-    bool handling = false;   /* entered inside a C++ catch block (a fallback): a current exception is not its own */
     bool by_outputs = false; /* raised if it ends with no outputs (g_by_outputs, an op that returns something) */
     Ctx *next_free = nullptr;
     /* from the thread's free list: RecordFunction frees each op's context, so it would be an allocation per op */
