@@ -200,6 +200,20 @@ def test_02_names_the_op_that_raised_when_ops_ran_after_it(raised_at, want):
     assert head.startswith("the workload did not finish: error (exit 1) after 2 ops" + want), head
 
 
+def test_02_says_so_when_its_build_cannot_mark_the_op_that_raised():
+    """A log whose recorder could not see raises (neither in flight nor by missing outputs): the last op is
+    not called the failing one, nor left as if none raised."""
+    from gpulab.trace import analysis
+    from gpulab.trace.ring import OpRecord, Snapshot
+    from gpulab.trace.run import Recording
+
+    recs = (OpRecord(0, "aten.mm.default", [], "t.py:3", "main", 1.0, 1.1, None, None),)
+    snap = Snapshot(recs, 1, 1, None, "ops", 1, "cpu", 64, 0, raise_marks=False)
+    rec = Recording(snap, 1, None, False, 4.0, "/o/ops.log", ("python", "t.py"), "", "error", 30.0)
+    head, _ = analysis.finding(rec, None, "script", "cpu", "ops.log")
+    assert ", last op aten.mm.default (whether it raised is not known: this PyTorch build does not mark" in head, head
+
+
 @pytest.mark.parametrize("snap_ops,rung,want", [
     (2, "forward", "2 ops recorded (forward rung on cpu)"),
     (2, None, "2 ops recorded (on cpu)"),                  # what a watch caught: no rung of the built-in workload
