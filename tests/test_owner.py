@@ -107,6 +107,13 @@ CASES = [
         f'  File "{SITE}/torch/utils/data/dataloader.py", line 1100 in _get_data\n'
         '  File "/home/u/train.py", line 23 in main\n')), {}, "unknown", ()),
     ("nothing at all", v(status="crash"), {}, "unknown", ()),
+    ("a breakpoint() left in: pdb reads no input under gpulab", v(status="error", stderr=(
+        "Traceback (most recent call last):\n  File \"/home/u/train.py\", line 10, in <module>\n"
+        "    print(loss.item())\n  File \"/usr/lib/python3.11/bdb.py\", line 115, in dispatch_line\n"
+        "    if self.quitting: raise BdbQuit\nbdb.BdbQuit\n")), {}, "program", ("train.py:10",)),
+    ("input() reads no input under gpulab", v(status="error", stderr=(
+        "Traceback (most recent call last):\n  File \"/home/u/ask.py\", line 3, in <module>\n"
+        "    ans = input('continue? ')\nEOFError: EOF when reading a line\n")), {}, "program", ("ask.py:3",)),
 ]
 
 
@@ -352,3 +359,14 @@ def test_an_error_no_class_names_is_said_in_the_programs_own_last_words():
     got = owner.decide(v(status="error", cls="unknown", stderr=tb), {})
     assert got.kind == "program" and "train.py:11 in __getitem__" in got.where, got
     assert got.why.startswith("an error (KeyError: 'sample 37 missing its label') in the program's own code"), got
+
+
+@pytest.mark.parametrize("last,says", [("bdb.BdbQuit", "breakpoint()"), ("EOFError: EOF when reading a line", "input()"),
+                                       ("EOFError: Ran out of input", None)])
+def test_a_program_that_reads_standard_input_is_told_gpulab_gives_it_none(last, says):
+    tb = f'Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in <module>\n    x()\n{last}\n'
+    why = owner.decide(v(status="error", stderr=tb), {}).why
+    if says:
+        assert says in why and "stdin is /dev/null" in why, why
+    else:   # a pickle's EOF is no read of the terminal
+        assert "stdin" not in why, why

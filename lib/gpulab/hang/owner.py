@@ -510,6 +510,7 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
             return Owner("program", place + (f" (inside {name})" if name else ""),
                          f"{_what(v)} in {how}"
                          + (f", inside its custom op {name}" if name and ns not in TORCH_NAMESPACES else "")
+                         + _no_input(v)
                          + (f"; before it, the program's {classify.died_words(died[0])}: fix that first, as what "
                             f"waits here may wait for that thread's work (a queue it fills, a Queue's task_done, a "
                             f"join, an Event it would have set)" if died else ""))
@@ -740,6 +741,19 @@ def _what(v: Mapping[str, Any]) -> str:
     if status == "error" and cls in (None, "unknown"):
         detail = lastwords.of(v.get("stderr_tail") or "")[:200] or detail
     return f"{'an' if status in ('error',) else 'a'} {status}" + (f" ({detail})" if detail else "")
+
+
+_NO_INPUT = (("bdb.BdbQuit", "a debugger stop (breakpoint() or pdb.set_trace(), just before this line)"),
+             ("EOFError: EOF when reading a line", "input()"))
+
+
+def _no_input(v: Mapping[str, Any]) -> str:
+    """Why a program that reads standard input fails under gpulab and waits without it: its children get no input
+    (stdin is /dev/null, as a batch job's), so pdb quits and input() raises at once."""
+    words = lastwords.of(v.get("stderr_tail") or "") if v.get("status") == "error" else ""
+    what = next((w for k, w in _NO_INPUT if words.startswith(k)), None)
+    return (f"; the program reads standard input there ({what}) and gpulab gives it none (stdin is /dev/null, as in a "
+            f"batch job), so it ends where a terminal would wait: remove it, or debug without gpulab") if what else ""
 
 
 def _in_torch_below(frames: Sequence[tuple[str, str, str]], fr: tuple[str, str, str]) -> bool:

@@ -102,7 +102,7 @@ def make_mode(fp: Fingerprints):
     passes: dict[tuple, int] = {}
     landed: dict[int, tuple] = {}        # storage -> (a collective's output, its fields): where its result lands
     codes: dict = {}
-    # op -> (its base name, its full name, mutable, its out= arguments, collective)
+    # id(op) -> (its base name, its full name, mutable, its out= arguments, collective): ops live as long as torch
     names: dict = {}
     current_node = torch._C._current_autograd_node
 
@@ -182,13 +182,13 @@ def make_mode(fp: Fingerprints):
             kwargs = kwargs or {}
             if fp.off:
                 return func(*args, **kwargs)
-            named = names.get(func)
+            named = names.get(id(func))   # by id: an op's own __hash__ is a Python call
             if named is None:
                 text = str(func)
                 schema = getattr(func, "_schema", None)
                 # c10d's collectives write their tensors in place without saying so in their schemas
                 group = collective(text)
-                named = names[func] = (getattr(func, "_opname", None) or (text.split(".") + [text])[1], text,
+                named = names[id(func)] = (getattr(func, "_opname", None) or (text.split(".") + [text])[1], text,
                                        bool(schema is not None and schema.is_mutable) or group,
                                        frozenset(a.name for a in getattr(schema, "arguments", ()) if a.is_out), group)
             name = named[0]
@@ -215,7 +215,7 @@ def make_mode(fp: Fingerprints):
             out = func(*args, **kwargs)
             with fp.lock:
                 try:
-                    _record(func, name, args, kwargs, out, before, pre)
+                    _record(func, named, args, kwargs, out, before, pre)
                 except Exception as exc:  # noqa: BLE001 - the program must run even when a record fails
                     fp.failures += 1
                     if fp.failures <= 5:
@@ -227,8 +227,9 @@ def make_mode(fp: Fingerprints):
         bwd = current_node() is not None
         return where, bwd, [source(t, where, bwd) for t in tin if t.numel()]
 
-    def _record(func, name, args, kwargs, out, before, pre) -> None:
+    def _record(func, named, args, kwargs, out, before, pre) -> None:
         outs = _outs(out)
+        name = named[0]
         if not outs:
             return
         if name == "set_":   # another storage (loaded, or a DataLoader worker's batch received in whatever order the
@@ -238,23 +239,23 @@ def make_mode(fp: Fingerprints):
         if pre is not None:
             where, bwd, ins = pre
         else:
-            tin = _ins(args, kwargs, names[func][3])
+            tin = _ins(args, kwargs, named[3])
             if name in PASS_NAMES and tin:
                 src = tin[1] if name in ("copy_", "copy") and len(tin) > 1 else tin[0]
                 got = known(src)
                 if got is not None:
                     for _, o in outs:
-                        made(o, got, names[func][2])
+                        made(o, got, named[2])
                     return
             where = site(2)
             bwd = current_node() is not None
             ins = [source(t, where, bwd) for t in tin if t.numel()]
-        op = names[func][1]
+        op = named[1]
         red = 1
         if name in _REDUCING:   # its reduction length: what the comparison allows its rounding (numerics.reduction)
             red = reduction.length(name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
                                    [a for a in args if isinstance(a, (int, list, tuple))], tuple(outs[0][1].shape))
-        group = names[func][4]
+        group = named[4]
         for k, o in outs:
             key = (op, where, k, bwd)
             npass = count(key)
@@ -264,7 +265,7 @@ def make_mode(fp: Fingerprints):
                     landed[_storage(o)] = (weakref.ref(o), (op, where, npass, bwd, k))
                 continue
             i = fp.add(o, [op, where, npass, bwd, k, ins, red])
-            made(o, i, names[func][2])
+            made(o, i, named[2])
             kept = fp.mark_kept(f"{op}|{where}|{npass}|{k}") if fp.keep else None
             if kept is not None:
                 if kept[1]:
