@@ -691,6 +691,14 @@ def test_closing_while_the_mode_is_still_on_records_none_of_the_recorders_own_op
     ("step 1 loss 2.0\n\n", "step 1 loss 2.0"),
     ("Killed\n-----\n", "Killed"),
     ("", ""),
+    # a tail that lost its traceback's header, an exception named without Error, dynamo's prose after it
+    ("    return forward_call(*args)\n  File \"/t/eval_frame.py\", line 1177, in compile_wrapper\n"
+     "    raise e.with_traceback(\ntorch._dynamo.exc.Unsupported: Data-dependent branching\n  Explanation: x\n\n"
+     "from user code:\n   File \"/u/train.py\", line 11, in forward\n    if h.mean() > 0.1:\n\n"
+     "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace\n",
+     "torch._dynamo.exc.Unsupported: Data-dependent branching"),
+    ("  File \"/usr/lib/python3.11/bdb.py\", line 115, in dispatch_line\n    if self.quitting: raise BdbQuit\n"
+     "bdb.BdbQuit\n", "bdb.BdbQuit"),
 ])
 def test_a_failed_runs_last_words_are_its_error_not_a_launchers_closing_rule(tail, said):
     """torchrun ends a failed job with its own summary: '=' rules and a ChildFailedError that only repeats that a

@@ -14,11 +14,32 @@ _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w
 _RULE = re.compile(r"^[\s=\-*_#~.]*$")
 
 
+_RANK = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+_FRAME = re.compile(r'^\s+File "')
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?::\s|:?$)")   # an exception's name, then its message if any
+
+
 def of(text: str) -> str:
     """The line that says why, stripped ('' when the output has none)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     said = next((ln for ln in reversed(lines) if _EXCEPTION.match(ln) and not _chained(ln)), "")
-    return said or next((ln for ln in reversed(lines) if not _RULE.match(ln)), "")
+    return said or _after_traceback(text) or next((ln for ln in reversed(lines) if not _RULE.match(ln)), "")
+
+
+def _after_traceback(text: str) -> str:
+    """The exception line of the last traceback: the first unindented line after its frames (a tail may have lost
+    the traceback's header). An exception whose name says no Error (torch._dynamo.exc.Unsupported, bdb.BdbQuit)
+    is still the why, where the text after it (dynamo's hints, its 'Set TORCHDYNAMO_VERBOSE=1' line) is not."""
+    said, in_frames = "", False
+    for ln in text.splitlines():
+        ln = _RANK.sub("", ln)
+        if _FRAME.match(ln):
+            in_frames = True
+        elif in_frames and ln.strip() and not ln[0].isspace():
+            in_frames = False
+            if _RAISED.match(ln) and not _chained(ln):   # not a line of prose after a frame (dynamo's "Set ...")
+                said = ln.strip()
+    return said
 
 
 def _chained(line: str) -> bool:

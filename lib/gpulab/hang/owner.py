@@ -510,7 +510,7 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
             return Owner("program", place + (f" (inside {name})" if name else ""),
                          f"{_what(v)} in {how}"
                          + (f", inside its custom op {name}" if name and ns not in TORCH_NAMESPACES else "")
-                         + _no_input(v)
+                         + _no_input(v) + _graph_break(v)
                          + (f"; before it, the program's {classify.died_words(died[0])}: fix that first, as what "
                             f"waits here may wait for that thread's work (a queue it fills, a Queue's task_done, a "
                             f"join, an Event it would have set)" if died else ""))
@@ -754,6 +754,19 @@ def _no_input(v: Mapping[str, Any]) -> str:
     what = next((w for k, w in _NO_INPUT if words.startswith(k)), None)
     return (f"; the program reads standard input there ({what}) and gpulab gives it none (stdin is /dev/null, as in a "
             f"batch job), so it ends where a terminal would wait: remove it, or debug without gpulab") if what else ""
+
+
+def _graph_break(v: Mapping[str, Any]) -> str:
+    """torch.compile refusing a line of the program (a graph break made an error by fullgraph=True): the line is
+    the program's, and so is the fix; dynamo's first hint says how."""
+    words = lastwords.of(v.get("stderr_tail") or "") if v.get("status") == "error" else ""
+    if not words.startswith("torch._dynamo.exc.Unsupported"):
+        return ""
+    hint = next((ln.strip()[len("Hint:"):].strip() for ln in (v.get("stderr_tail") or "").splitlines()
+                 if ln.strip().startswith("Hint:")), "")
+    return ("; torch.compile cannot trace this line and was told to stop there (fullgraph=True, or "
+            "error_on_graph_break): rewrite it" + (f" (dynamo's hint: {hint[:300]})" if hint else "")
+            + ", or compile without fullgraph=True")
 
 
 def _in_torch_below(frames: Sequence[tuple[str, str, str]], fr: tuple[str, str, str]) -> bool:
