@@ -375,8 +375,9 @@ def test_a_program_that_reads_standard_input_is_told_gpulab_gives_it_none(last, 
 def test_a_line_torch_compile_refuses_under_fullgraph_is_the_programs_with_dynamos_hint():
     tb = ('  File "/home/u/train.py", line 11, in forward\n    if h.mean() > 0.1:\n'
           f'  File "{SITE}/torch/_dynamo/eval_frame.py", line 1177, in compile_wrapper\n    raise e\n'
-          "torch._dynamo.exc.Unsupported: Data-dependent branching\n  Hint: Use `torch.cond` to express dynamic "
-          "control flow.\n\nfrom user code:\n   File \"/home/u/train.py\", line 11, in forward\n\n"
+          "torch._dynamo.exc.Unsupported: Data-dependent branching\n  Hint: This graph break is fundamental - it is "
+          "unlikely that Dynamo will ever be able to trace through your code.\n  Hint: Use `torch.cond` to express "
+          "dynamic control flow.\n\nfrom user code:\n   File \"/home/u/train.py\", line 11, in forward\n\n"
           "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace\n")
     got = owner.decide(v(status="error", stderr=tb), {})
     assert got.kind == "program" and "train.py:11" in got.where, got

@@ -762,8 +762,10 @@ def _graph_break(v: Mapping[str, Any]) -> str:
     words = lastwords.of(v.get("stderr_tail") or "") if v.get("status") == "error" else ""
     if not words.startswith("torch._dynamo.exc.Unsupported"):
         return ""
-    hint = next((ln.strip()[len("Hint:"):].strip() for ln in (v.get("stderr_tail") or "").splitlines()
-                 if ln.strip().startswith("Hint:")), "")
+    hints = [ln.strip()[len("Hint:"):].strip() for ln in (v.get("stderr_tail") or "").splitlines()
+             if ln.strip().startswith("Hint:")]
+    # a hint that names what to write instead (torch.cond, torch.where) before one about dynamo itself
+    hint = next((h for h in hints if "`" in h or "torch." in h), hints[0] if hints else "")
     return ("; torch.compile cannot trace this line and was told to stop there (fullgraph=True, or "
             "error_on_graph_break): rewrite it" + (f" (dynamo's hint: {hint[:300]})" if hint else "")
             + ", or compile without fullgraph=True")
