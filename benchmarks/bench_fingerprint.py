@@ -5,8 +5,12 @@ output, queued on the device, copied to the host a block at a time), side by sid
 variant, the same step under an empty Python dispatch mode (what any per-op Python recorder costs before it does
 anything: the floor of this design). The variants alternate step by step after a warm-up, and each step ends at
 the loss on the host (the .item() a training loop logs). Goal: recorded / unrecorded <= 1.5 on an H100.
+--parts adds a fourth variant, the recorder with its figures left out (a sink that queues no kernel: the
+mode's own Python, the records' bookkeeping and their lines), which splits the cost between the host's Python
+and the figures' kernels.
 
   python benchmarks/bench_fingerprint.py --out DIR [--device auto|cpu|cuda] [--steps N] [--warmup N] [--tiny]
+                                         [--parts]
 
 Writes DIR/bench_fingerprint.json, prints the table and then one JSON line with the ratio last.
 """
@@ -26,11 +30,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "lib"))
 sys.path.insert(0, str(HERE))
 
+import numpy  # noqa: E402
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import gpt_step  # noqa: E402
-from gpulab.numerics import record  # noqa: E402
+from gpulab.numerics import fingerprints, record  # noqa: E402
 
 GOAL = 1.5
 
@@ -42,6 +47,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tiny", action="store_true", help="a small size (the CPU's default)")
+    ap.add_argument("--parts", action="store_true", help="also time the recorder with its figures left out")
     a = ap.parse_args()
     dev, model, opt, idx, tgt = gpt_step.setup(a.device, a.tiny)
     out = Path(a.out)
@@ -72,6 +78,18 @@ def main() -> None:
             return step()
 
     run = {"unrecorded": step, "empty_mode": empty_mode, "recorded": recorded}
+    if a.parts:
+        bare = record.Fingerprints(os.path.join(scratch, "bare.jsonl"))
+        bare.sinks[torch.device(dev)] = _NoFigures(dev)
+        bare.block = fingerprints.CAP if dev != "cpu" else bare.block
+        if dev != "cpu":
+            bare._start_writer()   # as a GPU's records are written
+        bare_cls = record.make_mode(bare)
+
+        def no_figures() -> float:
+            with bare_cls():
+                return step()
+        run["no_figures"] = no_figures
     samples: dict[str, list[float]] = {k: [] for k in run}
     for _ in range(a.warmup):
         for f in run.values():
@@ -83,6 +101,8 @@ def main() -> None:
         for name in (list(run) if i % 2 == 0 else list(run)[::-1]):
             samples[name].append(run[name]())
     fp.close()
+    if a.parts:
+        bare.close()
     shutil.rmtree(scratch, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratios = [r / u for r, u in zip(samples["recorded"], samples["unrecorded"])]
@@ -93,13 +113,33 @@ def main() -> None:
            "empty_mode_ms": med["empty_mode"] * 1e3, "empty_mode_ratio": med["empty_mode"] / med["unrecorded"],
            "us_per_record": (med["recorded"] - med["unrecorded"]) / max(per_step, 1) * 1e6, "goal": GOAL,
            "samples_s": samples}
+    if a.parts:
+        res.update(no_figures_ms=med["no_figures"] * 1e3, no_figures_ratio=med["no_figures"] / med["unrecorded"])
     (out / "bench_fingerprint.json").write_text(json.dumps(res, indent=1))
     print(f"{'variant':<12} {'median ms':>10}")
-    for k in ("unrecorded", "empty_mode", "recorded"):
+    for k in run:
         print(f"{k:<12} {med[k] * 1e3:>10.2f}")
     print(f"records/step {per_step}, {res['us_per_record']:.1f} us/record, ratio {res['ratio']:.3f} (goal <= {GOAL}); "
           f"an empty dispatch mode alone {res['empty_mode_ratio']:.3f}")
     print(json.dumps({k: v for k, v in res.items() if k != "samples_s"}))
+
+
+class _NoFigures:
+    """A sink that queues nothing on the device: each record gets a row of zeros (what --parts times)."""
+
+    def __init__(self, dev: str):
+        self.key, self.row = str(torch.device(dev)), 0
+
+    def add(self, t) -> int:
+        self.row += 1
+        return self.row - 1
+
+    def settle(self) -> None:
+        pass
+
+    def take(self):
+        rows, self.row = self.row, 0
+        return lambda: (numpy.zeros((rows, fingerprints.NF)), [[0, 0, 0]] * rows)
 
 
 if __name__ == "__main__":
