@@ -196,6 +196,10 @@ def _line(mark):
     ("save", "refused_call", "program", "calls/train_errors.py:{SAVE} in main",
      "PyTorch's save refused the arguments the program gave it (RuntimeError: Parent directory runs/no-such-folder "
      "does not exist."),
+    # autograd refuses what the program's autograd.Function returned from backward, raised at loss.backward(): the
+    # line to change is that backward, found in the program's sources by its class
+    ("fngrads", "refused_call", "program", "calls/train_errors.py:{FNGRADS} (ScaledSigmoid.backward",
+     "its backward returns 1 gradient(s) where forward takes 2 input(s)"),
     ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
                                                                                "num_workers=0")),
 ])
@@ -203,7 +207,7 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
              "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT"),
              "BACKWARD": _line("# BACKWARD"), "WEIGHTS": _line("# WEIGHTS"), "LOADER": _line("# LOADER"),
-             "PREFIX": _line("# PREFIX"), "SAVE": _line("# SAVE")}
+             "PREFIX": _line("# PREFIX"), "SAVE": _line("# SAVE"), "FNGRADS": _line("# FNGRADS")}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
     if case == "save" and trace.read(tmp_path / case / "ops.log").raise_marks is False:

@@ -382,3 +382,43 @@ def test_a_line_torch_compile_refuses_under_fullgraph_is_the_programs_with_dynam
     got = owner.decide(v(status="error", stderr=tb), {})
     assert got.kind == "program" and "train.py:11" in got.where, got
     assert "Data-dependent branching" in got.why and "torch.cond" in got.why and "fullgraph=True" in got.why, got.why
+
+
+FUNCTION_SRC = '''import torch
+
+
+class RowScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        return x * w
+
+    @staticmethod
+    def backward(ctx, gy):
+        return gy
+
+
+def train():
+    pass
+'''
+
+
+@pytest.mark.parametrize("message,words", [
+    ("RuntimeError: function RowScaleBackward returned an incorrect number of gradients (expected 2, got 1)",
+     "returns 1 gradient(s) where forward takes 2 input(s)"),
+    ("RuntimeError: Function RowScaleBackward returned an invalid gradient at index 1 - got [8] but expected shape "
+     "compatible with [16]", "at index 1 does not fit forward's input 1 (got [8] but expected shape"),
+])
+def test_what_autograd_refuses_from_a_programs_function_is_named_at_its_backward(message, words):
+    registered = owner.registrations({"/home/u/train.py": FUNCTION_SRC})
+    assert registered["function:RowScale"] == "/home/u/train.py:10", registered
+    tb = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 30, in <module>\n    loss.backward()\n'
+          f'  File "{SITE}/torch/autograd/graph.py", line 829, in _engine_run_backward\n    return Variable._exec\n'
+          f"{message}\n")
+    verdict = v(status="error", cls="refused_call", stderr=tb,
+                in_flight=op("autograd::engine::evaluate_function: RowScaleBackward", site="train.py:30 in <module>"))
+    got = owner.decide(verdict, registered)
+    assert got.kind == "program" and got.where.startswith("u/train.py:10 (RowScale.backward"), got
+    assert words in got.why, got.why
+    # a Function the program's sources do not define (a package's): the backward() call, as before
+    other = owner.decide(verdict, {})
+    assert other.kind == "program" and "train.py:30" in other.where and "RowScale.backward" not in other.where, other

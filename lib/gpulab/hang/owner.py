@@ -59,6 +59,9 @@ _REGISTER = re.compile(
     r"""|TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*(?P<cpp>[A-Za-z_]\w*)\s*[,)]""")
 _TRITON = re.compile(r"@triton\.(?:jit|autotune|heuristics)[^\n]*\n(?:\s*@[^\n]*\n)*\s*def\s+(?P<name>\w+)")
 _CUDA_KERNEL = re.compile(r"__global__\s+(?:void|[\w:<>]+)\s+(?P<name>\w+)\s*\(")
+# a custom autograd.Function: autograd names its node <Class>Backward, and refuses what its backward returns there
+_FUNCTION = re.compile(r"^class\s+(?P<name>\w+)\s*\([^)]*\b(?:torch\.autograd\.|autograd\.)?Function\s*\)\s*:", re.M)
+_BACKWARD_DEF = re.compile(r"^[ \t]+def\s+backward\s*\(", re.M)
 
 
 @dataclass(frozen=True)
@@ -282,7 +285,8 @@ def load_or_launch(v: Mapping[str, Any], native: Sequence[capture.Thread], op: M
 
 def registrations(sources: Mapping[str, str]) -> dict[str, str]:
     """{namespace: "file:line"} of custom-op namespaces defined in the given source texts ({path: text}),
-    and {"kernel:NAME": "file:line"} of Triton and CUDA kernels defined there. Pure: the caller reads the files
+    {"kernel:NAME": "file:line"} of Triton and CUDA kernels defined there, and {"function:NAME": "file:line"} of
+    autograd.Function subclasses (the line of their backward). Pure: the caller reads the files
     (the program's own: its script and the sources beside it)."""
     out: dict[str, str] = {}
     for path, text in sources.items():
@@ -294,6 +298,12 @@ def registrations(sources: Mapping[str, str]) -> dict[str, str]:
             for m in rx.finditer(text):
                 line = text.count("\n", 0, m.start("name")) + 1
                 out.setdefault(f"kernel:{m.group('name')}", f"{path}:{line}")
+        for m in _FUNCTION.finditer(text):
+            end = re.search(r"^\S", text[m.end():], re.M)   # the class's body ends at the next unindented line
+            body = text[m.end():m.end() + end.start()] if end else text[m.end():]
+            bwd = _BACKWARD_DEF.search(body)
+            at = m.end() + bwd.start() if bwd else m.start()
+            out.setdefault(f"function:{m.group('name')}", f"{path}:{text.count(chr(10), 0, at) + 1}")
     return out
 
 
@@ -441,7 +451,8 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
             where = (f"{coll['made_at']} (the samples of a batch the DataLoader could not stack)" if coll.get("made_at")
                      else f"{place or 'the DataLoader loop'} (a batch the DataLoader could not stack)")
             return Owner("program", where, collate.words(coll))
-        called = call_owner(cls, op, tb or py, stderr, v.get("memory_trend"), worker_at=_worker_place(v))
+        called = call_owner(cls, op, tb or py, stderr, v.get("memory_trend"), worker_at=_worker_place(v),
+                            registered=registered)
         if called is not None:
             return called
 
@@ -657,8 +668,34 @@ def _worker_place(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+_FN_GRADS = re.compile(r"[Ff]unction (?P<node>\w+) returned an incorrect number of gradients \(expected (?P<want>\d+), "
+                       r"got (?P<got>\d+)\)|[Ff]unction (?P<node2>\w+) returned an invalid gradient at index (?P<i>\d+) - "
+                       r"(?P<what>[^\n]+)")
+
+
+def _own_function(node: str, stderr: str, registered: Mapping[str, str]) -> Owner | None:
+    """autograd refusing what a custom autograd.Function's backward returned: the line to change is that
+    backward (found in the program's sources by its class), not the backward() call that ran it."""
+    m = _FN_GRADS.search(stderr or "")
+    cls_name = node[:-len("Backward")] if node.endswith("Backward") else node
+    at = registered.get(f"function:{cls_name}")
+    if not m or not at or (m.group("node") or m.group("node2")) != node:
+        return None
+    if m.group("want"):
+        why = (f"its backward returns {m.group('got')} gradient(s) where forward takes {m.group('want')} input(s): "
+               f"return one per input of forward, in forward's order, None for an input that needs none (a "
+               f"number, a flag, a tensor that needs no gradient)")
+    else:
+        why = (f"the gradient its backward returns at index {m.group('i')} does not fit forward's input "
+               f"{m.group('i')} ({classify.brief(m.group('what'), 200)}): return a gradient of that input's shape, "
+               f"dtype and device (sum it over the dimensions forward broadcast)")
+    return Owner("program", f"{short(at)} ({cls_name}.backward, the program's autograd.Function)",
+                 f"autograd refused what the program's autograd.Function {cls_name} returned from backward ({why})")
+
+
 def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]], stderr: str,
-               trend: Mapping[str, Any] | None = None, worker_at: str | None = None) -> Owner | None:
+               trend: Mapping[str, Any] | None = None, worker_at: str | None = None,
+               registered: Mapping[str, str] | None = None) -> Owner | None:
     """Whose an error at the program's own call is (classify.CALL_CLASSES): refused arguments and memory that ran
     out are the program's (the line that made the call); a DataLoader worker that died without a traceback is
     the platform's limits meeting the program's data loading (SIGKILL, SIGBUS), else unknown."""
@@ -693,6 +730,9 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
             return None
         node = _BACKWARD.match(str(name or ""))
         if node:   # autograd's engine raised while running a node: the program's use of autograd, in its backward
+            own = _own_function(node.group(1), stderr, registered or {})
+            if own is not None:
+                return own
             name = None
             what = f"autograd (running {node.group(1)})"
         else:
