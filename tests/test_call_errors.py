@@ -200,6 +200,10 @@ def _line(mark):
     # line to change is that backward, found in the program's sources by its class
     ("fngrads", "refused_call", "program", "calls/train_errors.py:{FNGRADS} (ScaledSigmoid.backward",
      "its backward returns 1 gradient(s) where forward takes 2 input(s)"),
+    # the same for a gradient hook of the program's: the hook, not backward()'s line (nor "the 4th call" of
+    # AccumulateGrad, which is the 4th parameter of one backward)
+    ("hook", "refused_call", "program", "calls/train_errors.py:{HOOK} (clip_grad, a hook the program registered)",
+     "a gradient hook returns None (to keep the gradient) or a tensor of the same shape"),
     ("worker", "worker_died", ("platform", "unknown"), "DataLoader worker (pid ", ("out-of-memory killer",
                                                                                "num_workers=0")),
 ])
@@ -207,7 +211,8 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     marks = {"SHAPE": _line("# SHAPE"), "INPLACE": _line("# INPLACE"), "OOM": _line("# OOM: 4 PiB, past any address space"),
              "SIGMOID": _line("# INPLACE") - 1, "CKPT": _line("# CKPT"), "CAUGHT": _line("# CAUGHT"),
              "BACKWARD": _line("# BACKWARD"), "WEIGHTS": _line("# WEIGHTS"), "LOADER": _line("# LOADER"),
-             "PREFIX": _line("# PREFIX"), "SAVE": _line("# SAVE"), "FNGRADS": _line("# FNGRADS")}
+             "PREFIX": _line("# PREFIX"), "SAVE": _line("# SAVE"), "FNGRADS": _line("# FNGRADS"),
+             "HOOK": _line("# HOOK")}
     r, v = _watch(case, tmp_path)
     assert r.returncode != 0 and v["class"] == cls, (v["class"], v["evidence"])
     if case == "save" and trace.read(tmp_path / case / "ops.log").raise_marks is False:

@@ -422,3 +422,32 @@ def test_what_autograd_refuses_from_a_programs_function_is_named_at_its_backward
     # a Function the program's sources do not define (a package's): the backward() call, as before
     other = owner.decide(verdict, {})
     assert other.kind == "program" and "train.py:30" in other.where and "RowScale.backward" not in other.where, other
+
+
+HOOK_SRC = '''import torch
+model = torch.nn.Linear(16, 4)
+
+
+def clip_rows(grad):
+    return grad[:2]
+
+
+model.weight.register_hook(clip_rows)
+model.register_forward_hook(lambda m, i, o: o)
+'''
+
+
+def test_a_gradient_hook_returning_another_size_is_named_at_the_hook_not_at_backward():
+    registered = owner.registrations({"/home/u/train.py": HOOK_SRC})
+    assert registered["hook:clip_rows"] == "/home/u/train.py:5", registered
+    tb = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 17, in <module>\n    loss.backward()\n'
+          "RuntimeError: hook 'clip_rows' has changed the size of value\n")
+    verdict = v(status="error", cls="refused_call", stderr=tb, in_flight=op(
+        "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", site="train.py:17 in <module>",
+        **{"pass": 4}))
+    got = owner.decide(verdict, registered)
+    assert got.kind == "program" and got.where.startswith("u/train.py:5 (clip_rows, a hook"), got
+    assert "returns None (to keep the gradient) or a tensor of the same shape" in got.why, got.why
+    # the 4th AccumulateGrad of one backward is the 4th parameter, not a line called a 4th time
+    assert "4th call" not in got.why
+    assert "4th call" not in owner.decide(verdict, {}).why

@@ -62,6 +62,8 @@ _CUDA_KERNEL = re.compile(r"__global__\s+(?:void|[\w:<>]+)\s+(?P<name>\w+)\s*\("
 # a custom autograd.Function: autograd names its node <Class>Backward, and refuses what its backward returns there
 _FUNCTION = re.compile(r"^class\s+(?P<name>\w+)\s*\([^)]*\b(?:torch\.autograd\.|autograd\.)?Function\s*\)\s*:", re.M)
 _BACKWARD_DEF = re.compile(r"^[ \t]+def\s+backward\s*\(", re.M)
+# a hook the program registers by name (tensor.register_hook(fn), module.register_forward_hook(fn), ...)
+_HOOKED = re.compile(r"\.register_(?:\w+_)?hook\(\s*(?:self\.)?(?P<name>\w+)\s*[,)]")
 
 
 @dataclass(frozen=True)
@@ -285,8 +287,9 @@ def load_or_launch(v: Mapping[str, Any], native: Sequence[capture.Thread], op: M
 
 def registrations(sources: Mapping[str, str]) -> dict[str, str]:
     """{namespace: "file:line"} of custom-op namespaces defined in the given source texts ({path: text}),
-    {"kernel:NAME": "file:line"} of Triton and CUDA kernels defined there, and {"function:NAME": "file:line"} of
-    autograd.Function subclasses (the line of their backward). Pure: the caller reads the files
+    {"kernel:NAME": "file:line"} of Triton and CUDA kernels defined there, {"function:NAME": "file:line"} of
+    autograd.Function subclasses (the line of their backward) and {"hook:NAME": "file:line"} of the functions it
+    registers as hooks (register_hook, register_forward_hook, ...). Pure: the caller reads the files
     (the program's own: its script and the sources beside it)."""
     out: dict[str, str] = {}
     for path, text in sources.items():
@@ -304,6 +307,10 @@ def registrations(sources: Mapping[str, str]) -> dict[str, str]:
             bwd = _BACKWARD_DEF.search(body)
             at = m.end() + bwd.start() if bwd else m.start()
             out.setdefault(f"function:{m.group('name')}", f"{path}:{text.count(chr(10), 0, at) + 1}")
+        for name in {m.group("name") for m in _HOOKED.finditer(text)}:
+            d = re.search(rf"^[ \t]*def\s+{name}\s*\(", text, re.M)
+            if d:
+                out.setdefault(f"hook:{name}", f"{path}:{text.count(chr(10), 0, d.start()) + 1}")
     return out
 
 
@@ -328,7 +335,10 @@ def decide(v: Mapping[str, Any], registered: Mapping[str, str] | None = None,
     who = _decide(v, registered, platform)
     op = v.get("in_flight_op") or {}
     nth = op.get("pass") if isinstance(op, Mapping) else None
-    if who.kind == "program" and v.get("status") == "error" and isinstance(nth, int) and nth > 1:
+    # an autograd node's calls count the nodes of one graph (one AccumulateGrad per parameter), not the program's
+    # calls of a line: no pass words for them
+    engine = bool(_BACKWARD.match(str(op.get("name") or ""))) if isinstance(op, Mapping) else False
+    if who.kind == "program" and v.get("status") == "error" and isinstance(nth, int) and nth > 1 and not engine:
         return Owner(who.kind, who.where, f"{who.why}; {pass_words(op, nth)}", who.program)
     return who
 
@@ -693,6 +703,21 @@ def _own_function(node: str, stderr: str, registered: Mapping[str, str]) -> Owne
                  f"autograd refused what the program's autograd.Function {cls_name} returned from backward ({why})")
 
 
+_HOOK_CHANGED = re.compile(r"hook '(?P<name>\w+)' has changed the (?P<what>size|type|device) of value")
+
+
+def _own_hook(stderr: str, registered: Mapping[str, str]) -> Owner | None:
+    """autograd refusing what a gradient hook of the program's returned: the hook is the line to change."""
+    m = _HOOK_CHANGED.search(stderr or "")
+    at = registered.get(f"hook:{m.group('name')}") if m else None
+    if not at:
+        return None
+    return Owner("program", f"{short(at)} ({m.group('name')}, a hook the program registered)",
+                 f"autograd refused what the program's hook {m.group('name')} returned: a gradient of another "
+                 f"{m.group('what')} than the one it was given; a gradient hook returns None (to keep the gradient) "
+                 f"or a tensor of the same shape, dtype and device")
+
+
 def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]], stderr: str,
                trend: Mapping[str, Any] | None = None, worker_at: str | None = None,
                registered: Mapping[str, str] | None = None) -> Owner | None:
@@ -730,7 +755,7 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
             return None
         node = _BACKWARD.match(str(name or ""))
         if node:   # autograd's engine raised while running a node: the program's use of autograd, in its backward
-            own = _own_function(node.group(1), stderr, registered or {})
+            own = _own_function(node.group(1), stderr, registered or {}) or _own_hook(stderr, registered or {})
             if own is not None:
                 return own
             name = None
