@@ -146,3 +146,18 @@ def test_the_index_says_what_the_fix_working_means_and_the_other_fixes():
                                   "inherited from the parent at fork; apply with: DataLoader(..., "
                                   "multiprocessing_context='spawn'); also fixes it: dataloader_no_workers")
     assert "program's own bug" in v.next_step
+
+
+def test_a_stuck_child_the_platform_explains_is_not_sent_to_read_its_queue():
+    """A child forked after OpenMP ran waits in OpenMP's pool: 03's owner is the platform meeting the program, with
+    the program's way out (spawn); the class's own words for a stuck child (read the Queue before join) are not the
+    next step."""
+    m = metrics(hang_status="hang")
+    forked = {"kind": "platform", "where": "OpenMP (libgomp), in pid 7: python prog.py",
+              "why": "pid 7 was forked from a process that had already run parallel CPU work",
+              "program": "start the child processes with spawn or forkserver"}
+    m["03_bisect_hang"]["metrics"].update({"class": "child_stuck", "owner": forked, "in_program": None})
+    m["04_fix_scenarios"] = {"metrics": {"tried": [], "not_tried": [], "skipped": {"dataloader_spawn": "..."}}}
+    v = judge(ok(), m)
+    assert "the platform's behaviour meets the program's code" in v.next_step, v.next_step
+    assert "start the child processes with spawn" in v.next_step and "Queue" not in v.next_step, v.next_step

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.hang import classify
+from gpulab import proc
+from gpulab.hang import classify, owner
 from gpulab.hang.jobs import merge
 from gpulab.hang.watchdog import watch
 
@@ -311,3 +312,20 @@ def test_a_compiled_ddp_job_with_dataloader_workers_names_the_rank_not_a_worker(
     assert not any("worker" in w for w in (*d["waiting"], *d["missing"], *d.get("instead", {}))), d
     assert "ddp_loader_uneven.py:31" in (roles(v)["rank 1/2"]["frame"] or "")
     assert not any(p["collective"] for p in v.processes if p["kind"] == "worker")
+
+
+def test_children_forked_after_openmp_ran_are_the_platform_meeting_the_program_not_a_queue_to_read(tmp_path):
+    """A parent that ran parallel CPU work on OpenMP's pool forks children whose first matmul waits in that pool
+    for threads fork did not copy: the child's native stack in libgomp, its start by fork, say so; the next step is
+    spawn (which ends the same program here), not the Queue advice a stuck child otherwise gets."""
+    program = str(FIX / "fork_after_openmp.py")
+    v = watched(tmp_path, sys.executable, program)
+    assert (v.status, v.cls) == ("hang", "child_stuck"), (v.cls, v.evidence)
+    child = roles(v)[v.culprit]
+    assert child.get("started_by") == "fork" and "OpenMP" in str(child.get("native_lib")), child
+    assert v.owner["kind"] == "platform" and "not fork-safe" in v.owner["why"], v.owner
+    assert "get_context('spawn')" in v.owner["program"], v.owner
+    step = classify.program_cause(v.cls, v.culprit, v.processes, v.owner) or owner.next_step(v.owner)
+    assert "spawn" in step and "Queue" not in step, step
+    done = proc.run([sys.executable, program, "--start", "spawn"], timeout_s=60, capture=True)
+    assert done.ok and "done" in done.stdout, done.stderr[-2000:]

@@ -34,6 +34,9 @@ class ScenarioVerdict:
 def _program_cause(hang: Mapping[str, Any]) -> str | None:
     """Why the failure is the program's own bug: 03's in_program (classify.program_cause, which follows the
     verdict's owner), or by class and owner alone for metrics written before 03 said so."""
+    o = hang.get("owner") or {}
+    if o.get("kind") == "platform" and o.get("program"):   # the platform meeting the program: both are told
+        return hang.get("in_program")
     return (hang.get("in_program") or IN_THE_PROGRAM.get(hang.get("class") or "")
             or program_cause(hang.get("class"), owner=hang.get("owner")))
 

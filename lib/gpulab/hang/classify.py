@@ -102,6 +102,8 @@ def program_cause(cls: str | None, culprit: str | None = None, processes: Sequen
     program: its place and what the evidence says is wrong there."""
     if owner and owner.get("kind") == "program" and cls not in IN_THE_PROGRAM:
         return program_step(owner.get("where"), owner.get("why"))
+    if owner and owner.get("kind") == "platform" and owner.get("program"):
+        return None   # the platform's behaviour meeting the program's code: the owner's step names both
     if cls in IN_THE_PROGRAM:
         return IN_THE_PROGRAM[cls]
     if cls != "rank_stuck" or not culprit:

@@ -617,6 +617,17 @@ def _child_owner(v: Mapping[str, Any]) -> Owner:
                      f"and nobody reads it while its parent waits in join(): get() everything from the queue "
                      f"before join() (or join with a timeout after the queue is drained)")
     where = child.get("frame") or str(v.get("culprit") or "the child process")
+    if child.get("started_by") == "fork" and "OpenMP" in str(child.get("native_lib") or ""):
+        op = child.get("open_op")
+        return Owner("platform", f"{child['native_lib']}, in {child.get('role')}" + (f" ({op})" if op else ""),
+                     f"{child.get('role')} was forked from a process that had already run parallel CPU work, and "
+                     f"waits inside {child['native_lib']}'s thread pool: fork copies the pool's state but not its "
+                     f"threads, so the child's first parallel op waits for workers that do not exist (GNU OpenMP "
+                     f"is not fork-safe)",
+                     program="start the child processes with spawn or forkserver "
+                             "(multiprocessing.get_context('spawn'), or torch.multiprocessing's start_processes with "
+                             "start_method='spawn'), which begin a fresh interpreter, or fork before the parent runs "
+                             "any parallel CPU op")
     if child.get("own_code"):
         return Owner("program", where, f"the child process the program waits for runs the program's own code there "
                      f"and does not end")

@@ -49,6 +49,21 @@ def job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, n
     return views, finding, {"python": pythons, "native": natives}
 
 
+def _native_facts(procs: Path, pid: int, natives: Mapping[int, str]) -> dict:
+    """What a process's native stack says its main thread is inside (a library's code: 'OpenMP (libgomp)'), and
+    how it was started (fork, spawn, exec): a child forked from a parent that had run OpenMP's thread pool waits
+    in that pool for threads fork did not copy (gpulab.hang.owner)."""
+    text = natives.get(pid)
+    if not text:
+        return {}
+    lib = owner.native_library(capture.parse_native(text, pid))
+    try:
+        how = json.loads((procs / f"{pid}.json").read_text()).get("how")
+    except (OSError, ValueError):
+        how = None
+    return {"native_lib": lib[1] if lib and lib[0] == "library" else None, "started_by": how}
+
+
 def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stacks: Mapping[str, dict],
              stderr: str = "") -> Verdict:
     """The verdict of a job: the finding's class, culprit and evidence first, the per-process table, and every
@@ -61,7 +76,7 @@ def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stac
     rows = []
     for row in finding.processes:
         files = {k: f"procs/{row['pid']}.stacks_{k}.txt" for k in stacks if stacks[k].get(row["pid"])}
-        rows.append({**row, "stacks": files})
+        rows.append({**row, "stacks": files, **_native_facts(procs, row["pid"], stacks.get("native", {}))})
     culprit = next((p for p in views if p.role == finding.culprit), None)
     plain = json.loads(json.dumps(finding.to_dict()))   # as verdict.json holds it (lists, not tuples)
     changes: dict = {"processes": tuple(rows), "culprit": finding.culprit,
