@@ -419,6 +419,9 @@ def test_what_autograd_refuses_from_a_programs_function_is_named_at_its_backward
     got = owner.decide(verdict, registered)
     assert got.kind == "program" and got.where.startswith("u/train.py:10 (RowScale.backward"), got
     assert words in got.why, got.why
+    # the same where the op in flight is not autograd's node (a build that marks no raised op: backward()'s last)
+    plain = v(status="error", cls="refused_call", stderr=tb, in_flight=op("aten.mul.Tensor", site="train.py:30"))
+    assert owner.decide(plain, registered).where.startswith("u/train.py:10 (RowScale.backward"), plain
     # a Function the program's sources do not define (a package's): the backward() call, as before
     other = owner.decide(verdict, {})
     assert other.kind == "program" and "train.py:30" in other.where and "RowScale.backward" not in other.where, other
@@ -448,6 +451,8 @@ def test_a_gradient_hook_returning_another_size_is_named_at_the_hook_not_at_back
     got = owner.decide(verdict, registered)
     assert got.kind == "program" and got.where.startswith("u/train.py:5 (clip_rows, a hook"), got
     assert "returns None (to keep the gradient) or a tensor of the same shape" in got.why, got.why
+    plain = v(status="error", cls="refused_call", stderr=tb, in_flight=op("aten.mul.Tensor", site="train.py:17"))
+    assert owner.decide(plain, registered).where.startswith("u/train.py:5 (clip_rows"), plain
     # the 4th AccumulateGrad of one backward is the 4th parameter, not a line called a 4th time
     assert "4th call" not in got.why
     assert "4th call" not in owner.decide(verdict, {}).why

@@ -694,13 +694,17 @@ _FN_GRADS = re.compile(r"[Ff]unction (?P<node>\w+) returned an incorrect number 
                        r"(?P<what>[^\n]+)")
 
 
-def _own_function(node: str, stderr: str, registered: Mapping[str, str]) -> Owner | None:
+def _own_function(stderr: str, registered: Mapping[str, str]) -> Owner | None:
     """autograd refusing what a custom autograd.Function's backward returned: the line to change is that
-    backward (found in the program's sources by its class), not the backward() call that ran it."""
+    backward (found in the program's sources by its class: autograd names its node <Class>Backward), not the
+    backward() call that ran it."""
     m = _FN_GRADS.search(stderr or "")
+    if not m:
+        return None
+    node = m.group("node") or m.group("node2")
     cls_name = node[:-len("Backward")] if node.endswith("Backward") else node
     at = registered.get(f"function:{cls_name}")
-    if not m or not at or (m.group("node") or m.group("node2")) != node:
+    if not at:
         return None
     if m.group("want"):
         why = (f"its backward returns {m.group('got')} gradient(s) where forward takes {m.group('want')} input(s): "
@@ -764,11 +768,13 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
         got = classify.refused(stderr)
         if not got or not (place or name):
             return None
+        # autograd refusing what the program's own Function or hook returned: read from its message, whichever op
+        # the recorder saw in flight (a build that marks no raised op leaves backward()'s last op there)
+        own = _own_function(stderr, registered or {}) or _own_hook(stderr, registered or {})
+        if own is not None:
+            return own
         node = _BACKWARD.match(str(name or ""))
         if node:   # autograd's engine raised while running a node: the program's use of autograd, in its backward
-            own = _own_function(node.group(1), stderr, registered or {}) or _own_hook(stderr, registered or {})
-            if own is not None:
-                return own
             name = None
             what = f"autograd (running {node.group(1)})"
         else:
