@@ -727,3 +727,15 @@ def test_the_chain_judges_a_fix_on_the_platform_before_the_fix(monkeypatch, fixe
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
     monkeypatch.setattr(gdevice, "resolve", lambda d="auto": "cuda" if str(d) in ("auto", "cuda") else str(d))
     assert (runner._not_applicable(fixes, values) is None) is applies
+
+
+def test_where_no_fix_works_the_platform_meeting_the_program_is_told_with_its_way_out_not_upstream():
+    """A child forked after OpenMP ran: 03's owner is the platform with a way out in the program (spawn); 04's own
+    next step said 'take 03's evidence bundle upstream' while the index told both sides."""
+    failed = verdict.Observed("x", ("x",), True, 4, 4, True, 0.0)
+    plat = {"kind": "platform", "where": "OpenMP (libgomp)", "why": "GNU OpenMP is not fork-safe",
+            "program": "start the child processes with spawn"}
+    rec, why = verdict.recommend([BASE_FAILS, failed], [verdict.judge(o, BASE_FAILS, 0.2)[0] for o in
+                                                        (BASE_FAILS, failed)], stall_s=5, owner=plat)
+    assert rec is None and "GNU OpenMP is not fork-safe" in why and "start the child processes with spawn" in why
+    assert "upstream" not in why, why

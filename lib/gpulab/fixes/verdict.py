@@ -147,4 +147,7 @@ def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, s
     budget = ", or raise --budget to try the rest" if untried else ""
     if in_program:
         return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: {in_program}{budget}"
+    if owner and owner.get("kind") == "platform" and owner.get("program"):   # both sides, not an upstream report
+        return None, (f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: the platform's behaviour meets "
+                      f"the program's code ({owner.get('why')}); the program's own way out: {owner['program']}{budget}")
     return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}; take 03's evidence bundle upstream{budget}"
