@@ -389,6 +389,20 @@ def test_pool_replaces_a_hung_worker_and_stops_its_whole_tree(broken):
     assert left_after(*broken, exclude=(proc.guard_pid() or 0,)) == []  # the sleep too
 
 
+def test_a_jobs_deadline_counts_from_its_start_not_the_workers_start_up(tmp_path, monkeypatch):
+    """A fresh worker loads the job's module (torch, for the oracle) before the job runs: on a loaded machine that
+    took longer than a candidate's 10 s, and a healthy sdpa_math was called a hang. A module that takes 3 s to
+    load meets a 1 s deadline; a job that sleeps past it does not."""
+    from gpulab.pool import Pool
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(3)\n\ndef ready():\n    return 7\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    with Pool(label="test") as pool:
+        got = pool.run("slowmod:ready", timeout_s=1)
+        assert got.ok and got.value == 7 and got.seconds >= 3, got
+        hung = pool.run("time:sleep", (30,), timeout_s=1)
+        assert hung.status == "hang" and hung.detail == "hang: no result within 1s (child process group killed)"
+
+
 def test_gate_results_in_the_warm_worker_equal_the_in_process_check(tmp_path):
     cands = ["math", "tiled", "bug_mask_ignored", "bug_no_max_subtraction"]
     iso = oracle.gate(cands, "quick", "cpu", out_dir=tmp_path / "iso")

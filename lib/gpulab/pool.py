@@ -5,9 +5,10 @@ only the job that caused it.
 `Pool` holds at most one live worker, a `python -m gpulab.pool` child started through gpulab.proc
 (own session, token, a stop that reaches every descendant). It is fed one job at a time: a "module:function"
 name and its arguments, pickled to a file in the pool's folder; the job's number goes down the worker's stdin,
-and "done N" comes back on a private pipe (the worker moves its fd 1 onto its log first, so nothing a job
-prints can be mistaken for a reply, and a chatty job never blocks on a pipe). The parent waits with a per-job
-deadline. A job that overruns it is a hang: the worker's whole tree is stopped. A job that raises ends the
+and "start N" (its module loaded), then "done N", come back on a private pipe (the worker moves its fd 1 onto its
+log first, so nothing a job prints can be mistaken for a reply, and a chatty job never blocks on a pipe). The
+parent waits with a per-job deadline counted from "start N": a fresh worker's start-up (interpreter, torch) is
+no part of the job's time, however loaded the machine (it has START_S of its own). A job that overruns it is a hang: the worker's whole tree is stopped. A job that raises ends the
 worker with the traceback in its log (exit 1: a GPU fault poisons the CUDA context, so the process is not
 reused); one killed by a signal is a crash. Either way the next job starts a fresh worker. The outcome's
 `detail` reads as the one-shot child's did: "hang: no result within 8s (child process group killed)",
@@ -35,6 +36,7 @@ from gpulab import proc
 
 MODULE = "gpulab.pool"
 STATUSES = ("ok", "hang", "crash", "error")
+START_S = 120.0     # a job's start (a fresh worker's interpreter, init and the job's module) may take this long
 
 
 @dataclass(frozen=True)
@@ -138,16 +140,24 @@ class Worker:
         job, res = self.folder / f"job-{n}.pkl", self.folder / f"res-{n}.pkl"
         _dump(job, (fn, args, kwargs or {}))
         t0 = time.monotonic()
+        # the job's deadline runs from its start: a fresh worker's interpreter, its init and the job's module
+        # (torch) load first, which a loaded machine makes slow, under a start-up deadline of their own
+        deadline, started = t0 + max(timeout_s, START_S), False
         try:
             os.write(self._jobs, f"{n}\n".encode())
             while True:
-                line = self._readline(t0 + timeout_s)
+                line = self._readline(deadline)
                 if line is None:
                     self.stop(kill=True)
-                    return Outcome("hang", detail=f"hang: no result within {timeout_s:.0f}s (child process "
-                                                  f"group killed)", seconds=time.monotonic() - t0)
+                    said = (f"no result within {timeout_s:.0f}s" if started else
+                            f"the worker did not start the job within {max(timeout_s, START_S):.0f}s")
+                    return Outcome("hang", detail=f"hang: {said} (child process group killed)",
+                                   seconds=time.monotonic() - t0)
                 if line == b"":
                     break
+                if not started and line.strip() == f"start {n}".encode():
+                    deadline, started = time.monotonic() + timeout_s, True
+                    continue
                 if line.strip() == f"done {n}".encode():
                     value = _load(res)
                     return Outcome("ok", value, seconds=time.monotonic() - t0)
@@ -232,7 +242,9 @@ def serve(folder: str, init: Sequence[str]) -> int:
             return 0               # the parent closed the pipe: done
         n = int(line)
         fn, args, kwargs = _load(base / f"job-{n}.pkl")
-        value = _function(fn)(*args, **kwargs)
+        call = _function(fn)       # its module loaded before the job's deadline starts
+        os.write(reply, f"start {n}\n".encode())
+        value = call(*args, **kwargs)
         _dump(base / f"res-{n}.pkl", value)
         os.write(reply, f"done {n}\n".encode())
 
