@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpulab.fixes import registry, suggest
-from gpulab.hang.classify import IN_THE_PROGRAM, program_cause
+from gpulab.hang.classify import program_cause
+from gpulab.hang.owner import meets
 from gpulab.numerics import variants
 
 VERDICTS = ("healthy", "hang", "crash", "error", "wrong_numbers", "slow", "failed", "interrupted", "not_applicable")
@@ -34,11 +35,7 @@ class ScenarioVerdict:
 def _program_cause(hang: Mapping[str, Any]) -> str | None:
     """Why the failure is the program's own bug: 03's in_program (classify.program_cause, which follows the
     verdict's owner), or by class and owner alone for metrics written before 03 said so."""
-    o = hang.get("owner") or {}
-    if o.get("kind") == "platform" and o.get("program"):   # the platform meeting the program: both are told
-        return hang.get("in_program")
-    return (hang.get("in_program") or IN_THE_PROGRAM.get(hang.get("class") or "")
-            or program_cause(hang.get("class"), owner=hang.get("owner")))
+    return hang.get("in_program") or program_cause(hang.get("class"), owner=hang.get("owner"))
 
 
 def _owner(hang: Mapping[str, Any], kind: str) -> dict | None:
@@ -48,8 +45,7 @@ def _owner(hang: Mapping[str, Any], kind: str) -> dict | None:
 
 def _meets(plat: Mapping[str, Any]) -> str:
     """The platform's behaviour meeting the program's code (a launch stuck behind lazy loading): both sides."""
-    return (f"the platform's behaviour meets the program's code: {plat.get('why')}; the program's own way out: "
-            f"{plat.get('program')}")
+    return meets(plat)
 
 
 def _upstream(hang: Mapping[str, Any]) -> str:

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from gpulab.hang.owner import meets
+
 
 VERDICTS = ("baseline", "fixes", "partial", "no_effect", "breaks_numerics", "too_slow", "not_applicable")
 BASELINE = "baseline"
@@ -148,6 +150,5 @@ def recommend(observed: Sequence[Observed], verdicts: Sequence[str | None], *, s
     if in_program:
         return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: {in_program}{budget}"
     if owner and owner.get("kind") == "platform" and owner.get("program"):   # both sides, not an upstream report
-        return None, (f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: the platform's behaviour meets "
-                      f"the program's code ({owner.get('why')}); the program's own way out: {owner['program']}{budget}")
+        return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}: {meets(owner)}{budget}"
     return None, f"nothing tried fixes it ({tried} fix scenario(s) ran){more}; take 03's evidence bundle upstream{budget}"

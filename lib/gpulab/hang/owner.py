@@ -531,7 +531,7 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
             return Owner("program", place + (f" (inside {name})" if name else ""),
                          f"{_what(v)} in {how}"
                          + (f", inside its custom op {name}" if name and ns not in TORCH_NAMESPACES else "")
-                         + _no_input(v) + _graph_break(v)
+                         + _error_words(v)
                          + (f"; before it, the program's {classify.died_words(died[0])}: fix that first, as what "
                             f"waits here may wait for that thread's work (a queue it fills, a Queue's task_done, a "
                             f"join, an Event it would have set)" if died else ""))
@@ -829,23 +829,20 @@ _NO_INPUT = (("bdb.BdbQuit", "a debugger stop (breakpoint() or pdb.set_trace(), 
              ("EOFError: EOF when reading a line", "input()"))
 
 
-def _no_input(v: Mapping[str, Any]) -> str:
-    """Why a program that reads standard input fails under gpulab and waits without it: its children get no input
-    (stdin is /dev/null, as a batch job's), so pdb quits and input() raises at once."""
-    words = lastwords.of(v.get("stderr_tail") or "") if v.get("status") == "error" else ""
+def _error_words(v: Mapping[str, Any]) -> str:
+    """What an error's own words say beyond 'fix it there': a program that reads standard input fails under
+    gpulab and waits without it (its children get no input: stdin is /dev/null, as a batch job's, so pdb quits and
+    input() raises at once); torch.compile refusing a line (a graph break made an error by fullgraph=True), with
+    dynamo's hint."""
+    tail = v.get("stderr_tail") or ""
+    words = lastwords.of(tail) if v.get("status") == "error" else ""
     what = next((w for k, w in _NO_INPUT if words.startswith(k)), None)
-    return (f"; the program reads standard input there ({what}) and gpulab gives it none (stdin is /dev/null, as in a "
-            f"batch job), so it ends where a terminal would wait: remove it, or debug without gpulab") if what else ""
-
-
-def _graph_break(v: Mapping[str, Any]) -> str:
-    """torch.compile refusing a line of the program (a graph break made an error by fullgraph=True): the line is
-    the program's, and so is the fix; dynamo's first hint says how."""
-    words = lastwords.of(v.get("stderr_tail") or "") if v.get("status") == "error" else ""
+    if what:
+        return (f"; the program reads standard input there ({what}) and gpulab gives it none (stdin is /dev/null, "
+                f"as in a batch job), so it ends where a terminal would wait: remove it, or debug without gpulab")
     if not words.startswith("torch._dynamo.exc.Unsupported"):
         return ""
-    hints = [ln.strip()[len("Hint:"):].strip() for ln in (v.get("stderr_tail") or "").splitlines()
-             if ln.strip().startswith("Hint:")]
+    hints = [ln.strip()[len("Hint:"):].strip() for ln in tail.splitlines() if ln.strip().startswith("Hint:")]
     # a hint that names what to write instead (torch.cond, torch.where) before one about dynamo itself
     hint = next((h for h in hints if "`" in h or "torch." in h), hints[0] if hints else "")
     return ("; torch.compile cannot trace this line and was told to stop there (fullgraph=True, or "
@@ -885,6 +882,13 @@ def _calls_ctypes(frames: Sequence[tuple[str, str, str]], fr: tuple[str, str, st
 
 
 # ------------------------------------------------------------------------------------ what to do
+
+def meets(o: Mapping[str, Any]) -> str:
+    """A platform owner with a way out in the program (a launch stuck behind lazy loading, a child forked into
+    OpenMP's pool): both sides, in the words the index and 04 share."""
+    return (f"the platform's behaviour meets the program's code: {o.get('why')}; the program's own way out: "
+            f"{o.get('program')}")
+
 
 def next_step(o: Owner | Mapping[str, Any] | None) -> str | None:
     """The next step that follows from the owner alone (None when unknown: the caller's own rules decide)."""

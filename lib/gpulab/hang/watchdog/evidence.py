@@ -58,7 +58,7 @@ def _native_facts(procs: Path, pid: int, natives: Mapping[int, str]) -> dict:
         return {}
     lib = owner.native_library(capture.parse_native(text, pid))
     try:
-        how = json.loads((procs / f"{pid}.json").read_text()).get("how")
+        how = json.loads(follow.files(procs, pid)["meta"].read_text()).get("how")
     except (OSError, ValueError):
         how = None
     return {"native_lib": lib[1] if lib and lib[0] == "library" else None, "started_by": how}
