@@ -328,3 +328,17 @@ def test_values_that_grow_until_float16_overflows_say_its_narrow_range():
     got = nancause.grown(why, "aten.addmm.default", "float16",
                          {"first_pass": 1, "first": 3.0, "last_pass": 30, "last": 6.0e4})
     assert got.kind == "growth" and "float16's largest value is 6.55e+04; bfloat16 has float32's range" in got.words, got
+
+
+def test_an_input_that_is_an_empty_buffers_memory_is_the_allocations_line_not_the_datas():
+    alloc = {"op": "aten.empty.memory_format", "call_site": "train.py:12 in step", "pass": 2}
+    came = nancause.cause("aten.mul.Tensor", [f32(nan=4), T("scalar", scalar=0.5)], out(nan=4), first=True)
+    got = nancause.uninitialized(came, "aten.mul.Tensor", alloc)
+    assert (got.kind, got.input, got.at, got.earlier) == ("uninitialized", 0, "train.py:12 in step", False), got
+    assert "empty allocated at train.py:12 in step (pass 2) and no op wrote before mul read it" in got.words
+    # an update in place (add_) reads the memory it writes: its cause was unknown, the argument it wrote says why
+    unknown = nancause.cause("aten.add_.Tensor", [None, f32(min=0.0, max=1.0)], out(nan=4), first=True)
+    assert nancause.uninitialized(unknown, "aten.add_.Tensor", alloc, written=0).kind == "uninitialized"
+    assert nancause.uninitialized(unknown, "aten.add_.Tensor", alloc) == unknown   # nothing written: it stands
+    own = nancause.cause("aten.div.Tensor", [f32(min=1.0, max=2.0), f32(zeros=2, min=0.0, max=0.0)], out(posinf=2))
+    assert nancause.uninitialized(own, "aten.div.Tensor", alloc) == own   # the op's own cause stands

@@ -126,6 +126,29 @@ def test_the_overflows_a_gradscaler_catches_are_no_fault_and_a_nan_it_does_not_c
     assert firstnan.next_step(got).startswith(f"fix the program's line {line_of('amp_scaler.py', 'LOG')}")
 
 
+@pytest.mark.parametrize("case,mark,op,kind,alloc", [
+    ("accum", "ACCUM", "aten.add_.Tensor", "uninitialized", "ALLOC"),
+    ("read", "READ", "aten.mul.Tensor", "uninitialized", "BUF"),
+    ("view", "DIV", "aten.div.Tensor", "zero_divisor", None),
+])
+def test_an_empty_buffers_old_bytes_are_the_allocations_line_or_no_fault(tmp_path, case, mark, op, kind, alloc):
+    """NaN bytes in memory an empty() allocated: read before written, the line to change is the allocation (not
+    "it came in with the data"); written through views first (DDP's buckets), the views of it are no first NaN."""
+    rec = trace_run.record([sys.executable, str(NAN / "empty_buffer.py"), case], mode="stats", out_dir=tmp_path,
+                           name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    assert got is not None, rec.stderr_tail
+    assert (got["op"], got["call_site"], got["pass"], got["cause"]["kind"]) == (op, line_of("empty_buffer.py", mark),
+                                                                                  1 if kind != "zero_divisor" else 3,
+                                                                                  kind), got
+    if alloc:
+        alloc = line_of("empty_buffer.py", alloc)
+        assert got["cause"]["at"] == alloc and f"empty allocated at {alloc} (pass 1)" in got["cause"]["words"], got
+        assert firstnan.next_step(got).startswith(f"fix the program's line {alloc}: write every element"), \
+            firstnan.next_step(got)
+
+
 @pytest.mark.parametrize("path", ["native", "python"])
 def test_both_dispatch_hot_paths_keep_the_line_and_pass(tmp_path, path):
     """In process, on the C and the Python hot path alike: the divisor with zeros in the third call."""

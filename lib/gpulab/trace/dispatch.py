@@ -141,7 +141,10 @@ def make_mode(rec):
         elif track == _TRACK_STATS:
             if nan_watch is not None:
                 nan_watch.note(func)
-            if id(func) not in uninitialized:  # empty() holds garbage: NaNs there are not a fault
+            if id(func) in uninitialized:  # empty() holds garbage: NaNs there are not a fault
+                if nan_watch is not None:
+                    nan_watch.allocated(func, out)
+            elif nan_watch is None or not nan_watch.unwritten(func, args, out):   # nor in a view of it
                 if compute_stats(out, slots + (seq % cap) * slot_size, seq) and nan_watch is not None:
                     if nan_watch.first(func, args, out, seq):   # what a GradScaler caught, passed on
                         state["nonfinite_set"] = False

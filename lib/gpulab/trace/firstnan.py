@@ -29,6 +29,8 @@ REMEDY = {
               "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_); within one step (a "
               "recurrence, a deep stack), scale down or normalize the weights it multiplies by; `gpulab compare` "
               "against a run with a lower learning rate names the first op where the two part",
+    "uninitialized": "write every element before it is read: allocate with torch.zeros or torch.full instead of "
+                     "torch.empty, or fill the buffer first (an empty() tensor holds a freed tensor's old bytes)",
     "input_neginf": "the -inf of a mask reached an op that turns it into NaN: mask with torch.finfo(dtype).min, "
                     "or mask after the op",
 }

@@ -22,7 +22,7 @@ LOW_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e4m3fnu
 
 KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "variance_dof", "unit_domain", "log_domain",
          "sqrt_domain", "pow_domain", "overflow", "matmul_overflow", "cast_overflow", "softmax_masked_row", "growth",
-         "unknown")
+         "uninitialized", "unknown")
 GROWTH = 1e3          # an op's outputs that grew this many times over ...
 GROWTH_PASSES = 3     # ... at least this many earlier passes, then overflow: the run diverges
 
@@ -159,6 +159,21 @@ def log_made(why: Cause, op: str, log: Mapping[str, Any], made: str = "NaN") -> 
     return Cause("log_domain", f"input {why.input} holds -Inf that {base_name(log['op'])} made at {log['call_site']} "
                  f"(pass {log['pass']}) from {what} (the log of 0 is -Inf), and {base_name(op)} turns it into {made}",
                  why.input, log.get("call_site"))
+
+
+def uninitialized(why: Cause, op: str, alloc: Mapping[str, Any], written: int | None = None) -> Cause:
+    """why (an input's NaN/Inf that no recorded op made, or no known cause of an op that updated input
+    `written` in place) when that input is memory an empty() allocated and no recorded op wrote since: the
+    value is whatever bytes the allocator's block held before (a freed tensor's), a line of the program's
+    (reading before writing), not the data. alloc: where the empty() ran (op, call_site, pass)."""
+    if why.kind == "unknown" and written is not None:
+        why = Cause("input_nan", why.words, written)
+    if why.kind not in ("input_nan", "input_inf") or why.input is None:
+        return why
+    return Cause("uninitialized", f"input {why.input} is memory that {base_name(alloc['op'])} allocated at "
+                 f"{alloc['call_site']} (pass {alloc['pass']}) and no op wrote before {base_name(op)} read it: its "
+                 f"values are whatever bytes that memory held before (unless the program filled it outside torch, "
+                 f"through .numpy() or an extension)", why.input, alloc.get("call_site"))
 
 
 def grown(why: Cause, op: str, dtype: str, history: Mapping[str, Any] | None) -> Cause:

@@ -170,6 +170,74 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         flat = [y for x in args for y in (x if isinstance(x, (list, tuple)) else (x,))]
         return [x for x in flat if isinstance(x, torch.Tensor)]
 
+    fresh: dict = {}        # storage address -> (op, code, instruction, pass): an empty()'s memory no op wrote since
+    wrote: list = [None]    # the op just run updated such memory in place: (its argument, that memory's entry)
+    aliasing: dict = {}     # op -> (arguments it writes, returns a view, returns what it wrote)
+
+    def _aliasing(func: Any) -> tuple:
+        got = aliasing.get(func)
+        if got is None:
+            schema = getattr(func, "_schema", None)
+            rets = getattr(schema, "returns", ()) or ()
+            got = aliasing[func] = (
+                tuple(i for i, a in enumerate(getattr(schema, "arguments", ()) or ())
+                      if a.alias_info is not None and a.alias_info.is_write),
+                any(r.alias_info is not None and not r.alias_info.is_write for r in rets),
+                any(r.alias_info is not None and r.alias_info.is_write for r in rets))
+        return got
+
+    def _address(x: Any) -> int | None:
+        try:
+            return x.untyped_storage().data_ptr()
+        except Exception:  # noqa: BLE001 - sparse, nested or fake tensors have no plain storage
+            return None
+
+    def allocated(func: Any, out: Any) -> None:
+        """After an empty() (empty_like, new_empty, empty_strided): its memory holds a freed block's old bytes
+        (NaN among them, often on the CUDA caching allocator) until an op writes it."""
+        if "resize_" in str(func):
+            return
+        key, n = now.get(get_ident(), ((func, None, -1), None))
+        for x in _tensors((out,)):
+            a = _address(x)
+            if a:
+                if len(fresh) >= 256:
+                    fresh.pop(next(iter(fresh)))
+                fresh[a] = (*key, n)
+
+    def unwritten(func: Any, args: Any, out: Any) -> bool:
+        """After any other op: True when its output is a view of such memory (DDP's bucket views of its
+        gradient buffers): its NaN is those old bytes, no op's fault. An op that writes such memory (in place,
+        out=) makes it data; a new output at its address means it was freed and reused."""
+        wrote[0] = None
+        if not fresh:
+            return False
+        written, view, writes_out = _aliasing(func)
+        outs = _tensors((out,))
+        if written or writes_out:
+            for i in written:   # an update in place (add_) of such memory reads its old bytes: kept for first()
+                for x in _tensors(args[i:i + 1]):
+                    got = fresh.pop(_address(x), None)
+                    if got is not None:
+                        wrote[0] = (i, got)
+            for x in outs if writes_out else ():
+                fresh.pop(_address(x), None)
+            return False
+        if view:
+            return any(_address(x) in fresh for x in outs)
+        for x in outs:
+            fresh.pop(_address(x), None)
+        return False
+
+    def _fresh_of(value: Any) -> dict | None:
+        got = fresh.get(_address(value)) if isinstance(value, torch.Tensor) else None
+        return None if got is None else _where(got)
+
+    def _where(got: tuple) -> dict:
+        fop, code, lasti, n = got
+        at, file = site(code, lasti)
+        return {"op": str(fop), "call_site": at, "file": file, "pass": n}
+
     def neginf_from(value: Any) -> dict | None:
         """The remembered log that made value's -Inf (value is its output or a view of it), if any."""
         got = _remembered(value) if isinstance(value, torch.Tensor) else None
@@ -226,6 +294,11 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         key = now.get(get_ident(), (None,))[0] if node is None else None   # as note() keyed this op
         history = dict(zip(("first_pass", "first", "last_pass", "last"), peaks[key])) if key in peaks else None
         why = nancause.grown(why, str(func), o.dtype, history)
+        alloc = _fresh_of(args[why.input]) if why.earlier and why.input is not None and fresh else None
+        if alloc is not None:   # it read an empty()'s memory that nothing wrote
+            why = nancause.uninitialized(why, str(func), alloc)
+        elif why.kind == "unknown" and wrote[0] is not None:   # it updated such memory in place
+            why = nancause.uninitialized(why, str(func), _where(wrote[0][1]), written=wrote[0][0])
         src = neginf_from(args[why.input]) if why.kind == "input_neginf" and why.input is not None else None
         if src is not None:   # the -Inf is a log's of values <= 0, not a mask's
             why = nancause.log_made(why, str(func), src, made="NaN" if o.nan else "+Inf")
@@ -280,4 +353,5 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         scaler["pending"] = None
         return True
 
-    return SimpleNamespace(note=note, first=first, made_neginf=made_neginf, seen=seen, scaler_check=scaler_check)
+    return SimpleNamespace(note=note, first=first, made_neginf=made_neginf, seen=seen, scaler_check=scaler_check,
+                           allocated=allocated, unwritten=unwritten)
