@@ -342,3 +342,18 @@ def test_an_input_that_is_an_empty_buffers_memory_is_the_allocations_line_not_th
     assert nancause.uninitialized(unknown, "aten.add_.Tensor", alloc) == unknown   # nothing written: it stands
     own = nancause.cause("aten.div.Tensor", [f32(min=1.0, max=2.0), f32(zeros=2, min=0.0, max=0.0)], out(posinf=2))
     assert nancause.uninitialized(own, "aten.div.Tensor", alloc) == own   # the op's own cause stands
+
+
+def test_a_nan_that_torch_load_read_is_the_checkpoints():
+    came = nancause.cause("aten.set_.source_Storage_storage_offset", [None, None, T("scalar", scalar=0.0)],
+                          T("float32", (16,), nan=1), first=True)
+    got = nancause.loaded(came, "aten.set_.source_Storage_storage_offset", "torch.load")
+    assert got.kind == "input_nan" and got.earlier and "what torch.load read from a file" in got.words, got
+    own = nancause.cause("aten.div.Tensor", [f32(min=1.0, max=2.0), f32(zeros=2, min=0.0, max=0.0)], out(posinf=2))
+    assert nancause.loaded(own, "aten.div.Tensor", "torch.load") == own
+    rec = {"op": "aten.set_.source_Storage_storage_offset", "call_site": "train.py:9 in main", "pass": 1,
+           "cause": got.to_dict(), "inputs": [None, None, None], "loaded_by": "torch.load", "compiled": True,
+           "output": {"nan": 1}}
+    # compiled code ran before it: still the checkpoint's (no eager rerun can tell more)
+    assert not firstnan.hidden_by_compile(rec)
+    assert firstnan.next_step(rec).startswith("the checkpoint that torch.load reads at train.py:9 in main")

@@ -149,6 +149,27 @@ def test_an_empty_buffers_old_bytes_are_the_allocations_line_or_no_fault(tmp_pat
             firstnan.next_step(got)
 
 
+def test_a_run_resumed_from_a_checkpoint_that_holds_nan_names_the_checkpoint_not_its_data_or_code(tmp_path):
+    """The first run diverged and saved NaN weights; the resumed run's first NaN is made by no op of its own: it
+    is the checkpoint's, read by torch.load at the program's line (not "the batch of pass 1", not a line to fix)."""
+    import subprocess
+
+    ckpt = tmp_path / "run1.pt"
+    subprocess.run([sys.executable, str(NAN / "resume_nan.py"), "--save", str(ckpt)], check=True, timeout=120,
+                   capture_output=True)
+    rec = trace_run.record([sys.executable, str(NAN / "resume_nan.py"), "--resume", str(ckpt)], mode="stats",
+                           out_dir=tmp_path / "o", name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    load = line_of("resume_nan.py", "LOAD")
+    assert (got["call_site"], got["pass"], got["loaded_by"], got["cause"]["kind"]) == (load, 1, "torch.load",
+                                                                                       "input_nan"), got
+    assert "what torch.load read from a file, which already holds NaN" in got["cause"]["words"], got["cause"]
+    assert firstnan.next_step(got).startswith(f"the checkpoint that torch.load reads at {load} already holds NaN: "
+                                              f"resume from an earlier checkpoint"), firstnan.next_step(got)
+    assert "the checkpoint, not this run's code" in firstnan.sentence(got), firstnan.sentence(got)
+
+
 @pytest.mark.parametrize("path", ["native", "python"])
 def test_both_dispatch_hot_paths_keep_the_line_and_pass(tmp_path, path):
     """In process, on the C and the Python hot path alike: the divisor with zeros in the third call."""

@@ -186,14 +186,24 @@ def _unseen(rec: Mapping[str, Any]) -> bool:
 
 
 def _from_data(rec: Mapping[str, Any]) -> bool:
-    """Made by no op: the data, not a line of code (when no compiled code ran, which the recorder cannot see)."""
-    return _unseen(rec) and not rec.get("compiled")
+    """Made by no op: the data, not a line of code (when no compiled code ran, which the recorder cannot see, or
+    a checkpoint's tensor that torch.load made holds it)."""
+    return _unseen(rec) and (not rec.get("compiled") or bool(rec.get("loaded_by")))
 
 
 def _from_compiled_or_data(rec: Mapping[str, Any]) -> bool:
     """Made by no op the recorder saw while torch.compile'd code ran: a compiled graph or the data; which one,
     only an eager run (TORCHDYNAMO_DISABLE=1) recorded the same way can tell."""
-    return _unseen(rec) and bool(rec.get("compiled"))
+    return _unseen(rec) and bool(rec.get("compiled")) and not rec.get("loaded_by")
+
+
+def _checkpoint(rec: Mapping[str, Any]) -> str:
+    """The NaN came in with a checkpoint (`loaded_by`): its words, else ''."""
+    if not (rec.get("loaded_by") and _unseen(rec)):
+        return ""
+    return (f"the checkpoint that {rec['loaded_by']} reads at {rec.get('call_site')} already holds {made(rec)}: "
+            f"resume from an earlier checkpoint, and find where the run that saved this one first made it "
+            f"(`gpulab watch --mode stats` of that run)")
 
 
 EAGER_ENV = ("TORCHDYNAMO_DISABLE", "1")   # torch.compile off: every op runs, and is recorded, one by one
@@ -232,6 +242,8 @@ def _fix(rec: Mapping[str, Any]) -> str | None:
 
 def whose(rec: Mapping[str, Any]) -> str:
     """Whose code to change, and how: the program's line, the data, a library's call."""
+    if _checkpoint(rec):
+        return f"the checkpoint, not this run's code: {rec['loaded_by']} reads it at {rec.get('call_site')}"
     if _from_data(rec):
         n = rec.get("pass")
         return (f"the data: the batch of pass {n} already holds it; check it where it is loaded" if n else
@@ -261,6 +273,8 @@ def next_step(rec: Mapping[str, Any]) -> str:
         return ""
     site = rec.get("call_site")
     n = rec.get("pass")
+    if _checkpoint(rec):
+        return _checkpoint(rec)
     if _from_data(rec):
         return (f"check the data where it is loaded: the batch of pass {n} already holds {made(rec)} "
                 f"(the first op to read it: {rec.get('op')} at {site})" if n else

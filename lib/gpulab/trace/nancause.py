@@ -176,6 +176,16 @@ def uninitialized(why: Cause, op: str, alloc: Mapping[str, Any], written: int | 
                  f"through .numpy() or an extension)", why.input, alloc.get("call_site"))
 
 
+def loaded(why: Cause, op: str, loader: str) -> Cause:
+    """why (an input's NaN/Inf that no recorded op made) when the op ran inside `loader` (torch.load): the
+    tensor is a checkpoint's, and the run that saved it had the NaN/Inf already."""
+    if not why.earlier:
+        return why
+    what = "NaN" if why.kind == "input_nan" else "+Inf"
+    return Cause(why.kind, f"{base_name(op)} made a tensor of what {loader} read from a file, which already holds "
+                 f"{what}: the run that saved that checkpoint had it", why.input)
+
+
 def grown(why: Cause, op: str, dtype: str, history: Mapping[str, Any] | None) -> Cause:
     """why (an overflow) when the op's outputs at its earlier passes grew pass after pass (history: its first
     pass and latest pass before this one, each with the outputs' largest |value|): the values ran away, over the

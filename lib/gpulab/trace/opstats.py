@@ -80,6 +80,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     cause (from its actual inputs) to gpulab.trace.firstnan.path(log), once. Keys hold the op and code
     objects themselves (t, gpulab.trace.texts' namespace, keeps both alive), never string ids, which a wrap of
     the string table reuses."""
+    import os
     import sys
     import threading
     import weakref
@@ -274,6 +275,20 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         got = caught.get(x.untyped_storage().data_ptr())
         return got is not None and got() is not None
 
+    load_file = os.path.join("torch", "serialization.py")
+
+    def loaded_by() -> str | None:
+        """'torch.load' when the op runs inside it (a checkpoint's tensors made of the file's bytes): a NaN it
+        holds was saved by an earlier run, not made here."""
+        f = getframe(2)
+        for _ in range(200):
+            if f is None:
+                return None
+            if f.f_code.co_filename.endswith(load_file):
+                return "torch.load"
+            f = f.f_back
+        return None
+
     def _write(func: Any, args: Any, out: Any, seq: int) -> None:
         node = current_node()
         schema = getattr(func, "_schema", None)
@@ -299,13 +314,16 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
             why = nancause.uninitialized(why, str(func), alloc)
         elif why.kind == "unknown" and wrote[0] is not None:   # it updated such memory in place
             why = nancause.uninitialized(why, str(func), _where(wrote[0][1]), written=wrote[0][0])
+        loader = loaded_by() if why.earlier else None
+        if loader is not None:
+            why = nancause.loaded(why, str(func), loader)
         src = neginf_from(args[why.input]) if why.kind == "input_neginf" and why.input is not None else None
         if src is not None:   # the -Inf is a log's of values <= 0, not a mask's
             why = nancause.log_made(why, str(func), src, made="NaN" if o.nan else "+Inf")
         rec = {"seq": seq, "op": str(func), "cause": why.to_dict(), "inputs": [f.to_dict() if f else None for f in ins],
                "neginf_from": src, "history": history,
                "written": sorted(written), "output": o.to_dict(), "backward": node is not None,
-               "compiled": compiled}
+               "compiled": compiled, **({"loaded_by": loader} if loader else {})}
         if node is None:
             at, file = site(key[1], key[2]) if key is not None else (None, None)
             rec.update(call_site=at, file=file, **{"pass": counts.get(key)})
