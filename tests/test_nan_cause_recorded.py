@@ -145,8 +145,31 @@ def test_an_empty_buffers_old_bytes_are_the_allocations_line_or_no_fault(tmp_pat
     if alloc:
         alloc = line_of("empty_buffer.py", alloc)
         assert got["cause"]["at"] == alloc and f"empty allocated at {alloc} (pass 1)" in got["cause"]["words"], got
-        assert firstnan.next_step(got).startswith(f"fix the program's line {alloc}: write every element"), \
-            firstnan.next_step(got)
+        assert firstnan.next_step(got).startswith(f"fix the program's line {alloc}: if nothing should have written "
+                                                  f"it yet, allocate with torch.zeros"), firstnan.next_step(got)
+
+
+def test_an_empty_buffer_a_collective_filled_is_not_called_uninitialized(tmp_path):
+    """c10d's ops write into their tensors with no mark of it in their schema (broadcast into an empty buffer, as
+    FSDP all-gathers into one): what such a buffer holds then came from another rank, not from old bytes."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    log = tmp_path / "stats.log"
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with trace.Recorder(log, "stats", capacity=4096) as rec:
+            buf = torch.empty(8)
+            buf.numpy()[:] = np.nan   # as the rank that broadcasts would have sent (no op here made it)
+            dist.broadcast(buf, 0)
+            (buf * 2).sum()
+        rec.close()
+    finally:
+        dist.destroy_process_group()
+    got = firstnan.read(log)
+    assert got is not None and got["op"] == "aten.mul.Tensor", got
+    assert got["cause"]["kind"] == "input_nan" and "came in with the data" in got["cause"]["words"], got["cause"]
 
 
 def test_a_run_resumed_from_a_checkpoint_that_holds_nan_names_the_checkpoint_not_its_data_or_code(tmp_path):

@@ -29,8 +29,9 @@ REMEDY = {
               "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_); within one step (a "
               "recurrence, a deep stack), scale down or normalize the weights it multiplies by; `gpulab compare` "
               "against a run with a lower learning rate names the first op where the two part",
-    "uninitialized": "write every element before it is read: allocate with torch.zeros or torch.full instead of "
-                     "torch.empty, or fill the buffer first (an empty() tensor holds a freed tensor's old bytes)",
+    "uninitialized": "if nothing should have written it yet, allocate with torch.zeros or torch.full instead of "
+                     "torch.empty (an empty() tensor holds a freed tensor's old bytes); if a kernel of yours fills "
+                     "it, run that kernel on a zero-filled buffer: NaN/Inf still there is the kernel's",
     "input_neginf": "the -inf of a mask reached an op that turns it into NaN: mask with torch.finfo(dtype).min, "
                     "or mask after the op",
 }

@@ -165,15 +165,17 @@ def uninitialized(why: Cause, op: str, alloc: Mapping[str, Any], written: int | 
     """why (an input's NaN/Inf that no recorded op made, or no known cause of an op that updated input
     `written` in place) when that input is memory an empty() allocated and no recorded op wrote since: the
     value is whatever bytes the allocator's block held before (a freed tensor's), a line of the program's
-    (reading before writing), not the data. alloc: where the empty() ran (op, call_site, pass)."""
+    (reading before writing), not the data; or code the recorder does not see wrote it (a Triton kernel
+    launched directly). alloc: where the empty() ran (op, call_site, pass)."""
     if why.kind == "unknown" and written is not None:
         why = Cause("input_nan", why.words, written)
     if why.kind not in ("input_nan", "input_inf") or why.input is None:
         return why
     return Cause("uninitialized", f"input {why.input} is memory that {base_name(alloc['op'])} allocated at "
-                 f"{alloc['call_site']} (pass {alloc['pass']}) and no op wrote before {base_name(op)} read it: its "
-                 f"values are whatever bytes that memory held before (unless the program filled it outside torch, "
-                 f"through .numpy() or an extension)", why.input, alloc.get("call_site"))
+                 f"{alloc['call_site']} (pass {alloc['pass']}), and no PyTorch op wrote it before {base_name(op)} "
+                 f"read it: either nothing did, and its values are the bytes a freed tensor left there, or code "
+                 f"outside PyTorch's ops did (a Triton or CUDA kernel launched directly, .numpy(), an extension) and "
+                 f"wrote the NaN/Inf", why.input, alloc.get("call_site"))
 
 
 def loaded(why: Cause, op: str, loader: str) -> Cause:

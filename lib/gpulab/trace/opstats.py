@@ -176,15 +176,20 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     aliasing: dict = {}     # op -> (arguments it writes, returns a view, returns what it wrote)
 
     def _aliasing(func: Any) -> tuple:
+        """From the op's schema. Only aten's are trusted to say what they write: c10d's collectives write into
+        their tensors (broadcast, recv, all-gather into an empty buffer) with no mark of it, and so may another
+        library's or an extension's op: each of their tensor arguments counts as written."""
         got = aliasing.get(func)
         if got is None:
             schema = getattr(func, "_schema", None)
+            args = getattr(schema, "arguments", ()) or ()
             rets = getattr(schema, "returns", ()) or ()
+            trusted = getattr(func, "namespace", None) in ("aten", "prims")
             got = aliasing[func] = (
-                tuple(i for i, a in enumerate(getattr(schema, "arguments", ()) or ())
-                      if a.alias_info is not None and a.alias_info.is_write),
-                any(r.alias_info is not None and not r.alias_info.is_write for r in rets),
-                any(r.alias_info is not None and r.alias_info.is_write for r in rets))
+                tuple(i for i, a in enumerate(args) if (a.alias_info is not None and a.alias_info.is_write)
+                      or (not trusted and "Tensor" in str(a.type))),
+                trusted and any(r.alias_info is not None and not r.alias_info.is_write for r in rets),
+                not trusted or any(r.alias_info is not None and r.alias_info.is_write for r in rets), trusted)
         return got
 
     def _address(x: Any) -> int | None:
@@ -213,13 +218,13 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         wrote[0] = None
         if not fresh:
             return False
-        written, view, writes_out = _aliasing(func)
+        written, view, writes_out, trusted = _aliasing(func)
         outs = _tensors((out,))
         if written or writes_out:
             for i in written:   # an update in place (add_) of such memory reads its old bytes: kept for first()
                 for x in _tensors(args[i:i + 1]):
                     got = fresh.pop(_address(x), None)
-                    if got is not None:
+                    if got is not None and trusted:
                         wrote[0] = (i, got)
             for x in outs if writes_out else ():
                 fresh.pop(_address(x), None)
