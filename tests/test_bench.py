@@ -201,6 +201,17 @@ def test_comparison_from_synthetic_samples():
     assert same.verdict == "tie"
 
 
+def test_the_effect_size_agrees_with_the_ratio_when_a_few_samples_were_preempted():
+    """Twice the work, and two baseline samples held up 60x by a loaded machine: the means would say the
+    candidate is faster; the effect size (on log-times, the ratio's scale) says what the ratio does."""
+    rng = np.random.default_rng(5)
+    base = rng.normal(1.0, 0.05, 30)
+    base[[7, 19]] = 60.0
+    c = bench.comparison_from(bench.summarize("2n", rng.normal(2.0, 0.1, 30)), bench.summarize("n", base))
+    assert c.verdict == "slower" and c.ratio == pytest.approx(2.0, rel=0.1)
+    assert stats.hedges_g(c.candidate.samples_ms, base) < 0 < c.hedges_g, c.hedges_g
+
+
 # ----------------------------------------------------------------------------------- throttling
 
 

@@ -217,6 +217,9 @@ def test_the_wrong_numbers_verdict_reads_like_a_hangs():
                                  "(pass 5): the divisor holds zeros"), v.evidence
     assert v.next_step.startswith("fix the program's line nan/train.py:23 in main: keep the divisor away from 0")
     assert "softmax" not in v.next_step
+    # the same NaN made but cleaned, the run's last ops finite: no wrong numbers
+    kept = dict(m, first_nonfinite_lasted=False)
+    assert verdict.judge(nbs, {"02_instrument": {"metrics": kept}}).verdict == "healthy"
 
 
 @pytest.mark.parametrize("op,inputs", [

@@ -88,6 +88,7 @@ def test_02_names_the_first_nans_op_line_pass_and_cause(tmp_path, fixture, mark,
     assert (got["op"], got["seq"], first.name) == (op, first.seq, op), got
     assert got["call_site"] == line_of(fixture, mark), got
     assert got["pass"] == n and got["backward"] is backward, got
+    assert firstnan.lasted(got), got["finite_after"]   # it spreads to the run's end: a fault
     cause = cause.replace("{" + mark + "}", line_of(fixture, mark))
     assert got["cause"]["kind"] == kind and cause in got["cause"]["words"], got["cause"]
     if backward:
@@ -170,6 +171,20 @@ def test_an_empty_buffer_a_collective_filled_is_not_called_uninitialized(tmp_pat
     got = firstnan.read(log)
     assert got is not None and got["op"] == "aten.mul.Tensor", got
     assert got["cause"]["kind"] == "input_nan" and "came in with the data" in got["cause"]["words"], got["cause"]
+
+
+def test_nan_that_the_program_cleans_and_never_spreads_is_said_not_to_last_and_asks_for_no_change(tmp_path):
+    """Missing values as NaN, turned into values and a mask before the model: the NaN made in every batch is
+    named, with words that it did not last (the run's last ops are finite), and no next step."""
+    rec = trace_run.record([sys.executable, str(NAN / "missing_values.py")], mode="stats", out_dir=tmp_path,
+                           name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    assert got["call_site"] == line_of("missing_values.py", "MISSING").replace("main", "batch"), got
+    assert got["finite_after"] >= firstnan.LASTED_OPS and not firstnan.lasted(got), got["finite_after"]
+    assert "it did not last: the run's last" in firstnan.sentence(got) and firstnan.next_step(got) == ""
+    _, metrics = analysis.finding(rec, rec, None, "cpu", "ops.log", mode="ops")
+    assert metrics["first_nonfinite_lasted"] is False and metrics["first_nonfinite_next"] == "", metrics
 
 
 def test_a_run_resumed_from_a_checkpoint_that_holds_nan_names_the_checkpoint_not_its_data_or_code(tmp_path):

@@ -440,8 +440,11 @@ def comparison_from(cand: Measurement, base: Measurement, *, delta: float = 0.01
     b = np.asarray(base.samples_ms)[~np.asarray(base.throttled, dtype=bool)] if base.n else np.array([])
     ci, method = ratio_ci(a, b, confidence, n_resamples, seed)
     ratio = float(np.median(a) / np.median(b)) if a.size and b.size else float("nan")
+    # the effect size on log-times, the ratio's scale: one preempted sample 50x long would otherwise outweigh a
+    # whole run of samples 2x long, and the size would contradict the ratio it is reported beside
+    g = hedges_g(np.log(a), np.log(b)) if (a > 0).all() and (b > 0).all() else hedges_g(a, b)
     return Comparison(cand, base, ratio, ci, confidence, method, delta, decide(ci, delta),
-                      mann_whitney_p(a, b), hedges_g(a, b))
+                      mann_whitney_p(a, b), g)
 
 
 # ---------------------------------------------------------------------------- (de)serialization

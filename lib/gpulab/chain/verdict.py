@@ -206,11 +206,12 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
     cmp = oracle.get("compare") or {}
     compared = (cmp.get("status") == "diverged" and bool(cmp.get("first_divergence"))
                 and not variants.precision_only(cmp))
-    if vendor_bad or inst.get("first_nonfinite_op") or compared:
+    nan = inst.get("first_nonfinite_op") and inst.get("first_nonfinite_lasted", True)   # not one it cleans
+    if vendor_bad or nan or compared:
         if vendor_bad:
             evidence = f"{', '.join(map(str, vendor_bad))} fail(s) the attention oracle: {_h(metrics, '05_oracle')}"
             step = "see 05's error heatmaps; avoid that backend (an sdpa_backend_* scenario) and report it upstream"
-        elif inst.get("first_nonfinite_op"):
+        elif nan:
             evidence, step = _first_nan(inst)
         else:
             evidence, step = _diverged(cmp)

@@ -76,6 +76,71 @@ def read(log: str | os.PathLike | None) -> dict | None:
     return data if isinstance(data, dict) and data.get("op") else None
 
 
+LASTED_OPS = 20   # ops with floating outputs, all finite, that end a run whose NaN/Inf then did not last
+
+
+def finite_after(snapshot: Any) -> int | None:
+    """How many ops with floating outputs the log's newest records hold after its last op that made NaN/Inf
+    (None: no such op among them). A NaN that spreads (into the loss, the gradients, the weights) leaves the
+    run's last ops nonfinite; one the program cleans (nan_to_num, where over missing values) or skips (a step
+    it does not take) leaves them finite."""
+    n = 0
+    for r in reversed(getattr(snapshot, "records", ()) or ()):
+        st = r.stats
+        if not st:
+            continue
+        if st.get("nonfinite"):
+            return n
+        n += 1
+    return None
+
+
+def note_end(log: str | os.PathLike, snapshot: Any = None) -> None:
+    """After the run: its record says how it went on after the NaN/Inf (`finite_after`), read from the op log's
+    newest records. Nothing to do without a record; once is enough."""
+    rec = read(log)
+    if rec is None or "finite_after" in rec:
+        return
+    if snapshot is None:
+        from gpulab.trace import ring
+
+        try:
+            snapshot = ring.read(log)
+        except (OSError, ValueError):
+            return
+    write(log, {**rec, "finite_after": finite_after(snapshot)})
+
+
+def note_job(log: str | os.PathLike, logs: Sequence[str | os.PathLike]) -> None:
+    """In a job, a NaN lasts where it spread: the shown process's record (`log`), whose own last ops are finite,
+    is told when another process's NaN/Inf lasted to that one's end (a DataLoader worker's NaN reaches the main
+    process's loss and weights, while the worker's own last ops are other samples', finite)."""
+    rec = read(log)
+    if rec is None or lasted(rec):
+        return
+    for other in logs:
+        if Path(other).resolve() == Path(log).resolve():
+            continue
+        note_end(other)
+        got = read(other)
+        if got is not None and not caught(got) and lasted(got):
+            write(log, {**rec, "lasted_in": Path(other).name})
+            return
+
+
+def lasted(rec: Mapping[str, Any] | None) -> bool:
+    """Whether the NaN/Inf lasted to the run's end, in its process or in another of the job (`lasted_in`), as
+    far as its record says (True when it does not say)."""
+    n = (rec or {}).get("finite_after")
+    return bool((rec or {}).get("lasted_in")) or not (isinstance(n, int) and n >= LASTED_OPS)
+
+
+def _not_lasting(rec: Mapping[str, Any]) -> str:
+    return (f"it did not last: the run's last {rec['finite_after']} ops with floating outputs made none (the "
+            f"program cleans or skips it: nan_to_num or where over missing values, a step it does not take); a "
+            f"fault only if those values should not be NaN/Inf")
+
+
 def first_of_job(logs: Sequence[str | os.PathLike]) -> tuple[Path, dict] | None:
     """Of a job's processes (their op logs), the one whose record says where the NaN/Inf was made, and that
     record: a process where an op made it before one where it came in from outside (in a job, from another
@@ -269,8 +334,8 @@ def whose(rec: Mapping[str, Any]) -> str:
 
 def next_step(rec: Mapping[str, Any]) -> str:
     """The index's next step: whose code to change, where, and how (the line named, as a hang's is); empty for
-    an overflow a GradScaler caught (nothing to change)."""
-    if caught(rec):
+    an overflow a GradScaler caught, or a NaN/Inf that did not last (the program cleans or skips it)."""
+    if caught(rec) or not lasted(rec):
         return ""
     site = rec.get("call_site")
     n = rec.get("pass")
@@ -315,7 +380,9 @@ def sentence(rec: Mapping[str, Any] | None) -> str:
     before = rec.get("scaler_caught_before") or {}
     also = (f" (before it, the GradScaler caught {before['count']} overflow(s) of the scaled gradients)"
             if before.get("count") else "")
-    return f"{made(rec)} first made by {where(rec)}: {cause.get('words') or 'cause unknown'}{also} — {whose(rec)}"
+    end = "" if lasted(rec) else f"; {_not_lasting(rec)}"
+    return (f"{made(rec)} first made by {where(rec)}: {cause.get('words') or 'cause unknown'}{also} — {whose(rec)}"
+            f"{end}")
 
 
 SOFTMAX_AFTER = 8   # ops after the first NaN/Inf in which a softmax counts as taking it in
@@ -350,4 +417,5 @@ def metrics(log: str | os.PathLike | Mapping[str, Any] | None, snapshot: Any = N
             "first_nonfinite_where": where(rec), "first_nonfinite_whose": whose(rec),
             "first_nonfinite_sentence": sentence(rec), "first_nonfinite_made": made(rec),
             "first_nonfinite_next": next_step(rec) if not rec.get("error") else None,
+            "first_nonfinite_lasted": lasted(rec),
             "first_nonfinite_into_softmax": "softmax" in str(rec.get("op")) or into_softmax(snapshot, rec.get("seq"))}

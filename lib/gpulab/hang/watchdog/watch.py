@@ -378,6 +378,9 @@ def first_nonfinite(launch: Launch) -> dict | None:
     if got is None:
         return None
     log, rec = got
+    firstnan.note_end(log)   # how the run went on after it, there and in the job's other processes
+    firstnan.note_job(log, logs)
+    rec = firstnan.read(log) or rec
     meta = follow.metas(launch.procs).get(int(log.stem)) if log.parent == launch.procs and log.stem.isdigit() else None
     rank, worker = (meta or {}).get("rank"), (meta or {}).get("worker")
     cause = rec.get("cause") or {}
@@ -387,7 +390,7 @@ def first_nonfinite(launch: Launch) -> dict | None:
     return {"op": rec.get("op"), "call_site": rec.get("call_site"), "pass": rec.get("pass"),
             "backward": bool(rec.get("backward")), "cause": cause.get("words"), "rank": rank, "worker": worker,
             "sentence": who + firstnan.sentence(rec), "next_step": firstnan.next_step(rec),
-            "caught_by": rec.get("caught_by")}
+            "caught_by": rec.get("caught_by"), "lasted": firstnan.lasted(rec)}
 
 
 def exit_code(v: Verdict) -> int:
