@@ -367,7 +367,7 @@ def test_a_program_that_reads_standard_input_is_told_gpulab_gives_it_none(last, 
     tb = f'Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in <module>\n    x()\n{last}\n'
     why = owner.decide(v(status="error", stderr=tb), {}).why
     if says:
-        assert says in why and "stdin is /dev/null" in why, why
+        assert says in why and "stdin is /dev/null" in why and "`gpulab watch` at a terminal" in why, why
     else:   # a pickle's EOF is no read of the terminal
         assert "stdin" not in why, why
 

@@ -830,16 +830,17 @@ _NO_INPUT = (("bdb.BdbQuit", "a debugger stop (breakpoint() or pdb.set_trace(), 
 
 
 def _error_words(v: Mapping[str, Any]) -> str:
-    """What an error's own words say beyond 'fix it there': a program that reads standard input fails under
-    gpulab and waits without it (its children get no input: stdin is /dev/null, as a batch job's, so pdb quits and
-    input() raises at once); torch.compile refusing a line (a graph break made an error by fullgraph=True), with
+    """What an error's own words say beyond 'fix it there': a program that reads standard input fails where gpulab
+    gives it none (stdin is /dev/null, as a batch job's, so pdb quits and input() raises at once; only `gpulab
+    watch` at a terminal passes the terminal on); torch.compile refusing a line (a graph break made an error by fullgraph=True), with
     dynamo's hint."""
     tail = v.get("stderr_tail") or ""
     words = lastwords.of(tail) if v.get("status") == "error" else ""
     what = next((w for k, w in _NO_INPUT if words.startswith(k)), None)
     if what:
         return (f"; the program reads standard input there ({what}) and gpulab gives it none (stdin is /dev/null, "
-                f"as in a batch job), so it ends where a terminal would wait: remove it, or debug without gpulab")
+                f"as in a batch job), so it ends where a terminal would wait: remove it, or run it under `gpulab "
+                f"watch` at a terminal, which passes the terminal on")
     if not words.startswith("torch._dynamo.exc.Unsupported"):
         return ""
     hints = [ln.strip()[len("Hint:"):].strip() for ln in tail.splitlines() if ln.strip().startswith("Hint:")]

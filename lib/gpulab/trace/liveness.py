@@ -56,6 +56,28 @@ def main_thread_cpu(pid: int) -> float:
             return 0.0
 
 
+# the system calls a process blocked reading its terminal sits in, by machine: read(0, ...); select/pselect6 over
+# fd 0 alone (nfds 1: readline's wait for a key, pdb's); no others (a poll's fds cannot be read from outside)
+_TERMINAL_READS = {"x86_64": {0: "fd", 23: "nfds", 270: "nfds"}, "aarch64": {63: "fd", 72: "nfds"}}
+
+
+def reading_terminal(pid: int) -> bool:
+    """Whether the process's main thread waits for a line from a terminal on its standard input (pdb's prompt,
+    input()): a program paused for its user, not a hang. Linux only (/proc/PID/syscall); False where unknown."""
+    calls = _TERMINAL_READS.get(os.uname().machine)
+    try:
+        if calls is None or not os.readlink(f"/proc/{pid}/fd/0").startswith(("/dev/pts/", "/dev/tty")):
+            return False
+        with open(f"/proc/{pid}/syscall") as fh:
+            fields = fh.read().split()
+    except OSError:
+        return False
+    if len(fields) < 2 or not fields[0].isdigit() or int(fields[0]) not in calls:
+        return False
+    arg = int(fields[1], 16)
+    return arg == 0 if calls[int(fields[0])] == "fd" else arg == 1
+
+
 _TREE: dict[str, Any] = {"at": -1.0, "kids": {}}   # the last scan of /proc's parent links, shared by every Progress
 
 

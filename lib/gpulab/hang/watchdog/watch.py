@@ -149,7 +149,7 @@ def run(command: Sequence[str], *, stall_s: float = STALL_S, timeout_s: float | 
         fixes: Sequence[str] = (), stacks: bool = True,
         finish: Callable[[Verdict, str | None], Verdict] | None = None, on_stall: str = "stop",
         grace_s: float = 0.0, echo: bool = False, keep_output: int | None = None, status: bool = False,
-        status_every_s: float = status_mod.EVERY_S, say_every_s: float = 0.0) -> Verdict:
+        status_every_s: float = status_mod.EVERY_S, say_every_s: float = 0.0, stdin: int | None = None) -> Verdict:
     """Run COMMAND under the watchdog and return the verdict (also written to out_dir/verdict.json).
     `log` paths in the verdict are relative to out_dir (`Verdict.log['dir']` is out_dir itself).
     stacks=False skips the stacks and the GPU view on a hang (a bisection probe needs only the outcome
@@ -162,7 +162,9 @@ def run(command: Sequence[str], *, stall_s: float = STALL_S, timeout_s: float | 
     grace_s > 0 passes SIGINT/SIGTERM/SIGHUP on to the job and waits that long for it to end (it may
     checkpoint) before stopping it; echo shows the job's output live on this process's stdout/stderr and
     keep_output bounds OUT/stdout.txt and stderr.txt to their last bytes (gpulab.tee); status rewrites
-    OUT/status.json every status_every_s seconds (a line on stderr every say_every_s, 0: never)."""
+    OUT/status.json every status_every_s seconds (a line on stderr every say_every_s, 0: never). stdin: a file
+    descriptor the job reads (gpulab watch passes its terminal on), else /dev/null, as a batch job's; a job
+    that waits for a line from a terminal (pdb, input()) is paused for its user, not stalled."""
     command = [str(c) for c in command]
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not valid; choose one of {', '.join(MODES)}")
@@ -202,7 +204,7 @@ def run(command: Sequence[str], *, stall_s: float = STALL_S, timeout_s: float | 
     hang_started: float | None = None
     try:
         with proc.Child(launch.argv, stdout=tees[0].fd if tees else launch.stdout,
-                        stderr=tees[1].fd if tees else launch.stderr, env=launch.env, cwd=cwd,
+                        stderr=tees[1].fd if tees else launch.stderr, env=launch.env, cwd=cwd, stdin=stdin,
                         label="watched") as child:
             try:   # from the job's start: a signal that comes before the first poll is passed on too
                 for t in tees:
@@ -231,6 +233,11 @@ def run(command: Sequence[str], *, stall_s: float = STALL_S, timeout_s: float | 
 
                 while True:
                     stalled, hang_started = _poll(child, tracker, stall_s, deadline, beat)
+                    if stalled == "hang" and stdin is not None and _asks(child, say, stall_s):
+                        if _recovered(child, tracker, deadline, beat) is not None:
+                            continue   # the user answered: watched again from here
+                        stalled = None if child.poll() is not None else "timeout"
+                        break
                     if stalled == "hang":
                         say(f"no progress for {stall_s:g} s: capturing evidence")
                     elif stalled == "timeout":
@@ -283,6 +290,15 @@ def run(command: Sequence[str], *, stall_s: float = STALL_S, timeout_s: float | 
     return _finish(command, launch, seen, child, out, t0=t0, stalled=stalled, hang_started=hang_started,
                    stall_s=stall_s, timeout_s=timeout_s, mode=mode, spec=spec, left=left, tail=tail,
                    found=found, interrupted=interrupted, kept=kept, finish=finish, say=say)
+
+
+def _asks(child: proc.Child, say: Callable[[str], None], stall_s: float) -> bool:
+    """A stall where a process of the job waits for a line from the terminal passed to it: said, and True."""
+    waiting = sorted(p for p in child.members() if liveness.reading_terminal(p))
+    if waiting:
+        say(f"no progress for {stall_s:g} s: process {waiting[0]} waits for input from the terminal (pdb, input()); "
+            f"not a hang: watching on")
+    return bool(waiting)
 
 
 def _pass_on(child: proc.Child, exc: proc.Interrupted, grace_s: float, say: Callable[[str], None]) -> dict:
@@ -461,6 +477,9 @@ def _parser():
     p.add_argument("--keep-output", type=positive("--keep-output"), default=tee.KEEP_BYTES / 2**20, metavar="MB",
                    help="OUT/stdout.txt and stderr.txt keep the job's last MB megabytes each (default %(default)g)")
     p.add_argument("--quiet", action="store_true", help="do not show the job's output here (OUT keeps its tail)")
+    p.add_argument("--no-input", action="store_true",
+                   help="give the job no standard input (/dev/null, as a batch job) even from a terminal; by default "
+                        "a terminal is passed on, so pdb and input() work, and a job waiting on it is no hang")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the verdict here")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="products folder (default: a new temp dir)")
     p.add_argument("--mode", default="auto", choices=MODES, help="op recording mode of gpulab.trace (auto: ops, plus GPU completion tracking once CUDA is up; "
@@ -471,6 +490,14 @@ def _parser():
     p.add_argument("--coredump", action="store_true", help="enable and trigger a CUDA user core dump on a hang")
     p.add_argument("command", nargs="*", help="-- COMMAND [ARGS...]")
     return p
+
+
+def _terminal() -> int | None:
+    """This process's standard input when it is a terminal (a person at it), else None."""
+    try:
+        return sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv: Sequence[str] | None = None,
@@ -496,7 +523,8 @@ def main(argv: Sequence[str] | None = None,
         v = run(command, stall_s=args.stall, timeout_s=args.timeout, record=not args.no_record, mode=args.mode,
                 fault=args.fault, out_dir=args.out, cuda_gdb=args.cuda_gdb, coredump=args.coredump,
                 finish=finish, on_stall=args.on_stall, grace_s=args.grace, echo=not args.quiet,
-                keep_output=int(args.keep_output * 2**20), status=True, say_every_s=args.status_every)
+                keep_output=int(args.keep_output * 2**20), status=True, say_every_s=args.status_every,
+                stdin=_terminal() if not args.no_input else None)
     except proc.CommandNotFound as exc:
         print(f"gpulab watch: {exc}", file=sys.stderr)
         return proc.EXIT_NOT_FOUND
