@@ -24,6 +24,15 @@ from gpulab import proc as _proc  # noqa: E402
 _proc._become_subreaper()
 
 
+def pytest_configure(config):
+    """The tests' children never get the developer's terminal (CI has none): `gpulab watch` at a terminal hands it
+    to its job, and a job that reads it would wait for a person. --pdb keeps it."""
+    if not config.getoption("usepdb", False) and os.isatty(0):
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
+        os.close(fd)
+
+
 def _has_gpu() -> bool:
     try:
         import torch
@@ -40,7 +49,7 @@ LONGEST_FIRST = ("test_numerics_runs", "test_jobs", "test_from_capture", "test_c
                  "test_nan_cause_recorded", "test_fixes", "test_liveness", "test_oracle", "test_ladder_bisect",
                  "test_runner", "test_fsdp_job", "test_watch_long", "test_faults_watch", "test_fix_selection",
                  "test_user_project", "test_chain", "test_instrument_notebook", "test_script_attention",
-                 "test_interrupts", "test_lazydynamo", "test_trace", "test_recorder_modes", "test_compiled",
+                 "test_interrupts", "test_watch_terminal", "test_lazydynamo", "test_trace", "test_recorder_modes", "test_compiled",
                  "test_numerics_notebook", "test_watch_memory", "test_evidence_first", "test_bad_input",
                  "test_nan_eager_rerun", "test_chain_failing", "test_owner", "test_nan_cause_chain", "test_imports",
                  "test_firstrun", "test_html", "test_champion", "test_env", "test_environment", "test_chain_crash", "test_lockcycle",
