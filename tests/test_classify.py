@@ -174,3 +174,38 @@ def test_threads_that_died_are_read_from_pythons_report_with_their_error_and_inn
     assert "before the hang, thread prefetch died: StopIteration at /home/u/train.py:41 in fill" in facts[1], facts
     ok = classify.classify(classify.Evidence(status="ok", stderr_tail=STDERR_DIED)).facts
     assert not any("died" in f for f in ok)   # said only where something waits
+
+
+_WAITS = """Thread 7802 (idle): "MainThread"
+    0x7f802c8a3f16 (libc.so.6)
+    PyThread_acquire_lock_timed (libpython3.11.so.1.0)
+    lock_PyThread_acquire_lock (libpython3.11.so.1.0)
+    Samples.__getitem__ (train.py:23)
+    _worker_loop (torch/utils/data/_utils/worker.py:374)
+Thread 7803 (idle): "gpulab-beat"
+    clock_nanosleep (libc.so.6)
+    _loop (gpulab/beat.py:119)
+    Thread.run (threading.py:982)
+"""
+_OTHER = """Thread 7810 (idle): "Thread-1 (reporter)"
+    clock_nanosleep (libc.so.6)
+    reporter (train.py:13)
+    Thread.run (threading.py:982)
+"""
+_POOL = """Thread 7811 (idle)
+    do_futex_wait (libc.so.6)
+    gomp_thread_start (libgomp.so.1)
+"""
+
+
+@pytest.mark.parametrize("text,alone", [
+    (_WAITS, True),                                        # the worker's main thread, gpulab's beat beside it
+    (_WAITS + _POOL, True),                                # a native pool runs no Python
+    (_WAITS + _OTHER, False),                              # a thread of the program's own could release it
+    (_WAITS.replace("PyThread_acquire_lock_timed", "time_sleep").replace("lock_PyThread_acquire_lock",
+                                                                         "pysleep"), False),   # no lock wait
+    ("Thread 1 (LWP 7802):\n#0 __futex_abstimed_wait_common64 ()\n#1 PyThread_acquire_lock_timed ()\n"
+     "#2 lock_PyThread_acquire_lock ()\n#3 _PyEval_EvalFrameDefault ()\n", False),   # gdb: no Python frames to see
+])
+def test_a_lock_no_thread_of_the_process_can_release(text, alone):
+    assert classify.lock_alone(capture.parse_native(text, 7802)) is alone

@@ -314,6 +314,23 @@ def test_a_compiled_ddp_job_with_dataloader_workers_names_the_rank_not_a_worker(
     assert not any(p["collective"] for p in v.processes if p["kind"] == "worker")
 
 
+def test_a_worker_forked_while_a_thread_held_a_lock_waits_for_it_alone_and_spawn_is_the_way_out(tmp_path):
+    """A metrics thread holds the lock the Dataset takes when the DataLoader forks its workers: each worker waits
+    at that line for a lock no thread of it can release. The worker's native stack (a lock acquire under the
+    program's frame, no other thread of its own) and its start by fork say so; spawn ends the same program."""
+    program = str(FIX / "fork_lock.py")
+    v = watched(tmp_path, sys.executable, program)
+    assert (v.status, v.cls) == ("hang", "worker_stuck"), (v.cls, v.evidence)
+    worker = roles(v)[v.culprit]
+    assert worker.get("started_by") == "fork" and worker.get("lock_alone") is True, worker
+    line = next(n for n, t in enumerate(Path(program).read_text().splitlines(), 1) if t.endswith("# LOCK"))
+    assert f"fork_lock.py:{line}" in v.owner["where"] and "fork() copies the lock, held" in v.owner["why"], v.owner
+    step = classify.program_cause(v.cls, v.culprit, v.processes, v.owner)
+    assert "no thread of it can release" in step and "multiprocessing_context='spawn'" in step, step
+    done = proc.run([sys.executable, program, "--context", "spawn"], timeout_s=120, capture=True)
+    assert done.ok and "done" in done.stdout, done.stderr[-2000:]
+
+
 def test_children_forked_after_openmp_ran_are_the_platform_meeting_the_program_not_a_queue_to_read(tmp_path):
     """A parent that ran parallel CPU work on OpenMP's pool forks children whose first matmul waits in that pool
     for threads fork did not copy: the child's native stack in libgomp, its start by fork, say so; the next step is

@@ -100,6 +100,9 @@ def program_cause(cls: str | None, culprit: str | None = None, processes: Sequen
     code (or the standard library on its behalf) with no op, collective or GPU wait open: a rank inside a torch
     call or a kernel is not the program's to fix. Else the verdict's owner (gpulab.hang.owner) when it is the
     program: its place and what the evidence says is wrong there."""
+    held = forked_holding(culprit, processes) if cls in ("worker_stuck", "child_stuck", "rank_stuck") else None
+    if held is not None:
+        return fork_lock(held)
     if owner and owner.get("kind") == "program" and cls not in IN_THE_PROGRAM:
         return program_step(owner.get("where"), owner.get("why"))
     if owner and owner.get("kind") == "platform" and owner.get("program"):
@@ -365,6 +368,37 @@ def dead_threads(text: str) -> list[dict]:
 
 def died_words(d: Mapping[str, Any]) -> str:
     return f"thread {d['thread']} died: {d['error']} at {d['file']}:{d['line']} in {d['func']}"
+
+
+_LOCK_WAITS = ("lock_PyThread_acquire_lock", "PyThread_acquire_lock_timed", "rlock_acquire")
+
+
+def lock_alone(threads: Sequence[Thread]) -> bool:
+    """The main thread waits to acquire a Python lock (threading's Lock or RLock: py-spy's native view shows the
+    acquire under the Python frame) and no other thread of the process runs Python of its own (gpulab's are not
+    the program's; native pools run none): nothing in that process can release the lock."""
+    main = main_thread(threads)
+    py = [i for i, f in enumerate(main.frames) if ".py:" in f] if main is not None else []
+    if not py or not any(fn in _LOCK_WAITS for fn in main.functions[:py[0]]):
+        return False
+    return not any(t is not main and not t.name.startswith("gpulab") and not any("gpulab/" in f for f in t.frames)
+                   and any(".py:" in f for f in t.frames) for t in threads)
+
+
+def fork_lock(row: Mapping[str, Any]) -> str:
+    """Why a forked process that waits alone for a lock never goes on, and how to change the program."""
+    return (f"{row.get('role') or 'the process'} waits for a lock at {row.get('frame') or 'its frame'} that no thread "
+            f"of it can release: it was forked while another thread of its parent held that lock, and fork() copies "
+            f"the lock, held, but not the thread that would release it: create such locks after the fork (a "
+            f"DataLoader's worker_init_fn) or reset them in the child (os.register_at_fork(after_in_child=...)), "
+            f"do not hold them while processes are forked, or start the processes with spawn (DataLoader(..., "
+            f"multiprocessing_context='spawn'), multiprocessing.get_context('spawn'))")
+
+
+def forked_holding(culprit: str | None, processes: Sequence[Mapping]) -> Mapping | None:
+    """The culprit's row when it was forked and waits alone for a lock (gpulab.hang.watchdog.evidence's facts)."""
+    row = next((p for p in processes if p.get("role") == culprit), None) if culprit else None
+    return row if row and row.get("started_by") == "fork" and row.get("lock_alone") else None
 
 
 def main_thread(threads: Sequence[Thread]) -> Thread | None:

@@ -394,6 +394,8 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
         # the collective the ranks part at
         where = row.get("frame") or row.get("open_op") or (
             f"{d.get('op')} (group {d.get('group')}, seq {d.get('seq')})" if d else "")
+        if cls == "worker_stuck" and classify.forked_holding(v.get("culprit"), v.get("processes") or ()):
+            return Owner("program", where, classify.fork_lock(row))
         return Owner("program", where or str(v.get("culprit") or "the job"),
                      {"collective_mismatch": "the ranks call different collectives at the same point",
                       "uneven_inputs": "a rank left the training loop the others are still in (uneven inputs)",
@@ -617,6 +619,8 @@ def _child_owner(v: Mapping[str, Any]) -> Owner:
                      f"and nobody reads it while its parent waits in join(): get() everything from the queue "
                      f"before join() (or join with a timeout after the queue is drained)")
     where = child.get("frame") or str(v.get("culprit") or "the child process")
+    if classify.forked_holding(v.get("culprit"), rows):
+        return Owner("program", where, classify.fork_lock(child))
     if child.get("started_by") == "fork" and "OpenMP" in str(child.get("native_lib") or ""):
         op = child.get("open_op")
         return Owner("platform", f"{child['native_lib']}, in {child.get('role')}" + (f" ({op})" if op else ""),

@@ -52,16 +52,19 @@ def job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, n
 def _native_facts(procs: Path, pid: int, natives: Mapping[int, str]) -> dict:
     """What a process's native stack says its main thread is inside (a library's code: 'OpenMP (libgomp)'), and
     how it was started (fork, spawn, exec): a child forked from a parent that had run OpenMP's thread pool waits
-    in that pool for threads fork did not copy (gpulab.hang.owner)."""
+    in that pool for threads fork did not copy (gpulab.hang.owner); one that waits alone for a lock waits for a
+    lock fork copied held (gpulab.hang.classify.lock_alone)."""
     text = natives.get(pid)
     if not text:
         return {}
-    lib = owner.native_library(capture.parse_native(text, pid))
+    threads = capture.parse_native(text, pid)
+    lib = owner.native_library(threads)
     try:
         how = json.loads(follow.files(procs, pid)["meta"].read_text()).get("how")
     except (OSError, ValueError):
         how = None
-    return {"native_lib": lib[1] if lib and lib[0] == "library" else None, "started_by": how}
+    return {"native_lib": lib[1] if lib and lib[0] == "library" else None, "started_by": how,
+            "lock_alone": classify.lock_alone(threads)}
 
 
 def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stacks: Mapping[str, dict],
