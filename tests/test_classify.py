@@ -204,6 +204,7 @@ _POOL = """Thread 7811 (idle)
     (_WAITS + _OTHER, False),                              # a thread of the program's own could release it
     (_WAITS.replace("PyThread_acquire_lock_timed", "time_sleep").replace("lock_PyThread_acquire_lock",
                                                                          "pysleep"), False),   # no lock wait
+    (_WAITS.replace("Samples.__getitem__ (train.py:23)", "Event.wait (threading.py:629)"), False),   # an Event
     ("Thread 1 (LWP 7802):\n#0 __futex_abstimed_wait_common64 ()\n#1 PyThread_acquire_lock_timed ()\n"
      "#2 lock_PyThread_acquire_lock ()\n#3 _PyEval_EvalFrameDefault ()\n", False),   # gdb: no Python frames to see
 ])

@@ -371,15 +371,19 @@ def died_words(d: Mapping[str, Any]) -> str:
 
 
 _LOCK_WAITS = ("lock_PyThread_acquire_lock", "PyThread_acquire_lock_timed", "rlock_acquire")
+_WAITS_FOR_OTHERS = ("(threading.py:", "(queue.py:", "/threading.py:", "/queue.py:", "concurrent/futures/")
 
 
 def lock_alone(threads: Sequence[Thread]) -> bool:
     """The main thread waits to acquire a Python lock (threading's Lock or RLock: py-spy's native view shows the
-    acquire under the Python frame) and no other thread of the process runs Python of its own (gpulab's are not
-    the program's; native pools run none): nothing in that process can release the lock."""
+    acquire under the Python frame), taken by the program's own line (not inside an Event's, a join's or a queue's
+    wait, which waits for another thread or process), and no other thread of the process runs Python of its own
+    (gpulab's are not the program's; native pools run none): nothing in that process can release the lock."""
     main = main_thread(threads)
     py = [i for i, f in enumerate(main.frames) if ".py:" in f] if main is not None else []
     if not py or not any(fn in _LOCK_WAITS for fn in main.functions[:py[0]]):
+        return False
+    if any(m in main.frames[py[0]] for m in _WAITS_FOR_OTHERS):   # an Event, a join, a queue: waits for another
         return False
     return not any(t is not main and not t.name.startswith("gpulab") and not any("gpulab/" in f for f in t.frames)
                    and any(".py:" in f for f in t.frames) for t in threads)
