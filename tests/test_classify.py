@@ -210,3 +210,30 @@ _POOL = """Thread 7811 (idle)
 ])
 def test_a_lock_no_thread_of_the_process_can_release(text, alone):
     assert classify.lock_alone(capture.parse_native(text, 7802)) is alone
+
+
+def test_a_job_kept_running_has_its_python_stacks_read_paused_not_dumped_by_a_signal(tmp_path):
+    """Under --on-stall keep the job must outlive the capture: its stacks come from py-spy (the process paused),
+    not from faulthandler's SIGUSR1 dump, which walks running threads' frames and can crash the job; py-spy's dump
+    reads as faulthandler's does (the main thread, the program's frames with their full paths)."""
+    import subprocess
+    import sys
+    import time
+
+    if capture.find_tool("py-spy") is None:
+        pytest.skip("py-spy is not installed")
+    prog = tmp_path / "ckpt.py"
+    prog.write_text("import time\n\ndef save_checkpoint():\n    time.sleep(60)\n\nsave_checkpoint()\n")
+    fh = tmp_path / "fh.txt"
+    fh.write_text("")   # a faulthandler file that a SIGUSR1 would write into (this child has none: it would die)
+    p = subprocess.Popen([sys.executable, str(prog)])
+    try:
+        time.sleep(1.0)
+        with capture.paused_reads():
+            got = capture.python_stacks(p.pid, fh)
+        assert got.ok and got.tool == "py-spy" and p.poll() is None, (got, p.poll())
+        main = classify.main_thread(capture.parse_python(got.text))
+        assert main is not None and main.frames[0] == f"save_checkpoint ({prog}:4)", main
+    finally:
+        p.kill()
+        p.wait()

@@ -6,6 +6,7 @@ into threads of frames (innermost first) so that classification stays a pure fun
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -73,10 +74,44 @@ def _ptrace_refused(text: str) -> bool:
 
 # ----------------------------------------------------------------------------------- capture steps
 
+_PAUSED_READS = {"on": False}   # see paused_reads
+
+
+@contextlib.contextmanager
+def paused_reads():
+    """Within it, Python stacks are read with the process paused (py-spy, ptrace) where py-spy can, and SIGUSR1
+    is only the fallback: for a job that must go on after the capture (--on-stall keep). faulthandler's dump
+    walks the other threads' frames while they run, and CPython does not make that safe: a thread that pops a
+    frame meanwhile can crash the dump, and with it the job (seen once: a job killed by SIGSEGV in the dump while
+    the recorder's thread returned from a madvise)."""
+    before = _PAUSED_READS["on"]
+    _PAUSED_READS["on"] = True
+    try:
+        yield
+    finally:
+        _PAUSED_READS["on"] = before
+
+
+def _py_spy_dump(pid: int, timeout_s: float, t0: float) -> Capture:
+    spy = find_tool("py-spy")
+    if spy is None:
+        return Capture("python", "", None, time.monotonic() - t0, False,
+                       "not run under gpulab.trace (no faulthandler) and py-spy is not installed")
+    rc, out, err = run_bounded([spy, "dump", "--full-filenames", "--pid", str(pid)], timeout_s + 3)
+    note = f"{PTRACE_REFUSED} for py-spy: {err.strip()[-300:]}" if rc != 0 and _ptrace_refused(err) else (
+        "" if rc == 0 else f"py-spy exit {rc}: {err.strip()[-300:]}")
+    return Capture("python", out, "py-spy", time.monotonic() - t0, rc == 0 and bool(out.strip()), note)
+
+
 def python_stacks(pid: int, faulthandler_file: str | os.PathLike | None, timeout_s: float = 2.0) -> Capture:
     """SIGUSR1 makes the child's faulthandler dump every thread; it is C code run in the signal handler,
-    so it works while a thread sits in native code holding the GIL. Without it, fall back to py-spy."""
+    so it works while a thread sits in native code holding the GIL, and needs no ptrace. Without it, py-spy;
+    within paused_reads, py-spy first."""
     t0 = time.monotonic()
+    if _PAUSED_READS["on"] and find_tool("py-spy") is not None:
+        got = _py_spy_dump(pid, timeout_s, t0)
+        if got.ok or faulthandler_file is None:
+            return got
     if faulthandler_file is not None and Path(faulthandler_file).exists():
         path = Path(faulthandler_file)
         start = path.stat().st_size
@@ -98,14 +133,7 @@ def python_stacks(pid: int, faulthandler_file: str | os.PathLike | None, timeout
         ok = "(most recent call first)" in text
         return Capture("python", text, "faulthandler", time.monotonic() - t0, ok,
                        "" if ok else f"no faulthandler dump within {timeout_s:.1f} s after SIGUSR1")
-    spy = find_tool("py-spy")
-    if spy is None:
-        return Capture("python", "", None, time.monotonic() - t0, False,
-                       "not run under gpulab.trace (no faulthandler) and py-spy is not installed")
-    rc, out, err = run_bounded([spy, "dump", "--pid", str(pid)], timeout_s + 3)
-    note = f"{PTRACE_REFUSED} for py-spy: {err.strip()[-300:]}" if rc != 0 and _ptrace_refused(err) else (
-        "" if rc == 0 else f"py-spy exit {rc}: {err.strip()[-300:]}")
-    return Capture("python", out, "py-spy", time.monotonic() - t0, rc == 0 and bool(out.strip()), note)
+    return _py_spy_dump(pid, timeout_s, t0)
 
 
 def native_stacks(pid: int, timeout_s: float = 5.0, tools: tuple[str, ...] = ("py-spy", "gdb"),
@@ -295,7 +323,8 @@ def parse_native(text: str, pid: int | None = None) -> tuple[Thread, ...]:
 
 
 def parse_python(text: str) -> tuple[Thread, ...]:
-    """faulthandler dump -> threads (the dumping thread is marked main when it says 'Current thread')."""
+    """faulthandler dump -> threads (the dumping thread is marked main when it says 'Current thread'); a py-spy
+    dump (`Process PID:` first) as parse_native reads it."""
     threads: list[Thread] = []
     cur: dict | None = None
     for line in text.splitlines():
@@ -311,6 +340,9 @@ def parse_python(text: str) -> tuple[Thread, ...]:
             cur["frames"].append(f"{f.group('func')} ({f.group('file')}:{f.group('line')})")
     if cur:
         threads.append(Thread(cur["tid"], cur["name"], tuple(cur["frames"]), cur["main"]))
+    spied = re.search(r"^Process (\d+):", text, re.M) if not threads else None
+    if spied:   # py-spy's dump (python_stacks' other way): its threads, the main one by the process id
+        return parse_native(text, int(spied.group(1)))
     if threads and not any(t.main for t in threads):
         # faulthandler lists the main thread last (oldest thread); mark it.
         last = threads[-1]

@@ -405,8 +405,9 @@ def keep_capture(child: proc.Child, launch: Launch, tracker: Any, cap: Path, *, 
     of status hang, the op logs as they were, every process's stacks), the job left running; -> its record."""
     cap.mkdir(parents=True, exist_ok=True)
     capped = dataclasses.replace(launch, out=cap)
-    seen = take(child, launch, tracker, cap / "procs", stacks=stacks, capture_gpu=capture_gpu,
-                cuda_gdb=cuda_gdb, coredump=coredump, native_tools=native_tools)
+    with capture.paused_reads():   # the job goes on after it: no stack dump that could crash it
+        seen = take(child, launch, tracker, cap / "procs", stacks=stacks, capture_gpu=capture_gpu,
+                    cuda_gdb=cuda_gdb, coredump=coredump, native_tools=native_tools)
     snapshot(launch, cap)
     v = judge_seen(command, launch, seen, status="hang", rc=None, t0=t0, hang_started=hang_started, stall_s=stall_s,
                    timeout_s=timeout_s, mode=mode, spec=spec, pid=child.pid, left=(), tail=tail)
