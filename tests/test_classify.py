@@ -229,8 +229,7 @@ def test_a_job_kept_running_has_its_python_stacks_read_paused_not_dumped_by_a_si
     p = subprocess.Popen([sys.executable, str(prog)])
     try:
         time.sleep(1.0)
-        with capture.paused_reads():
-            got = capture.python_stacks(p.pid, fh)
+        got = capture.python_stacks(p.pid, fh, paused=True)
         assert got.ok and got.tool == "py-spy" and p.poll() is None, (got, p.poll())
         main = classify.main_thread(capture.parse_python(got.text))
         assert main is not None and main.frames[0] == f"save_checkpoint ({prog}:4)", main

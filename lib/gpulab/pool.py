@@ -2,17 +2,17 @@
 per device instead of paying interpreter, torch and CUDA start-up each, while a hang or a fault still ends
 only the job that caused it.
 
-`Pool` holds at most one live worker, a `python -m gpulab.pool` child started through gpulab.proc
-(own session, token, a stop that reaches every descendant). It is fed one job at a time: a "module:function"
-name and its arguments, pickled to a file in the pool's folder; the job's number goes down the worker's stdin,
-and "start N" (its module loaded), then "done N", come back on a private pipe (the worker moves its fd 1 onto its
-log first, so nothing a job prints can be mistaken for a reply, and a chatty job never blocks on a pipe). The
-parent waits with a per-job deadline counted from "start N": a fresh worker's start-up (interpreter, torch) is
-no part of the job's time, however loaded the machine (it has START_S of its own). A job that overruns it is a hang: the worker's whole tree is stopped. A job that raises ends the
-worker with the traceback in its log (exit 1: a GPU fault poisons the CUDA context, so the process is not
-reused); one killed by a signal is a crash. Either way the next job starts a fresh worker. The outcome's
-`detail` reads as the one-shot child's did: "hang: no result within 8s (child process group killed)",
-"crash (signal 6): <log tail>", "error (exit 1): <log tail>".
+`Pool` holds at most one live worker, a `python -m gpulab.pool` child started through gpulab.proc (own session,
+token, a stop that reaches every descendant). It is fed one job at a time: a "module:function" name and its
+arguments, pickled to a file in the pool's folder; the job's number goes down the worker's stdin, and "start N" (its
+module loaded), then "done N", come back on a private pipe (the worker moves its fd 1 onto its log first, so nothing
+a job prints can be mistaken for a reply, and a chatty job never blocks on a pipe). The parent waits with a per-job
+deadline counted from "start N": a fresh worker's start-up (interpreter, torch) is no part of the job's time,
+however loaded the machine (it has START_S of its own). A job that overruns it is a hang: the worker's whole tree is
+stopped. A job that raises ends the worker with the traceback in its log (exit 1: a GPU fault poisons the CUDA
+context, so the process is not reused); one killed by a signal is a crash. Either way the next job starts a fresh
+worker. The outcome's `detail` reads as the one-shot child's did: "hang: no result within 8s (child process group
+killed)", "crash (signal 6): <log tail>", "error (exit 1): <log tail>".
 
 Nothing here knows the oracle (gpulab.oracle.check sends it its cases); the benchmark may send its points
 the same way.
@@ -142,7 +142,8 @@ class Worker:
         t0 = time.monotonic()
         # the job's deadline runs from its start: a fresh worker's interpreter, its init and the job's module
         # (torch) load first, which a loaded machine makes slow, under a start-up deadline of their own
-        deadline, started = t0 + max(timeout_s, START_S), False
+        start_s = max(timeout_s, START_S)
+        deadline, started = t0 + start_s, False
         try:
             os.write(self._jobs, f"{n}\n".encode())
             while True:
@@ -150,7 +151,7 @@ class Worker:
                 if line is None:
                     self.stop(kill=True)
                     said = (f"no result within {timeout_s:.0f}s" if started else
-                            f"the worker did not start the job within {max(timeout_s, START_S):.0f}s")
+                            f"the worker did not start the job within {start_s:.0f}s")
                     return Outcome("hang", detail=f"hang: {said} (child process group killed)",
                                    seconds=time.monotonic() - t0)
                 if line == b"":

@@ -43,16 +43,11 @@ def _owner(hang: Mapping[str, Any], kind: str) -> dict | None:
     return o if o.get("kind") == kind else None
 
 
-def _meets(plat: Mapping[str, Any]) -> str:
-    """The platform's behaviour meeting the program's code (a launch stuck behind lazy loading): both sides."""
-    return meets(plat)
-
-
 def _upstream(hang: Mapping[str, Any]) -> str:
     """The upstream report, addressed to whose code it is when 03 knows (a library), or the platform's settings."""
     plat = _owner(hang, "platform")
     if plat and plat.get("program"):
-        return _meets(plat)
+        return meets(plat)
     if plat:
         return (f"the platform ({plat.get('where')}): apply the fix registry's settings for it (the fixes 04 "
                 f"tries for this platform) and check the driver, firmware and hardware; {plat.get('why')}")
@@ -179,7 +174,7 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
                     + (f"; {fixes['also_fixes']}" if fixes.get("also_fixes") else "")
                     + (f"; it only works around the program's own bug: {_program_cause(hang)}"
                        if _program_cause(hang) else
-                       f"; {_meets(_owner(hang, 'platform'))}" if (_owner(hang, "platform") or {}).get("program")
+                       f"; {meets(_owner(hang, 'platform'))}" if (_owner(hang, "platform") or {}).get("program")
                        else f"; {_upstream(hang)} (with that workaround)"))
         elif fixes:
             tried = fixes.get("tried") or []

@@ -6,7 +6,6 @@ into threads of frames (innermost first) so that classification stays a pure fun
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -74,26 +73,7 @@ def _ptrace_refused(text: str) -> bool:
 
 # ----------------------------------------------------------------------------------- capture steps
 
-_PAUSED_READS = {"on": False}   # see paused_reads
-
-
-@contextlib.contextmanager
-def paused_reads():
-    """Within it, Python stacks are read with the process paused (py-spy, ptrace) where py-spy can, and SIGUSR1
-    is only the fallback: for a job that must go on after the capture (--on-stall keep). faulthandler's dump
-    walks the other threads' frames while they run, and CPython does not make that safe: a thread that pops a
-    frame meanwhile can crash the dump, and with it the job (seen once: a job killed by SIGSEGV in the dump while
-    the recorder's thread returned from a madvise)."""
-    before = _PAUSED_READS["on"]
-    _PAUSED_READS["on"] = True
-    try:
-        yield
-    finally:
-        _PAUSED_READS["on"] = before
-
-
-def _py_spy_dump(pid: int, timeout_s: float, t0: float) -> Capture:
-    spy = find_tool("py-spy")
+def _py_spy_dump(pid: int, timeout_s: float, t0: float, spy: str | None) -> Capture:
     if spy is None:
         return Capture("python", "", None, time.monotonic() - t0, False,
                        "not run under gpulab.trace (no faulthandler) and py-spy is not installed")
@@ -103,13 +83,18 @@ def _py_spy_dump(pid: int, timeout_s: float, t0: float) -> Capture:
     return Capture("python", out, "py-spy", time.monotonic() - t0, rc == 0 and bool(out.strip()), note)
 
 
-def python_stacks(pid: int, faulthandler_file: str | os.PathLike | None, timeout_s: float = 2.0) -> Capture:
+def python_stacks(pid: int, faulthandler_file: str | os.PathLike | None, timeout_s: float = 2.0, *,
+                  paused: bool = False) -> Capture:
     """SIGUSR1 makes the child's faulthandler dump every thread; it is C code run in the signal handler,
-    so it works while a thread sits in native code holding the GIL, and needs no ptrace. Without it, py-spy;
-    within paused_reads, py-spy first."""
+    so it works while a thread sits in native code holding the GIL, and needs no ptrace. Without it, py-spy.
+    paused: py-spy first (the process paused), SIGUSR1 only where py-spy cannot: for a job that must go on after
+    the capture (--on-stall keep). faulthandler's dump walks the other threads' frames while they run, and
+    CPython does not make that safe: a thread that pops a frame meanwhile can crash the dump, and with it the
+    job (seen once: a job killed by SIGSEGV in the dump while the recorder's thread returned from a madvise)."""
     t0 = time.monotonic()
-    if _PAUSED_READS["on"] and find_tool("py-spy") is not None:
-        got = _py_spy_dump(pid, timeout_s, t0)
+    spy = find_tool("py-spy")
+    if paused and spy is not None:
+        got = _py_spy_dump(pid, timeout_s, t0, spy)
         if got.ok or faulthandler_file is None:
             return got
     if faulthandler_file is not None and Path(faulthandler_file).exists():
@@ -133,7 +118,7 @@ def python_stacks(pid: int, faulthandler_file: str | os.PathLike | None, timeout
         ok = "(most recent call first)" in text
         return Capture("python", text, "faulthandler", time.monotonic() - t0, ok,
                        "" if ok else f"no faulthandler dump within {timeout_s:.1f} s after SIGUSR1")
-    return _py_spy_dump(pid, timeout_s, t0)
+    return _py_spy_dump(pid, timeout_s, t0, spy)
 
 
 def native_stacks(pid: int, timeout_s: float = 5.0, tools: tuple[str, ...] = ("py-spy", "gdb"),

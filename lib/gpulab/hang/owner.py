@@ -836,8 +836,8 @@ _NO_INPUT = (("bdb.BdbQuit", "a debugger stop (breakpoint() or pdb.set_trace(), 
 def _error_words(v: Mapping[str, Any]) -> str:
     """What an error's own words say beyond 'fix it there': a program that reads standard input fails where gpulab
     gives it none (stdin is /dev/null, as a batch job's, so pdb quits and input() raises at once; only `gpulab
-    watch` at a terminal passes the terminal on); torch.compile refusing a line (a graph break made an error by fullgraph=True), with
-    dynamo's hint."""
+    watch` at a terminal passes the terminal on); torch.compile refusing a line (a graph break made an error by
+    fullgraph=True), with dynamo's hint."""
     tail = v.get("stderr_tail") or ""
     words = lastwords.of(tail) if v.get("status") == "error" else ""
     what = next((w for k, w in _NO_INPUT if words.startswith(k)), None)

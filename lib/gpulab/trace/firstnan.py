@@ -339,8 +339,8 @@ def next_step(rec: Mapping[str, Any]) -> str:
         return ""
     site = rec.get("call_site")
     n = rec.get("pass")
-    if _checkpoint(rec):
-        return _checkpoint(rec)
+    if ckpt := _checkpoint(rec):
+        return ckpt
     if _from_data(rec):
         return (f"check the data where it is loaded: the batch of pass {n} already holds {made(rec)} "
                 f"(the first op to read it: {rec.get('op')} at {site})" if n else

@@ -130,8 +130,7 @@ def keep_recorded(log: str | os.PathLike) -> None:
     """Cut a finished child's op log to what it recorded (gpulab.trace.ring.shrink): a copy or an upload of
     the outputs expands the empty, sparse rest. Nothing to do when there is no log; a file that is not a
     readable log is left as it is (its reader will say why). On a full disk the shrunk copy cannot be written:
-    the log is only cut in place (`trim`, which frees space), so that the verdict can still be written. In stats
-    mode its first NaN/Inf's record is told how the run went on after it (gpulab.trace.firstnan.note_end)."""
+    the log is only cut in place (`trim`, which frees space), so that the verdict can still be written."""
     try:
         shrink(log)
     except (FileNotFoundError, ValueError):
@@ -141,8 +140,6 @@ def keep_recorded(log: str | os.PathLike) -> None:
             raise
         with contextlib.suppress(OSError, ValueError):
             trim(log)
-    with contextlib.suppress(OSError):
-        firstnan.note_end(log)
 
 
 def keep_followed(procs: str | os.PathLike) -> list[dict]:
@@ -194,8 +191,10 @@ def record(cfg_or_command, mode: str = "ops", out_dir: str | os.PathLike = "outp
                                                 else f" (DataLoader worker {meta['worker']})"
                                                 if meta.get("worker") is not None else "")) if meta else pick.stem
         shown_log, snap = pick, read(pick)
-    if mode == "stats" and ops:
-        firstnan.note_job(shown_log, [log, *ops])   # a NaN that did not last there may have in another process
+    if mode == "stats":   # how the run went on after its first NaN/Inf, there and in the job's other processes
+        with contextlib.suppress(OSError):
+            firstnan.note_end(shown_log, snap)
+            firstnan.note_job(shown_log, [log, *ops])
     return Recording(snap, end.returncode, sig, end.timed_out, end.elapsed_s, str(shown_log), tuple(cmd), tail,
                      end.status, stall_s, len(children), sum(ops.values()), shown)
 

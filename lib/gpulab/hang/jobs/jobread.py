@@ -45,15 +45,16 @@ def live(pid: int) -> bool:
         return False
 
 
-def capture_python(folder: Path, metas: Mapping[int, dict], timeout_s: float = 2.0) -> dict[int, capture.Capture]:
-    """Every live followed process's Python stacks at once (its faulthandler on SIGUSR1; in parallel, so the
-    job costs one process's time, not the sum)."""
+def capture_python(folder: Path, metas: Mapping[int, dict], timeout_s: float = 2.0,
+                   paused: bool = False) -> dict[int, capture.Capture]:
+    """Every live followed process's Python stacks at once (its faulthandler on SIGUSR1, or py-spy first when
+    `paused`: capture.python_stacks; in parallel, so the job costs one process's time, not the sum)."""
     todo = {pid: folder / m["faulthandler"] for pid, m in metas.items()
             if m.get("faulthandler") and not m.get("root") and live(pid)}
     if not todo:
         return {}
     with ThreadPoolExecutor(max_workers=min(16, len(todo))) as ex:
-        futs = {pid: ex.submit(capture.python_stacks, pid, fh, timeout_s) for pid, fh in todo.items()}
+        futs = {pid: ex.submit(capture.python_stacks, pid, fh, timeout_s, paused=paused) for pid, fh in todo.items()}
         return {pid: f.result() for pid, f in futs.items()}
 
 

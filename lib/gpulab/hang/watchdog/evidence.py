@@ -28,7 +28,7 @@ STDERR_TAIL_CHARS = 4000
 
 
 def job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, native_tools: Sequence[str],
-                stacks: bool, dest: Path, t_stall: float) -> tuple[list, Any, dict]:
+                stacks: bool, dest: Path, t_stall: float, paused: bool = False) -> tuple[list, Any, dict]:
     """Every followed process's Python stacks (at once), the views, the cross-process finding, and the
     native stacks of the process the finding names; each process's op-log tail written (into `dest`) from the
     same read. Before the stop: the processes are still stuck. t_stall (monotonic): when the stall was seen,
@@ -36,7 +36,7 @@ def job_capture(launch: Launch, tracker: Any, root_pid: int, root_python: str, n
     holds the GIL waits out its timeout)."""
     left = jobread.read_job(launch.procs, ask=True)   # the ranks' own collective numbers, while stuck
     metas = {pid: lf.meta for pid, lf in left.items()}
-    pythons = {pid: c.text for pid, c in jobread.capture_python(launch.procs, metas).items()} if stacks else {}
+    pythons = {pid: c.text for pid, c in jobread.capture_python(launch.procs, metas, paused=paused).items()} if stacks else {}
     if root_python and not pythons.get(root_pid):
         pythons[root_pid] = root_python
     views = jobread.views(launch.procs, pythons, getattr(tracker, "last", None), now=t_stall, left=left)
@@ -241,9 +241,11 @@ def read_log(launch: Launch) -> tuple[Any, list[str]]:
 
 
 def capture_stacks(child: proc.Child, launch: Launch, *, capture_gpu: bool | str, cuda_gdb: bool, coredump: bool,
-                   native_tools: Sequence[str]) -> dict[str, capture.Capture]:
-    """Stacks of the live, stuck process, then the GPU view when it is a GPU program."""
-    caps = {"python": capture.python_stacks(child.pid, launch.faulthandler if launch.recorded else None),
+                   native_tools: Sequence[str], paused: bool = False) -> dict[str, capture.Capture]:
+    """Stacks of the live, stuck process, then the GPU view when it is a GPU program (paused: see
+    capture.python_stacks)."""
+    caps = {"python": capture.python_stacks(child.pid, launch.faulthandler if launch.recorded else None,
+                                            paused=paused),
             "native": capture.native_stacks(child.pid, timeout_s=10.0, tools=tuple(native_tools))}
     device = None
     if launch.recorded and launch.log.exists():
@@ -269,18 +271,21 @@ class Seen:
 
 
 def take(child: proc.Child, launch: Launch, tracker: Any, dest: Path, *, stacks: bool,
-         capture_gpu: bool | str, cuda_gdb: bool, coredump: bool, native_tools: Sequence[str]) -> Seen:
-    """Stacks (every process's, for a job) and the op log as the stall left them; the child still runs."""
+         capture_gpu: bool | str, cuda_gdb: bool, coredump: bool, native_tools: Sequence[str],
+         paused: bool = False) -> Seen:
+    """Stacks (every process's, for a job) and the op log as the stall left them; the child still runs (paused:
+    it goes on after, so no stack dump that could crash it: capture.python_stacks)."""
     t_stall = time.monotonic()
     if stacks:
         caps = capture_stacks(child, launch, capture_gpu=capture_gpu, cuda_gdb=cuda_gdb, coredump=coredump,
-                              native_tools=native_tools)
+                              native_tools=native_tools, paused=paused)
     else:
         caps = {"python": capture.Capture("python", "", None, 0.0, False, "not taken (stack capture off)")}
     jobbed = None
     if getattr(tracker, "procs", None):   # the job has processes besides the one started
         t_job = time.monotonic()
-        jobbed = job_capture(launch, tracker, child.pid, caps["python"].text, native_tools, stacks, dest, t_stall)
+        jobbed = job_capture(launch, tracker, child.pid, caps["python"].text, native_tools, stacks, dest, t_stall,
+                             paused)
         caps["processes"] = capture.Capture("processes", "", "faulthandler", time.monotonic() - t_job, True)
     t_log = time.monotonic()
     snap, log_notes = read_log(launch)  # last: the op-log tail as the stall left it
@@ -405,9 +410,8 @@ def keep_capture(child: proc.Child, launch: Launch, tracker: Any, cap: Path, *, 
     of status hang, the op logs as they were, every process's stacks), the job left running; -> its record."""
     cap.mkdir(parents=True, exist_ok=True)
     capped = dataclasses.replace(launch, out=cap)
-    with capture.paused_reads():   # the job goes on after it: no stack dump that could crash it
-        seen = take(child, launch, tracker, cap / "procs", stacks=stacks, capture_gpu=capture_gpu,
-                    cuda_gdb=cuda_gdb, coredump=coredump, native_tools=native_tools)
+    seen = take(child, launch, tracker, cap / "procs", stacks=stacks, capture_gpu=capture_gpu,
+                cuda_gdb=cuda_gdb, coredump=coredump, native_tools=native_tools, paused=True)   # the job goes on
     snapshot(launch, cap)
     v = judge_seen(command, launch, seen, status="hang", rc=None, t0=t0, hang_started=hang_started, stall_s=stall_s,
                    timeout_s=timeout_s, mode=mode, spec=spec, pid=child.pid, left=(), tail=tail)
