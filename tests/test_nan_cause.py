@@ -83,6 +83,20 @@ CASES = [
      0, "std of 1 element per value"),
     ("aten.var.correction", [T("float32", (8,), min=0.5, max=2.0)], out(nan=1, shape=()), "unknown", None,
      "no input holds NaN/Inf"),   # 8 elements: 0/0 is not what made it
+    # a mean over no counted target: every target ignore_index (a batch of prompts whose answers were cut away)
+    ("aten.nll_loss_forward.default", [T("float32", (64, 50), min=-6.0, max=-1.0),
+                                       T("int64", (64,), min=-100.0, max=-100.0, nonpositive=64), None,
+                                       nancause.scalar_facts(1), nancause.scalar_facts(-100)], out(nan=1, shape=()),
+     "no_targets", 1, "every target is ignore_index (-100; input 1: 64 targets, all -100)"),
+    ("aten.nll_loss2d_forward.default", [T("float32", (2, 5, 4, 4), min=-6.0, max=-1.0),
+                                         T("int64", (2, 4, 4), min=0.0, max=3.0, zeros=4, nonpositive=4),
+                                         T("float32", (5,), min=0.0, max=1.0, zeros=4, nonpositive=4),
+                                         nancause.scalar_facts(1), nancause.scalar_facts(-100)], out(nan=1, shape=()),
+     "no_targets", 1, "the counted targets' total weight is 0"),
+    ("aten.nll_loss_forward.default", [T("float32", (64, 50), min=-6.0, max=-1.0, nan=2),
+                                       T("int64", (64,), min=-100.0, max=-100.0, nonpositive=64), None,
+                                       nancause.scalar_facts(1), nancause.scalar_facts(-100)], out(nan=1, shape=()),
+     "input_nan", 0, "already holds NaN"),
     # a cosine that rounding pushed past 1
     ("aten.acos.default", [f32(min=-0.25, max=1.0000001)], out(nan=1), "unit_domain", 0,
      "acos of values outside [-1, 1] (input 0: min -0.25, max 1.0000001)"),

@@ -187,6 +187,21 @@ def test_nan_that_the_program_cleans_and_never_spreads_is_said_not_to_last_and_a
     assert metrics["first_nonfinite_lasted"] is False and metrics["first_nonfinite_next"] == "", metrics
 
 
+def test_a_batch_whose_every_target_is_ignored_is_named_as_a_mean_over_no_target(tmp_path):
+    """cross_entropy with ignore_index over a batch of prompts only: nll_loss's 0/0 named with its target (not 'no
+    known way'), and the NaN said not to last because its gradient is 0, not because the program cleaned it."""
+    rec = trace_run.record([sys.executable, str(NAN / "no_targets.py")], mode="stats", out_dir=tmp_path,
+                           name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    assert (got["op"], got["call_site"], got["pass"], got["cause"]["kind"]) == (
+        "aten.nll_loss_forward.default", line_of("no_targets.py", "LOSS"), 4, "no_targets"), got
+    said = firstnan.sentence(got)
+    assert "every target is ignore_index (-100; input 1: 64 targets, all -100)" in said, said
+    assert "skip a batch with no target to learn" in said and "a gradient of 0" in said, said
+    assert not firstnan.lasted(got) and firstnan.next_step(got) == ""
+
+
 def test_a_run_resumed_from_a_checkpoint_that_holds_nan_names_the_checkpoint_not_its_data_or_code(tmp_path):
     """The first run diverged and saved NaN weights; the resumed run's first NaN is made by no op of its own: it
     is the checkpoint's, read by torch.load at the program's line (not "the batch of pass 1", not a line to fix)."""

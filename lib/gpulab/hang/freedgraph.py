@@ -30,8 +30,13 @@ def find(message: str, records: Sequence[Any], raised: Mapping[str, Any] | None)
     """The backward node that met the freed graph, the forward line(s) whose op makes such nodes (with how often it
     ran there, and whether it ran again since the backward() before), and which backward() call this was; None when
     the message is not autograd's or the log does not show them."""
-    if _SECOND_TIME not in (message or "") or not raised:
+    if _SECOND_TIME not in (message or ""):
         return None
+    if not raised:   # torch 2.11's CUDA wheels mark no engine node as raised: the node met is the log's last one
+        raised = next((r for r in sorted(records, key=lambda r: -(field(r, "seq") or 0))
+                       if str(field(r, "name") or "").startswith(BACKWARD)), None)
+        if raised is None:
+            return None
     node = _node(str(field(raised, "name") or ""))
     site = field(raised, "call_site")
     if node is None or not site:

@@ -32,6 +32,8 @@ REMEDY = {
     "uninitialized": "if nothing should have written it yet, allocate with torch.zeros or torch.full instead of "
                      "torch.empty (an empty() tensor holds a freed tensor's old bytes); if a kernel of yours fills "
                      "it, run that kernel on a zero-filled buffer: NaN/Inf still there is the kernel's",
+    "no_targets": "skip a batch with no target to learn (if (target != ignore_index).any()), or add the loss with "
+                  "reduction='sum' and divide by the count of counted targets, at least 1",
     "input_neginf": "the -inf of a mask reached an op that turns it into NaN: mask with torch.finfo(dtype).min, "
                     "or mask after the op",
 }
@@ -136,8 +138,10 @@ def lasted(rec: Mapping[str, Any] | None) -> bool:
 
 
 def _not_lasting(rec: Mapping[str, Any]) -> str:
-    return (f"it did not last: the run's last {rec['finite_after']} ops with floating outputs made none (the "
-            f"program cleans or skips it: nan_to_num or where over missing values, a step it does not take); a "
+    why = ("a loss over no target has a gradient of 0, so the weights stayed finite; the loss the program logs "
+           "for that step is NaN" if (rec.get("cause") or {}).get("kind") == "no_targets" else
+           "the program cleans or skips it: nan_to_num or where over missing values, a step it does not take")
+    return (f"it did not last: the run's last {rec['finite_after']} ops with floating outputs made none ({why}); a "
             f"fault only if those values should not be NaN/Inf")
 
 

@@ -22,7 +22,7 @@ LOW_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e4m3fnu
 
 KINDS = ("input_nan", "input_inf", "input_neginf", "zero_divisor", "variance_dof", "unit_domain", "log_domain",
          "sqrt_domain", "pow_domain", "overflow", "matmul_overflow", "cast_overflow", "softmax_masked_row", "growth",
-         "uninitialized", "unknown")
+         "uninitialized", "no_targets", "unknown")
 GROWTH = 1e3          # an op's outputs that grew this many times over ...
 GROWTH_PASSES = 3     # ... at least this many earlier passes, then overflow: the run diverges
 
@@ -39,7 +39,9 @@ _MATMUL = ("mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear", "mv", 
 _CAST = ("to_copy", "to", "copy", "to_dtype", "type_as", "convert_element_type", "npu_dtype_cast")
 _SOFTMAX = ("softmax", "log_softmax", "safe_softmax", "softmax_backward_data")
 _VARIANCE = ("var", "std", "var_mean", "std_mean")   # N - correction elements to divide by
-_FROM_STORAGE = ("set", "from_file", "from_blob")   # ops that make a tensor of existing memory (set_: its storage)
+_FROM_STORAGE = ("set", "from_file", "from_blob")
+_NLL = ("nll_loss_forward", "nll_loss2d_forward", "nll_loss", "nll_loss2d", "nll_loss_nd")   # (x, target, weight,
+#       reduction, ignore_index): the mean divides by the counted targets' total weight   # ops that make a tensor of existing memory (set_: its storage)
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,24 @@ def grown(why: Cause, op: str, dtype: str, history: Mapping[str, Any] | None) ->
                  f"ends, not where it starts", why.input)
 
 
+def finite_inputs(given: Sequence[tuple[int, TensorFacts]]) -> bool:
+    return all(not (f.nan or f.posinf or f.neginf) for _, f in given)
+
+
+def _no_targets(ins: Sequence[TensorFacts | None]) -> Cause:
+    """nll_loss's mean of finite log-probabilities is NaN only as 0/0: no target counted (each one is
+    ignore_index: a batch of padding, or of prompts whose answers were cut away), or the counted ones' classes
+    weigh 0."""
+    tgt = ins[1] if len(ins) > 1 else None
+    ign = ins[4].scalar if len(ins) > 4 and ins[4] is not None else None
+    n = math.prod(tgt.shape) if tgt is not None else 0
+    if tgt is not None and ign is not None and tgt.min == tgt.max == ign:
+        return Cause("no_targets", f"every target is ignore_index ({_g(ign)}; input 1: {_n(n, 'target')}, all "
+                     f"{_g(ign)}): the mean over no counted target is 0/0", 1)
+    return Cause("no_targets", "the counted targets' total weight is 0 (every target ignore_index, or of a class "
+                 "whose weight is 0): the mean over it is 0/0", 1 if tgt is not None else None)
+
+
 def _dmax(dtype: str, given: float | None = None) -> float | None:
     return given if given is not None else DTYPE_MAX.get(str(dtype).removeprefix("torch."))
 
@@ -282,6 +302,8 @@ def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dt
     for i, f in given:
         if f.posinf:
             return Cause("input_inf", f"{_tensor(f, i)} already holds +Inf ({_n(f.posinf, 'value')}): {came}", i)
+    if base in _NLL and output.nan and finite_inputs(given):
+        return _no_targets(ins)
     if base in _DIVIDE:
         j = _DIVIDE[base]
         d = ins[j] if j < len(ins) else None
@@ -322,7 +344,7 @@ def cause(op: str, inputs: Sequence[TensorFacts | None], output: TensorFacts, dt
         if b.zeros and e.min is not None and e.min < 0 and output.posinf:
             return Cause("zero_divisor", f"pow of zero to a negative exponent (input 0: {_n(b.zeros, 'zero')}, "
                          f"exponent {_g(e.min)}): a division by zero", 0)
-    finite_in = all(not (f.nan or f.posinf or f.neginf) for _, f in given)
+    finite_in = finite_inputs(given)
     if base in _CAST and given and (output.posinf or output.neginf or output.nan):
         f = given[0][1]
         big = _absmax(f)
