@@ -331,6 +331,21 @@ def test_a_worker_forked_while_a_thread_held_a_lock_waits_for_it_alone_and_spawn
     assert done.ok and "done" in done.stdout, done.stderr[-2000:]
 
 
+def test_a_rank_forked_while_a_thread_held_a_lock_is_named_as_the_fork_not_as_a_skipped_collective(tmp_path):
+    """Ranks started by fork while the parent's thread held a lock: the rank that takes it waits alone at that
+    line, outside any collective; its start by fork and its native stack make it the fork's, as a worker's."""
+    program = str(FIX / "fork_ranks.py")
+    v = watched(tmp_path, sys.executable, program)
+    assert (v.status, v.cls, v.culprit) == ("hang", "rank_stuck", "rank 1/2"), (v.cls, v.evidence)
+    rank = roles(v)["rank 1/2"]
+    assert rank.get("started_by") == "fork" and rank.get("lock_alone") is True, rank
+    line = next(n for n, t in enumerate(Path(program).read_text().splitlines(), 1) if t.endswith("# LOCK"))
+    assert f"fork_ranks.py:{line}" in v.owner["where"] and "fork() copies the lock, held" in v.owner["why"], v.owner
+    assert "start_method='spawn'" in v.owner["why"], v.owner
+    done = proc.run([sys.executable, program, "--start", "spawn"], timeout_s=120, capture=True)
+    assert done.ok and "done" in done.stdout, done.stderr[-2000:]
+
+
 def test_children_forked_after_openmp_ran_are_the_platform_meeting_the_program_not_a_queue_to_read(tmp_path):
     """A parent that ran parallel CPU work on OpenMP's pool forks children whose first matmul waits in that pool
     for threads fork did not copy: the child's native stack in libgomp, its start by fork, say so; the next step is

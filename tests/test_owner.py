@@ -456,3 +456,16 @@ def test_a_gradient_hook_returning_another_size_is_named_at_the_hook_not_at_back
     # the 4th AccumulateGrad of one backward is the 4th parameter, not a line called a 4th time
     assert "4th call" not in got.why
     assert "4th call" not in owner.decide(verdict, {}).why
+
+
+@pytest.mark.parametrize("cls,role", [("worker_stuck", "DataLoader worker 0"), ("child_stuck", "child pid 9"),
+                                      ("rank_stuck", "rank 1/2")])
+def test_a_process_forked_holding_a_lock_is_the_programs_fork_whatever_it_is_to_the_job(cls, role):
+    """A DataLoader worker, a child the program waits for and a rank started by fork alike: the lock its parent's
+    thread held at fork() is the cause, and the words say how to change the program."""
+    row = {"role": role, "frame": "u/train.py:31 in __getitem__", "started_by": "fork", "lock_alone": True,
+           "own_code": True, "open_op": None, "wait": "lock", "collective": None}
+    got = owner.decide(v(status="hang", cls=cls, culprit=role, processes=[row]), {})
+    assert got.kind == "program" and "u/train.py:31" in got.where, got
+    assert "it was forked while another thread of its parent held that lock" in got.why, got
+    assert "program's own code" in owner.next_step(got)

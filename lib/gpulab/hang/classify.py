@@ -396,7 +396,8 @@ def fork_lock(row: Mapping[str, Any]) -> str:
             f"the lock, held, but not the thread that would release it: create such locks after the fork (a "
             f"DataLoader's worker_init_fn) or reset them in the child (os.register_at_fork(after_in_child=...)), "
             f"do not hold them while processes are forked, or start the processes with spawn (DataLoader(..., "
-            f"multiprocessing_context='spawn'), multiprocessing.get_context('spawn'))")
+            f"multiprocessing_context='spawn'), multiprocessing.get_context('spawn'), torch.multiprocessing's "
+            f"start_processes(..., start_method='spawn'))")
 
 
 def forked_holding(culprit: str | None, processes: Sequence[Mapping]) -> Mapping | None:

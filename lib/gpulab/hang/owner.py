@@ -409,6 +409,8 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
         return Owner("program", f"{first['at']} (waiting for {first['waits_for']})", cycle["said"])
     if cls == "rank_stuck":
         row = next((p for p in v.get("processes") or () if p.get("role") == v.get("culprit")), None)
+        if row and classify.forked_holding(v.get("culprit"), v.get("processes") or ()):
+            return Owner("program", f"{row.get('role')}: {row.get('frame') or 'its own code'}", classify.fork_lock(row))
         if row and row.get("own_code") and not row.get("open_op") and row.get("wait") not in ("cuda_sync",
                                                                                                 "collective"):
             return Owner("program", f"{row.get('role')}: {row.get('frame') or 'its own code'}",
