@@ -187,10 +187,11 @@ def test_nan_that_the_program_cleans_and_never_spreads_is_said_not_to_last_and_a
     assert metrics["first_nonfinite_lasted"] is False and metrics["first_nonfinite_next"] == "", metrics
 
 
-def test_a_batch_whose_every_target_is_ignored_is_named_as_a_mean_over_no_target(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_batch_whose_every_target_is_ignored_is_named_as_a_mean_over_no_target(tmp_path, device):
     """cross_entropy with ignore_index over a batch of prompts only: nll_loss's 0/0 named with its target (not 'no
     known way'), and the NaN said not to last because its gradient is 0, not because the program cleaned it."""
-    rec = trace_run.record([sys.executable, str(NAN / "no_targets.py")], mode="stats", out_dir=tmp_path,
+    rec = trace_run.record([sys.executable, str(NAN / "no_targets.py"), device], mode="stats", out_dir=tmp_path,
                            name="stats", timeout_s=240, stall_s=60)
     assert rec.ok, rec.stderr_tail
     got = firstnan.read(rec.log)
