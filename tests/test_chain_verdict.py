@@ -161,3 +161,20 @@ def test_a_stuck_child_the_platform_explains_is_not_sent_to_read_its_queue():
     v = judge(ok(), m)
     assert "the platform's behaviour meets the program's code" in v.next_step, v.next_step
     assert "start the child processes with spawn" in v.next_step and "Queue" not in v.next_step, v.next_step
+
+
+@pytest.mark.parametrize("inst, says", [
+    ({"first_nonfinite_op": "aten.nll_loss_forward.default", "first_nonfinite_lasted": False,
+      "first_nonfinite_made": "NaN", "first_nonfinite_where": "aten.nll_loss_forward.default at t.py:9 (pass 4)",
+      "first_nonfinite_cause": "every target is ignore_index"},
+     "02: NaN made in aten.nll_loss_forward.default at t.py:9 (pass 4) (every target is ignore_index) did not last"),
+    ({"first_nonfinite_caught_by": "GradScaler", "first_nonfinite_sentence": "an overflow the GradScaler caught"},
+     "02: an overflow the GradScaler caught"),
+    ({}, None),
+])
+def test_a_healthy_run_that_made_a_passing_nan_names_it_in_the_evidence(inst, says):
+    """Healthy stays healthy, but a reader who saw NaN in the run's log finds where it came from at the top."""
+    m = {**metrics(), "02_instrument": {"metrics": inst}}
+    v = judge(ok(), m)
+    assert v.verdict == "healthy" and v.next_step == "nothing to fix on this platform", v
+    assert (says in v.evidence) if says else ("02:" not in v.evidence), v.evidence

@@ -79,6 +79,19 @@ def _first_nan(inst: Mapping[str, Any]) -> tuple[str, str]:
     return evidence, step
 
 
+def _passing_nan(inst: Mapping[str, Any]) -> str:
+    """A NaN/Inf the run made and did not keep (a loss over no target, values it cleans, an overflow its
+    GradScaler skipped): no fault, but the reader who saw a NaN in the logs finds it named here."""
+    if inst.get("first_nonfinite_caught_by"):
+        return f"02: {inst.get('first_nonfinite_sentence')}"
+    if inst.get("first_nonfinite_op") and inst.get("first_nonfinite_lasted") is False:
+        made = inst.get("first_nonfinite_made") or "NaN/Inf"
+        where = inst.get("first_nonfinite_where") or inst["first_nonfinite_op"]
+        cause = inst.get("first_nonfinite_cause")
+        return f"02: {made} made in {where}" + (f" ({cause})" if cause else "") + " did not last"
+    return ""
+
+
 def _site(site: Any) -> str | None:
     """file:line in function, the file's folder left out (the full path is in 05's compare.json); None when the
     recorder saw no call site in the program (an op called from a library)."""
@@ -231,7 +244,7 @@ def judge(notebooks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], sc
                                    _select(champion.removeprefix("sdpa_")))
     drill = " (03 ran a self-test of the watchdog, not a check of the workload)" if hang.get("drill") else ""
     parts = [p for p in (_h(metrics, "03_bisect_hang") if not hang.get("drill") else "",
-                         _h(metrics, "05_oracle")) if p]
+                         _h(metrics, "05_oracle"), _passing_nan(inst)) if p]
     return ScenarioVerdict("healthy", ("; ".join(parts) or "every notebook finished") + drill,
                            "nothing to fix on this platform" if scenario == "baseline" else
                            "compare its cost with the baseline's in the table")
