@@ -72,6 +72,10 @@ def no_gpu_files() -> bool:
 
 
 def has_gpu() -> bool:
+    """resolve('auto')'s answer: without torch where that is known (no GPU files, the runner's answer)."""
+    got = known_without_torch("auto")
+    if got is not None:
+        return got == "cuda"
     try:
         import torch
     except ImportError:

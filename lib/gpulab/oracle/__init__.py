@@ -45,22 +45,54 @@ call attention, or could not tell), `view` (tables and figures). `python -m gpul
 """
 from __future__ import annotations
 
-from gpulab.oracle import candidates, view
-from gpulab.oracle.cases import CASE_SETS, DISTS, MASKS, Case, case_set, make_inputs, resolve_dtypes
-from gpulab.oracle.check import GATE_FILE, CaseResult, Gate, OracleReport, check, check_many, finding
-from gpulab.oracle.diagnose import (PRIORITY, Finding, across_cases, error_map, explain, spatial_findings,
-                                    tile_heatmap, tile_heatmap_2d, worst_elements)
-from gpulab.oracle.errors import CandidateError, OracleError
-from gpulab.oracle.gate import gate
-from gpulab.oracle.pooled import check_isolated, isolated
-from gpulab.oracle.rule import ORDERS, RuleResult, gold_and_baselines, reference, rule
-from gpulab.oracle.scope import Scope, scope_for
+import importlib
+import sys
+import types
+from typing import Any
 
-__all__ = [
-    "CASE_SETS", "DISTS", "GATE_FILE", "MASKS", "ORDERS", "PRIORITY",
-    "Case", "CaseResult", "CandidateError", "Finding", "Gate", "OracleError", "OracleReport", "RuleResult", "Scope",
-    "across_cases", "candidates", "case_set", "check", "check_isolated", "check_many", "error_map", "explain",
-    "finding", "gate", "gold_and_baselines", "isolated", "make_inputs", "reference", "resolve_dtypes", "rule",
-    "scope_for",
-    "spatial_findings", "tile_heatmap", "tile_heatmap_2d", "view", "worst_elements",
-]
+# name -> the module that holds it. Imported when first used (PEP 562): notebook 05 decides whether it applies
+# to a workload without torch (a second and a half of its start on a CPU), and loads the oracle only when it does.
+_WHERE = {
+    "candidates": None, "view": None, "cases": None, "check": None, "diagnose": None, "rule": None,
+    "pooled": None, "scope": None, "errors": None, "outcome": None, "sets": None,
+    "CASE_SETS": "sets", "DISTS": "cases", "MASKS": "cases", "Case": "cases", "case_set": "cases",
+    "make_inputs": "cases", "resolve_dtypes": "cases",
+    "GATE_FILE": "outcome", "Gate": "outcome", "finding": "outcome",
+    "CaseResult": "check", "OracleReport": "check", "check": "check", "check_many": "check",
+    "PRIORITY": "diagnose", "Finding": "diagnose", "across_cases": "diagnose", "error_map": "diagnose",
+    "explain": "diagnose", "spatial_findings": "diagnose", "tile_heatmap": "diagnose", "tile_heatmap_2d": "diagnose",
+    "worst_elements": "diagnose",
+    "CandidateError": "errors", "OracleError": "errors",
+    "gate": "gate",
+    "check_isolated": "pooled", "isolated": "pooled",
+    "ORDERS": "rule", "RuleResult": "rule", "gold_and_baselines": "rule", "reference": "rule", "rule": "rule",
+    "Scope": "scope", "scope_for": "scope",
+}
+
+__all__ = sorted(k for k, v in _WHERE.items() if v is not None or k in ("candidates", "view"))
+
+
+_FUNCTIONS = {k for k, v in _WHERE.items() if v == k}   # gate, check, rule: a function named as its module
+
+
+class _Package(types.ModuleType):
+    """Keeps oracle.gate, .check and .rule the functions: importing a submodule binds it on its package, and a
+    submodule first imported by another module (pooled imports check) would otherwise hide the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FUNCTIONS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'gpulab.oracle' has no attribute {name!r}")
+    where = _WHERE[name]
+    mod = importlib.import_module(f"gpulab.oracle.{where or name}")
+    value = mod if where is None else getattr(mod, name)
+    setattr(sys.modules[__name__], name, value)
+    return value

@@ -10,15 +10,13 @@ from typing import Any, Sequence
 
 import torch
 
-from gpulab.device import kind
 from gpulab.oracle.errors import OracleError
+from gpulab.oracle.sets import CASE_CHOICES, CASE_SETS, for_device  # noqa: F401  (the sets' names live there)
 from gpulab.workloads import torch_dtype
 
 MASKS = ("none", "bool", "additive")
 DISTS = ("randn", "rand", "large")
 LARGE_FACTOR = 6.0  # q, k ~ 6*N(0,1): logits with std ~36 overflow exp() in fp32 without max-subtraction
-CASE_SETS = ("default", "quick")
-CASE_CHOICES = ("auto", *CASE_SETS)   # what notebook 05 accepts: auto picks a set for the device (for_device)
 
 
 @dataclass(frozen=True)
@@ -114,15 +112,6 @@ def _quick_cases() -> list[Case]:
         Case(130, 130, 32, batch=1, heads=2, causal=True, dist="large", seed=3),
         Case(97, 130, 96, batch=1, heads=2, scale=0.3),
     ]
-
-
-def for_device(cases: str, device: str) -> str:
-    """'auto' -> the set for the device: 'default' on a GPU, whose kernels 05 exists to judge; 'quick' on the CPU,
-    where the candidates are PyTorch's own CPU kernels and gpulab's references, and the default set costs a
-    first `make run` half a minute of two cores (45 CPU-s). Any other name is kept, to be checked by case_set."""
-    if cases != "auto":
-        return cases
-    return "quick" if kind(device) == "cpu" else "default"
 
 
 def case_set(cases: str | Sequence[Case] = "default") -> list[Case]:

@@ -10,7 +10,6 @@ import os
 from dataclasses import dataclass
 
 from gpulab import recorded
-from gpulab.oracle.cases import resolve_dtypes
 from gpulab.workloads import WorkloadConfig, dtype_name, resolve_dtype
 
 
@@ -28,6 +27,14 @@ def scope_for(workload: str, dtype: str, device: str, out_dir: str | os.PathLike
     resolve_dtypes' rule for the device. Every low-precision dtype at once is `gpulab oracle`'s platform
     check, not the chain's question about this workload."""
     use = recorded.attention_use(WorkloadConfig(workload=workload), out_dir)
+    if use.seen == "none":
+        return Scope(False, (), f"05 does not apply to workload={workload}: {use.note}")
+    if use.seen == "unknown" and use.failed:
+        return Scope(False, (), f"05 does not apply to workload={workload}: {use.note}; the program failed before "
+                                f"any attention call, so its failure is not in an attention kernel (workload=builtin "
+                                f"checks this platform's kernels)")
+    from gpulab.oracle.cases import resolve_dtypes   # torch: only where 05 applies (above, it ends without it)
+
     asked = tuple(dtype_name(d) for d in resolve_dtypes(dtype, device))
     if use.seen == "builtin":
         runs = resolve_dtype(dtype, device)
@@ -35,12 +42,6 @@ def scope_for(workload: str, dtype: str, device: str, out_dir: str | os.PathLike
             return Scope(True, (runs,), f"Judged in {runs}, the dtype the built-in workload runs in on {device} "
                                         f"(-p dtype=... for another; `gpulab oracle` judges {', '.join(asked)}).")
         return Scope(True, asked)
-    if use.seen == "none":
-        return Scope(False, (), f"05 does not apply to workload={workload}: {use.note}")
-    if use.seen == "unknown" and use.failed:
-        return Scope(False, (), f"05 does not apply to workload={workload}: {use.note}; the program failed before "
-                                f"any attention call, so its failure is not in an attention kernel (workload=builtin "
-                                f"checks this platform's kernels)")
     if use.seen == "unknown":
         return Scope(True, asked, f"{use.note}; 05 checks the attention kernels anyway.", use.note)
     if dtype == "auto" and use.dtypes:

@@ -34,10 +34,10 @@ def plan_note(scope, device: str, cases: str, candidates) -> None:
     """What 05 is about to judge (device, dtypes, case set, candidates), or why it judges nothing."""
     from IPython.display import Markdown, display
 
-    from gpulab.oracle.cases import case_set, for_device
     if not scope.applies:
         display(Markdown(f"**{report.esc(scope.note)}**"))
         return
+    from gpulab.oracle.cases import case_set, for_device
     names = ", ".join(report.code(c) for c in candidates)
     chosen = for_device(cases, device)
     how = ("" if cases != "auto" else " (auto: the full set on a GPU)" if chosen == "default"
