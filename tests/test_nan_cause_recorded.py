@@ -187,6 +187,35 @@ def test_nan_that_the_program_cleans_and_never_spreads_is_said_not_to_last_and_a
     assert metrics["first_nonfinite_lasted"] is False and metrics["first_nonfinite_next"] == "", metrics
 
 
+@pytest.mark.parametrize("case,op,kind,safe", [
+    ("div", "aten.div.Tensor", "zero_divisor", "divide by torch.where(mask, divisor, 1)"),
+    ("sqrt", "aten.sqrt.default", "sqrt_domain", "take the sqrt of torch.where(mask, x, 1)"),
+])
+def test_a_where_that_selects_a_nan_away_names_the_where_gradient_trap(tmp_path, case, op, kind, safe):
+    """torch.where(mask, a / b, 0): the division's Inf is selected away in forward, and its gradient is still
+    0 * Inf = NaN. The record names the where that hid it, and the fix is a safe input, not 'skip those rows'
+    (the program already does)."""
+    rec = trace_run.record([sys.executable, str(NAN / "where_grad.py"), case], mode="stats", out_dir=tmp_path,
+                           name="stats", timeout_s=240, stall_s=60)
+    assert rec.ok, rec.stderr_tail
+    got = firstnan.read(rec.log)
+    line = line_of("where_grad.py", case.upper())
+    assert (got["op"], got["call_site"], got["pass"], got["cause"]["kind"]) == (op, line, 1, kind), got
+    assert got["selected_by"] == {"op": "aten.where.self", "call_site": line, "pass": 1}, got
+    step = firstnan.next_step(got)
+    assert "the where-gradient trap" in step and safe in step and "skip the rows" not in step, step
+    assert firstnan.lasted(got)
+
+
+def test_a_where_without_autograd_is_no_trap(tmp_path):
+    """The same division under torch.no_grad: nothing flows back through it, so no where is named."""
+    rec = trace_run.record([sys.executable, str(NAN / "where_grad.py"), "nograd"], mode="stats", out_dir=tmp_path,
+                           name="stats", timeout_s=240, stall_s=60)
+    got = firstnan.read(rec.log)
+    assert got["op"] == "aten.div.Tensor" and "selected_by" not in got, got
+    assert "the where-gradient trap" not in firstnan.sentence(got)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_batch_whose_every_target_is_ignored_is_named_as_a_mean_over_no_target(tmp_path, device):
     """cross_entropy with ignore_index over a batch of prompts only: nll_loss's 0/0 named with its target (not 'no

@@ -152,6 +152,7 @@ def make_mode(rec):
                     if state.get("neginf"):
                         nan_watch.made_neginf(func, args, out)
                     nan_watch.seen(state.get("amax"))
+                    nan_watch.selected(func, args, state.get("amax"))
                     if nan_watch.scaler_check(func, args):   # caught by a GradScaler: watch for the next one
                         state["nonfinite_set"] = False
 

@@ -301,9 +301,32 @@ def _compiled_only(rec: Mapping[str, Any]) -> bool:
     return _unseen(rec) and rec.get("eager") == "clean"
 
 
+SAFE_INPUT = {   # by cause: the input to make safe before the op, where a where selects its result away after
+    "zero_divisor": "divide by torch.where(mask, divisor, 1)",
+    "log_domain": "take the log of torch.where(mask, x, 1)",
+    "sqrt_domain": "take the sqrt of torch.where(mask, x, 1) (not 0: sqrt's gradient at 0 is infinite too)",
+    "pow_domain": "raise torch.where(mask, x, 1) to the power",
+    "unit_domain": "take it of torch.where(mask, x, 0)",
+}
+
+
+def _selected(rec: Mapping[str, Any]) -> str:
+    """The where-gradient trap, when the record shows a where that hid the NaN/Inf: its words, else ''."""
+    sel = rec.get("selected_by")
+    if not sel:
+        return ""
+    kind = (rec.get("cause") or {}).get("kind") or ""
+    safe = SAFE_INPUT.get(kind, "compute it on an input made safe first, torch.where(mask, x, <a safe value>)")
+    return (f"{_base(sel.get('op'))} at {sel.get('call_site')} selects other values where it is {made(rec)}, but "
+            f"backward still multiplies the zero gradient there by this op's derivative, and 0 * Inf is NaN (the "
+            f"where-gradient trap): {safe}, so that no {made(rec)} is made, then select")
+
+
 def _fix(rec: Mapping[str, Any]) -> str | None:
     """How to change the line: by the forward function when the NaN was made in its backward (not one its
-    input brought: that op only passes it on), else by cause."""
+    input brought: that op only passes it on), a where's trap when one hid a forward NaN/Inf, else by cause."""
+    if trap := _selected(rec):
+        return trap
     kind = (rec.get("cause") or {}).get("kind")
     own = kind not in ("input_nan", "input_inf", "input_neginf")
     fix = BACKWARD_REMEDY.get(_base(rec.get("forward_op"))) if rec.get("backward") and own else None

@@ -57,6 +57,8 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
 # ---------------------------------------------------------------------------------------------- the first NaN
 
 _FWD_MAX = 1 << 18   # forward nodes remembered for backward (a step's graph; older ones are dropped)
+SELECTORS = ("where", "masked_fill", "nan_to_num", "index_put")   # ops that replace chosen values of a tensor
+SELECT_WITHIN = 16   # ops after a forward NaN/+Inf in which such an op counts as hiding it
 
 
 def _compiled_ran() -> bool:
@@ -344,6 +346,36 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         if scaler["caught"]:   # what the GradScaler caught before this one, which it did not
             rec["scaler_caught_before"] = {"count": scaler["caught"], "first": scaler["first"]}
         scaler["pending"] = rec
+        if node is None and key is not None and fwd.get(seq_nr() - 1) == (*key, counts.get(key)):
+            # made in forward by an op that built an autograd node (inside the mode no tensor requires grad):
+            # watched for a where that hides it
+            hidden.update(rec=rec, ptrs={_address(x) for x in _tensors((out,))}, left=SELECT_WITHIN)
+        firstnan.write(log, rec)
+
+    hidden: dict = {"rec": None, "ptrs": set(), "left": 0}
+
+    def selected(func: Any, args: Any, amax: float | None) -> None:
+        """After an op with finite outputs, within a few ops of a forward NaN/+Inf that autograd tracks: when
+        it is a where (masked_fill, nan_to_num, an index_put) that takes that output and leaves no NaN/Inf, the
+        program selects the bad values away, and backward still multiplies its zero gradient there by the
+        op's derivative: 0 * Inf is NaN (the where-gradient trap). The record says which op and line."""
+        if hidden["rec"] is None:
+            return
+        hidden["left"] -= 1
+        if hidden["left"] < 0:
+            hidden["rec"] = None
+            return
+        if amax is None or nancause.base_name(str(func)) not in SELECTORS:
+            return
+        if not any(_address(x) in hidden["ptrs"] for x in _tensors(args)):
+            return
+        f = caller()
+        key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
+        at, file = site(key[1], key[2])
+        rec = {**hidden["rec"], "selected_by": {"op": str(func), "call_site": at, "pass": counts.get(key)}}
+        hidden["rec"] = None
+        if scaler["pending"] is not None and scaler["pending"].get("seq") == rec["seq"]:
+            scaler["pending"] = rec
         firstnan.write(log, rec)
 
     scaler = {"pending": None, "caught": 0, "first": None}
@@ -377,4 +409,4 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         return True
 
     return SimpleNamespace(note=note, first=first, made_neginf=made_neginf, seen=seen, scaler_check=scaler_check,
-                           allocated=allocated, unwritten=unwritten)
+                           allocated=allocated, unwritten=unwritten, selected=selected)
