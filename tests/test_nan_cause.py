@@ -375,3 +375,27 @@ def test_a_nan_that_torch_load_read_is_the_checkpoints():
     # compiled code ran before it: still the checkpoint's (no eager rerun can tell more)
     assert not firstnan.hidden_by_compile(rec)
     assert firstnan.next_step(rec).startswith("the checkpoint that torch.load reads at train.py:9 in main")
+
+
+@pytest.mark.parametrize("rec,lasted", [
+    ({}, True),                                                          # nothing said: it lasted
+    ({"finite_after": firstnan.LASTED_OPS}, False),                      # the run's last ops finite
+    ({"finite_after": 3}, True),
+    ({"finite_after": 3, "weights_finite": {"op": "aten.add_.Tensor"}}, False),   # NaN late, never in the weights
+    ({"finite_after": 500, "weights_finite": {"op": "aten.add_.Tensor"},
+      "weights_nan": {"op": "aten.add_.Tensor"}}, True),                 # it reached them after all
+    ({"finite_after": 500, "lasted_in": "1234.log"}, True),              # another process's NaN lasted
+])
+def test_a_nan_lasts_where_it_reaches_the_weights_else_where_the_run_keeps_making_it(rec, lasted):
+    assert firstnan.lasted(rec) is lasted
+
+
+def test_the_where_gradient_trap_is_said_only_where_backward_made_nan_at_that_op():
+    rec = {"op": "aten.div.Tensor", "call_site": "t.py:5 in f", "pass": 1, "file": "/home/u/t.py",
+           "output": {"nan": 0, "posinf": 3}, "cause": {"kind": "zero_divisor", "words": "the divisor holds zeros"},
+           "selected_by": {"op": "aten.where.self", "call_site": "t.py:5 in f", "pass": 1}}
+    assert "where-gradient trap" not in firstnan.next_step(rec)          # the where did its job
+    assert "keep the divisor away from 0" in firstnan.next_step(rec)
+    trapped = {**rec, "selected_by": {**rec["selected_by"], "backward_nan": "DivBackward0"}}
+    step = firstnan.next_step(trapped)
+    assert "where-gradient trap: DivBackward0 made NaN/Inf" in step and "torch.where(mask, divisor, 1)" in step, step

@@ -182,16 +182,19 @@ def test_nan_that_the_program_cleans_and_never_spreads_is_said_not_to_last_and_a
     got = firstnan.read(rec.log)
     assert got["call_site"] == line_of("missing_values.py", "MISSING").replace("main", "batch"), got
     assert got["finite_after"] >= firstnan.LASTED_OPS and not firstnan.lasted(got), got["finite_after"]
-    assert "it did not last: the run's last" in firstnan.sentence(got) and firstnan.next_step(got) == ""
+    assert got["weights_finite"] and "weights_nan" not in got, got   # every optimizer update after it finite
+    said = firstnan.sentence(got)
+    assert "it did not last: every update of the weights after it was finite" in said, said
+    assert firstnan.next_step(got) == ""
     _, metrics = analysis.finding(rec, rec, None, "cpu", "ops.log", mode="ops")
     assert metrics["first_nonfinite_lasted"] is False and metrics["first_nonfinite_next"] == "", metrics
 
 
-@pytest.mark.parametrize("case,op,kind,safe", [
-    ("div", "aten.div.Tensor", "zero_divisor", "divide by torch.where(mask, divisor, 1)"),
-    ("sqrt", "aten.sqrt.default", "sqrt_domain", "take the sqrt of torch.where(mask, x, 1)"),
+@pytest.mark.parametrize("case,op,kind,node,safe", [
+    ("div", "aten.div.Tensor", "zero_divisor", "DivBackward0", "divide by torch.where(mask, divisor, 1)"),
+    ("sqrt", "aten.sqrt.default", "sqrt_domain", "SqrtBackward0", "take the sqrt of torch.where(mask, x, 1)"),
 ])
-def test_a_where_that_selects_a_nan_away_names_the_where_gradient_trap(tmp_path, case, op, kind, safe):
+def test_a_where_that_selects_a_nan_away_names_the_where_gradient_trap(tmp_path, case, op, kind, node, safe):
     """torch.where(mask, a / b, 0): the division's Inf is selected away in forward, and its gradient is still
     0 * Inf = NaN. The record names the where that hid it, and the fix is a safe input, not 'skip those rows'
     (the program already does)."""
@@ -201,10 +204,10 @@ def test_a_where_that_selects_a_nan_away_names_the_where_gradient_trap(tmp_path,
     got = firstnan.read(rec.log)
     line = line_of("where_grad.py", case.upper())
     assert (got["op"], got["call_site"], got["pass"], got["cause"]["kind"]) == (op, line, 1, kind), got
-    assert got["selected_by"] == {"op": "aten.where.self", "call_site": line, "pass": 1}, got
+    assert got["selected_by"] == {"op": "aten.where.self", "call_site": line, "pass": 1, "backward_nan": node}, got
     step = firstnan.next_step(got)
     assert "the where-gradient trap" in step and safe in step and "skip the rows" not in step, step
-    assert firstnan.lasted(got)
+    assert got["weights_nan"]["op"] == "aten.add_.Tensor" and firstnan.lasted(got), got   # SGD wrote it
 
 
 def test_a_where_without_autograd_is_no_trap(tmp_path):

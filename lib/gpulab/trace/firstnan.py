@@ -24,7 +24,9 @@ REMEDY = {
     "overflow": "compute it in a wider dtype, or subtract the max before exp as logsumexp and softmax do",
     "matmul_overflow": "run that matmul in float32 or bfloat16, whose range float16 lacks, or scale its inputs down",
     "cast_overflow": "scale the values into the target dtype's range before the cast, or cast to bfloat16",
-    "softmax_masked_row": "leave every row at least one unmasked position, or zero the fully masked rows after it",
+    "softmax_masked_row": "leave every row at least one unmasked position, or mask with torch.finfo(dtype).min "
+                          "instead of -inf (a fully masked row then softmaxes to finite weights) and zero such rows "
+                          "after it",
     "growth": "find where the values start to run away: over the training's steps (the loss of the first steps), "
               "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_); within one step (a "
               "recurrence, a deep stack), scale down or normalize the weights it multiplies by; `gpulab compare` "
@@ -131,18 +133,31 @@ def note_job(log: str | os.PathLike, logs: Sequence[str | os.PathLike]) -> None:
 
 
 def lasted(rec: Mapping[str, Any] | None) -> bool:
-    """Whether the NaN/Inf lasted to the run's end, in its process or in another of the job (`lasted_in`), as
-    far as its record says (True when it does not say)."""
-    n = (rec or {}).get("finite_after")
-    return bool((rec or {}).get("lasted_in")) or not (isinstance(n, int) and n >= LASTED_OPS)
+    """Whether the NaN/Inf lasted, in its process or in another of the job (`lasted_in`), as far as its record
+    says (True when it does not say): it reached the weights (`weights_nan`); or, with weights updated after it
+    and every update finite (`weights_finite`), it did not, however late the run's own ops make NaN (a loss
+    over no target, a softmax whose NaN its mask's backward zeroes); else it lasted to the run's end, unless
+    the run's last LASTED_OPS ops with floating outputs made none (`finite_after`)."""
+    rec = rec or {}
+    if rec.get("lasted_in") or rec.get("weights_nan"):
+        return True
+    if rec.get("weights_finite"):
+        return False
+    n = rec.get("finite_after")
+    return not (isinstance(n, int) and n >= LASTED_OPS)
 
 
 def _not_lasting(rec: Mapping[str, Any]) -> str:
+    w = rec.get("weights_finite")
     why = ("a loss over no target has a gradient of 0, so the weights stayed finite; the loss the program logs "
            "for that step is NaN" if (rec.get("cause") or {}).get("kind") == "no_targets" else
+           "it stayed out of the weights: a value the program only logs, a step it skips, or a path whose gradient "
+           "is zeroed before it reaches them" if w else
            "the program cleans or skips it: nan_to_num or where over missing values, a step it does not take")
-    return (f"it did not last: the run's last {rec['finite_after']} ops with floating outputs made none ({why}); a "
-            f"fault only if those values should not be NaN/Inf")
+    how = (f"every update of the weights after it was finite (the first: {_base(w.get('op'))} at "
+           f"{w.get('call_site')}, pass {w.get('pass')})" if w else
+           f"the run's last {rec.get('finite_after')} ops with floating outputs made none")
+    return f"it did not last: {how} ({why}); a fault only if those values should not be NaN/Inf"
 
 
 def first_of_job(logs: Sequence[str | os.PathLike]) -> tuple[Path, dict] | None:
@@ -307,19 +322,21 @@ SAFE_INPUT = {   # by cause: the input to make safe before the op, where a where
     "sqrt_domain": "take the sqrt of torch.where(mask, x, 1) (not 0: sqrt's gradient at 0 is infinite too)",
     "pow_domain": "raise torch.where(mask, x, 1) to the power",
     "unit_domain": "take it of torch.where(mask, x, 0)",
+    "softmax_masked_row": "mask the scores with torch.finfo(dtype).min instead of -inf",
 }
 
 
 def _selected(rec: Mapping[str, Any]) -> str:
     """The where-gradient trap, when the record shows a where that hid the NaN/Inf: its words, else ''."""
     sel = rec.get("selected_by")
-    if not sel:
+    if not (sel and sel.get("backward_nan")):   # the where did its job: nothing made NaN at the op in backward
         return ""
     kind = (rec.get("cause") or {}).get("kind") or ""
     safe = SAFE_INPUT.get(kind, "compute it on an input made safe first, torch.where(mask, x, <a safe value>)")
     return (f"{_base(sel.get('op'))} at {sel.get('call_site')} selects other values where it is {made(rec)}, but "
             f"backward still multiplies the zero gradient there by this op's derivative, and 0 * Inf is NaN (the "
-            f"where-gradient trap): {safe}, so that no {made(rec)} is made, then select")
+            f"where-gradient trap: {sel['backward_nan']} made NaN/Inf): {safe}, so that no {made(rec)} is made, then "
+            f"select")
 
 
 def _fix(rec: Mapping[str, Any]) -> str | None:

@@ -40,9 +40,10 @@ def stats_writer(mm: Any, torch: Any, state: dict) -> Callable[[Any, int, int], 
             seen = True
         state["neginf"] = ninf   # this op's -Inf (0 without floats): the ops that make -Inf are remembered
         state["amax"] = max(abs(mn), abs(mx)) if seen and not (nan or inf or ninf) else None   # finite outputs only
+        state["bad"] = False
         if not seen:
             return False
-        bad = bool(nan or inf or (ninf and current_node() is not None))
+        bad = state["bad"] = bool(nan or inf or (ninf and current_node() is not None))
         _STATS.pack_into(mm, off + _OFF_STATS, mn, mx, tot / cnt if cnt else 0.0, nan, inf, ninf)
         mm[off + _OFF_FLAGS] = F_STATS | (F_NONFINITE if bad else 0)
         if bad and not state["nonfinite_set"]:
@@ -346,19 +347,69 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         if scaler["caught"]:   # what the GradScaler caught before this one, which it did not
             rec["scaler_caught_before"] = {"count": scaler["caught"], "first": scaler["first"]}
         scaler["pending"] = rec
+        weights["armed"] = True
         if node is None and key is not None and fwd.get(seq_nr() - 1) == (*key, counts.get(key)):
             # made in forward by an op that built an autograd node (inside the mode no tensor requires grad):
             # watched for a where that hides it
-            hidden.update(rec=rec, ptrs={_address(x) for x in _tensors((out,))}, left=SELECT_WITHIN)
+            hidden.update(rec=rec, ptrs={_address(x) for x in _tensors((out,))}, left=SELECT_WITHIN, key=key)
         firstnan.write(log, rec)
 
-    hidden: dict = {"rec": None, "ptrs": set(), "left": 0}
+    weights: dict = {"armed": False, "finite": False, "nan": False}
+    Parameter = torch.nn.Parameter
+    isfinite = torch.isfinite
 
-    def selected(func: Any, args: Any, amax: float | None) -> None:
-        """After an op with finite outputs, within a few ops of a forward NaN/+Inf that autograd tracks: when
-        it is a where (masked_fill, nan_to_num, an index_put) that takes that output and leaves no NaN/Inf, the
-        program selects the bad values away, and backward still multiplies its zero gradient there by the
-        op's derivative: 0 * Inf is NaN (the where-gradient trap). The record says which op and line."""
+    def updated_weights(func: Any, args: Any) -> None:
+        """After each op once the first NaN/Inf is recorded: when the op writes a Parameter in place (an
+        optimizer's step, load_state_dict's copy), whether what it wrote is finite. The record keeps the first
+        update after the NaN (`weights_finite`) and the first that holds NaN/Inf (`weights_nan`): the NaN lasts
+        where it reached the weights, and a training run whose every later update is finite kept it out of them
+        (a loss over no target, a metric, a step it skips), however late its own ops make NaN."""
+        if not weights["armed"] or weights["nan"]:
+            return
+        written = _aliasing(func)[0]
+        if not written:
+            return
+        params = [x for i in written if i < len(args)
+                  for x in (args[i] if isinstance(args[i], (list, tuple)) else (args[i],)) if isinstance(x, Parameter)]
+        if not params:
+            return
+        bad = any(not bool(isfinite(x).all()) for x in params if x.is_floating_point())
+        if not bad and weights["finite"]:
+            return
+        rec = firstnan.read(log)
+        if rec is None:
+            return
+        f = caller()
+        key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
+        at, _ = site(key[1], key[2])
+        if bad:
+            weights["nan"] = True
+            rec["weights_nan"] = {"op": str(func), "call_site": at, "pass": counts.get(key)}
+        else:
+            weights["finite"] = True
+            rec["weights_finite"] = {"op": str(func), "call_site": at, "pass": counts.get(key)}
+        firstnan.write(log, rec)
+
+    hidden: dict = {"rec": None, "ptrs": set(), "left": 0, "key": None}
+    trap: dict = {"rec": None, "key": None}   # a where hid it: is NaN then made in backward at its op's node?
+
+    def selected(func: Any, args: Any, amax: float | None, bad: bool = False) -> None:
+        """After an op, within a few ops of a forward NaN/+Inf that autograd tracks: when it is a where
+        (masked_fill, nan_to_num, an index_put) that takes that output and leaves no NaN/Inf, the program
+        selects the bad values away (`selected_by`); when backward then makes NaN/Inf at that op's own node, the
+        where did not stop it: the zero gradient times the op's derivative there, 0 * Inf (the where-gradient
+        trap), is what the record's `backward_nan` says was seen."""
+        if bad and trap["rec"] is not None:
+            node = current_node()
+            made = fwd.get(node._sequence_nr()) if node is not None else None
+            if made is not None and made[:3] == trap["key"]:
+                rec = {**trap["rec"]}
+                rec["selected_by"] = {**rec["selected_by"], "backward_nan": node.name()}
+                trap["rec"] = None
+                if scaler["pending"] is not None and scaler["pending"].get("seq") == rec["seq"]:
+                    scaler["pending"] = rec
+                firstnan.write(log, rec)
+            return
         if hidden["rec"] is None:
             return
         hidden["left"] -= 1
@@ -373,6 +424,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
         at, file = site(key[1], key[2])
         rec = {**hidden["rec"], "selected_by": {"op": str(func), "call_site": at, "pass": counts.get(key)}}
+        trap.update(rec=rec, key=hidden["key"])
         hidden["rec"] = None
         if scaler["pending"] is not None and scaler["pending"].get("seq") == rec["seq"]:
             scaler["pending"] = rec
@@ -409,4 +461,4 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         return True
 
     return SimpleNamespace(note=note, first=first, made_neginf=made_neginf, seen=seen, scaler_check=scaler_check,
-                           allocated=allocated, unwritten=unwritten, selected=selected)
+                           allocated=allocated, unwritten=unwritten, selected=selected, updated_weights=updated_weights)
