@@ -134,15 +134,13 @@ def note_job(log: str | os.PathLike, logs: Sequence[str | os.PathLike]) -> None:
 
 def lasted(rec: Mapping[str, Any] | None) -> bool:
     """Whether the NaN/Inf lasted, in its process or in another of the job (`lasted_in`), as far as its record
-    says (True when it does not say): it reached the weights (`weights_nan`); or, with weights updated after it
-    and every update finite (`weights_finite`), it did not, however late the run's own ops make NaN (a loss
-    over no target, a softmax whose NaN its mask's backward zeroes); else it lasted to the run's end, unless
-    the run's last LASTED_OPS ops with floating outputs made none (`finite_after`)."""
+    says (True when it does not say): it reached the weights (`weights_nan`), or the run's last LASTED_OPS ops
+    with floating outputs did not all come out finite (`finite_after`). Weights that stayed finite
+    (`weights_finite`) do not make it pass: a model whose forward makes NaN every step has a NaN loss and
+    finite weights (log's gradient at a negative value is finite)."""
     rec = rec or {}
     if rec.get("lasted_in") or rec.get("weights_nan"):
         return True
-    if rec.get("weights_finite"):
-        return False
     n = rec.get("finite_after")
     return not (isinstance(n, int) and n >= LASTED_OPS)
 
@@ -151,13 +149,10 @@ def _not_lasting(rec: Mapping[str, Any]) -> str:
     w = rec.get("weights_finite")
     why = ("a loss over no target has a gradient of 0, so the weights stayed finite; the loss the program logs "
            "for that step is NaN" if (rec.get("cause") or {}).get("kind") == "no_targets" else
-           "it stayed out of the weights: a value the program only logs, a step it skips, or a path whose gradient "
-           "is zeroed before it reaches them" if w else
            "the program cleans or skips it: nan_to_num or where over missing values, a step it does not take")
-    how = (f"every update of the weights after it was finite (the first: {_base(w.get('op'))} at "
-           f"{w.get('call_site')}, pass {w.get('pass')})" if w else
-           f"the run's last {rec.get('finite_after')} ops with floating outputs made none")
-    return f"it did not last: {how} ({why}); a fault only if those values should not be NaN/Inf"
+    weights = ", and every update of the weights after it was finite" if w else ""
+    return (f"it did not last: the run's last {rec.get('finite_after')} ops with floating outputs made none"
+            f"{weights} ({why}); a fault only if those values should not be NaN/Inf")
 
 
 def first_of_job(logs: Sequence[str | os.PathLike]) -> tuple[Path, dict] | None:
