@@ -233,7 +233,7 @@ def test_bad_case_is_rejected(kwargs, match):
                                                   ("auto", "cuda:1", "default"), ("default", "cpu", "default"),
                                                   ("quick", "cuda", "quick")])
 def test_auto_case_set_is_the_full_one_on_a_gpu_only(cases, device, chosen):
-    from gpulab.oracle.cases import for_device
+    from gpulab.oracle.sets import for_device
     assert for_device(cases, device) == chosen
 
 

@@ -64,12 +64,16 @@ def _where_to_fix(hang: Mapping[str, Any]) -> str:
     return f": {cause}" if cause else f": {_upstream(hang)}"
 
 
+def _nan_words(inst: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """02's first NaN/Inf: what was made, where (op, line, pass), its cause in words."""
+    return (inst.get("first_nonfinite_made") or "NaN/Inf",
+            inst.get("first_nonfinite_where") or inst["first_nonfinite_op"], inst.get("first_nonfinite_cause"))
+
+
 def _first_nan(inst: Mapping[str, Any]) -> tuple[str, str]:
     """Wrong numbers told as a hang is: the op, its line, the pass, the cause in words; then whose code to
     change, and a fix scenario only when one can answer that cause (gpulab.fixes.suggest.for_nan)."""
-    made = inst.get("first_nonfinite_made") or "NaN/Inf"
-    where = inst.get("first_nonfinite_where") or inst["first_nonfinite_op"]
-    cause = inst.get("first_nonfinite_cause")
+    made, where, cause = _nan_words(inst)
     evidence = (f"the workload first makes {made} in {where}: " + (cause or "its cause was not recorded")
                 + " (02, stats mode)")
     step = inst.get("first_nonfinite_next") or "look at that op's inputs in 02's op table"
@@ -85,9 +89,7 @@ def _passing_nan(inst: Mapping[str, Any]) -> str:
     if inst.get("first_nonfinite_caught_by"):
         return f"02: {inst.get('first_nonfinite_sentence')}"
     if inst.get("first_nonfinite_op") and inst.get("first_nonfinite_lasted") is False:
-        made = inst.get("first_nonfinite_made") or "NaN/Inf"
-        where = inst.get("first_nonfinite_where") or inst["first_nonfinite_op"]
-        cause = inst.get("first_nonfinite_cause")
+        made, where, cause = _nan_words(inst)
         return f"02: {made} made in {where}" + (f" ({cause})" if cause else "") + " did not last"
     return ""
 

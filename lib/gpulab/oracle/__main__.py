@@ -8,7 +8,7 @@ import pickle
 from typing import Sequence
 
 from gpulab.fixes import install_from_env
-from gpulab.oracle.cases import CASE_SETS
+from gpulab.oracle.sets import CASE_SETS
 from gpulab.oracle.check import check_many
 
 

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from gpulab.oracle.errors import OracleError
-from gpulab.oracle.sets import CASE_CHOICES, CASE_SETS, for_device  # noqa: F401  (the sets' names live there)
+from gpulab.oracle.sets import CASE_SETS
 from gpulab.workloads import torch_dtype
 
 MASKS = ("none", "bool", "additive")

@@ -1,5 +1,5 @@
 """Running candidates over cases: the per-case verdicts (CaseResult), one candidate's OracleReport,
-check/check_many in this process, and notebook 05's Gate. The same on warm worker children (one case of
+check/check_many in this process (notebook 05's Gate is gpulab.oracle.outcome's). The same on warm worker children (one case of
 one candidate per job, each with a deadline; a kernel that hangs or faults costs only its own report and
 its worker) is gpulab.oracle.pooled (isolated, check_isolated, judge_job); gpulab.oracle.gate calls either.
 """
@@ -25,10 +25,8 @@ from gpulab.oracle import view
 from gpulab.oracle.cases import Case, case_set, make_inputs, resolve_dtypes
 from gpulab.oracle.diagnose import Finding, across_cases, diagnose, explanation
 from gpulab.oracle.errors import CandidateError, OracleError
-from gpulab.oracle.outcome import GATE_FILE, TENSORS_DIR, Gate, finding  # noqa: F401  (05's outcome lives there)
 from gpulab.oracle.rule import RuleResult, gold_and_baselines, rule
 from gpulab.workloads import dtype_name
-
 
 
 # ------------------------------------------------------------------------------------------ results

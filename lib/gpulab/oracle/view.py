@@ -37,7 +37,8 @@ def plan_note(scope, device: str, cases: str, candidates) -> None:
     if not scope.applies:
         display(Markdown(f"**{report.esc(scope.note)}**"))
         return
-    from gpulab.oracle.cases import case_set, for_device
+    from gpulab.oracle.cases import case_set
+    from gpulab.oracle.sets import for_device
     names = ", ".join(report.code(c) for c in candidates)
     chosen = for_device(cases, device)
     how = ("" if cases != "auto" else " (auto: the full set on a GPU)" if chosen == "default"

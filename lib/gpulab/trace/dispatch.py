@@ -148,15 +148,15 @@ def make_mode(rec):
                 if compute_stats(out, slots + (seq % cap) * slot_size, seq) and nan_watch is not None:
                     if nan_watch.first(func, args, out, seq):   # what a GradScaler caught, passed on
                         state["nonfinite_set"] = False
-                    nan_watch.updated_weights(func, args)   # the first NaN's op may write the weights itself
                 elif nan_watch is not None:
                     if state.get("neginf"):
                         nan_watch.made_neginf(func, args, out)
                     nan_watch.seen(state.get("amax"))
                     nan_watch.selected(func, args, state.get("amax"), state.get("bad"))
-                    nan_watch.updated_weights(func, args)
                     if nan_watch.scaler_check(func, args):   # caught by a GradScaler: watch for the next one
                         state["nonfinite_set"] = False
+                if nan_watch is not None:   # the first NaN's own op may write the weights too
+                    nan_watch.updated_weights(func, args)
 
     # ------------------------------------------------------------------ composite records (SDPA)
     def begin(name: bytes, args, kind: int, site: int) -> tuple[int, int]:

@@ -39,9 +39,9 @@ _MATMUL = ("mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "linear", "mv", 
 _CAST = ("to_copy", "to", "copy", "to_dtype", "type_as", "convert_element_type", "npu_dtype_cast")
 _SOFTMAX = ("softmax", "log_softmax", "safe_softmax", "softmax_backward_data")
 _VARIANCE = ("var", "std", "var_mean", "std_mean")   # N - correction elements to divide by
-_FROM_STORAGE = ("set", "from_file", "from_blob")
-_NLL = ("nll_loss_forward", "nll_loss2d_forward", "nll_loss", "nll_loss2d", "nll_loss_nd")   # (x, target, weight,
-#       reduction, ignore_index): the mean divides by the counted targets' total weight   # ops that make a tensor of existing memory (set_: its storage)
+_FROM_STORAGE = ("set", "from_file", "from_blob")   # ops that make a tensor of existing memory (set_: its storage)
+# nll_loss's arguments (x, target, weight, reduction, ignore_index): its mean divides by the counted targets' weight
+_NLL = ("nll_loss_forward", "nll_loss2d_forward", "nll_loss", "nll_loss2d", "nll_loss_nd")
 
 
 @dataclass(frozen=True)

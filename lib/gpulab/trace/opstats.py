@@ -347,12 +347,25 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         if scaler["caught"]:   # what the GradScaler caught before this one, which it did not
             rec["scaler_caught_before"] = {"count": scaler["caught"], "first": scaler["first"]}
         scaler["pending"] = rec
-        weights["armed"] = True
+        weights.update(armed=True, finite=False, nan=False)
         if node is None and key is not None and fwd.get(seq_nr() - 1) == (*key, counts.get(key)):
             # made in forward by an op that built an autograd node (inside the mode no tensor requires grad):
             # watched for a where that hides it
-            hidden.update(rec=rec, ptrs={_address(x) for x in _tensors((out,))}, left=SELECT_WITHIN, key=key)
+            hidden.update(ptrs={_address(x) for x in _tensors((out,))}, left=SELECT_WITHIN, key=key)
+        _put(rec)
+
+    current: dict = {"rec": None}   # the record as last written: what later facts are added to
+
+    def _put(rec: dict) -> None:
+        current["rec"] = rec
         firstnan.write(log, rec)
+
+    def _amend(**facts: Any) -> None:
+        """Add facts to the written record (one in memory, no read back), the GradScaler's pending one too."""
+        rec = {**current["rec"], **facts}
+        if scaler["pending"] is current["rec"]:
+            scaler["pending"] = rec
+        _put(rec)
 
     weights: dict = {"armed": False, "finite": False, "nan": False}
     Parameter = torch.nn.Parameter
@@ -361,37 +374,31 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
     def updated_weights(func: Any, args: Any) -> None:
         """After each op once the first NaN/Inf is recorded: when the op writes a Parameter in place (an
         optimizer's step, load_state_dict's copy), whether what it wrote is finite. The record keeps the first
-        update after the NaN (`weights_finite`) and the first that holds NaN/Inf (`weights_nan`): the NaN lasts
-        where it reached the weights, and a training run whose every later update is finite kept it out of them
-        (a loss over no target, a metric, a step it skips), however late its own ops make NaN."""
+        update after the NaN (`weights_finite`, said beside 'did not last') and the first that holds NaN/Inf
+        (`weights_nan`: the NaN reached the weights, so it lasted: gpulab.trace.firstnan.lasted)."""
         if not weights["armed"] or weights["nan"]:
             return
-        written = _aliasing(func)[0]
-        if not written:
+        targets = _aliasing(func)[0]
+        if not targets:
             return
-        params = [x for i in written if i < len(args)
+        params = [x for i in targets if i < len(args)
                   for x in (args[i] if isinstance(args[i], (list, tuple)) else (args[i],)) if isinstance(x, Parameter)]
         if not params:
             return
         bad = any(not bool(isfinite(x).all()) for x in params if x.is_floating_point())
         if not bad and weights["finite"]:
             return
-        rec = firstnan.read(log)
-        if rec is None:
-            return
+        weights["nan" if bad else "finite"] = True
+        _amend(**{"weights_nan" if bad else "weights_finite": _here(func)})
+
+    def _here(func: Any) -> dict:
+        """The op as a record names it: its name, the caller's line, its pass."""
         f = caller()
         key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
-        at, _ = site(key[1], key[2])
-        if bad:
-            weights["nan"] = True
-            rec["weights_nan"] = {"op": str(func), "call_site": at, "pass": counts.get(key)}
-        else:
-            weights["finite"] = True
-            rec["weights_finite"] = {"op": str(func), "call_site": at, "pass": counts.get(key)}
-        firstnan.write(log, rec)
+        return {"op": str(func), "call_site": site(key[1], key[2])[0], "pass": counts.get(key)}
 
-    hidden: dict = {"rec": None, "ptrs": set(), "left": 0, "key": None}
-    trap: dict = {"rec": None, "key": None}   # a where hid it: is NaN then made in backward at its op's node?
+    hidden: dict = {"ptrs": set(), "left": 0, "key": None}   # a forward NaN/Inf a where may hide, for a few ops
+    trap: dict = {"key": None}   # a where hid it: is NaN then made in backward at its op's node?
 
     def selected(func: Any, args: Any, amax: float | None, bad: bool = False) -> None:
         """After an op, within a few ops of a forward NaN/+Inf that autograd tracks: when it is a where
@@ -399,36 +406,22 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         selects the bad values away (`selected_by`); when backward then makes NaN/Inf at that op's own node, the
         where did not stop it: the zero gradient times the op's derivative there, 0 * Inf (the where-gradient
         trap), is what the record's `backward_nan` says was seen."""
-        if bad and trap["rec"] is not None:
+        if bad and trap["key"] is not None:
             node = current_node()
             made = fwd.get(node._sequence_nr()) if node is not None else None
             if made is not None and made[:3] == trap["key"]:
-                rec = {**trap["rec"]}
-                rec["selected_by"] = {**rec["selected_by"], "backward_nan": node.name()}
-                trap["rec"] = None
-                if scaler["pending"] is not None and scaler["pending"].get("seq") == rec["seq"]:
-                    scaler["pending"] = rec
-                firstnan.write(log, rec)
+                trap["key"] = None
+                _amend(selected_by={**current["rec"]["selected_by"], "backward_nan": node.name()})
             return
-        if hidden["rec"] is None:
+        if hidden["left"] <= 0:
             return
         hidden["left"] -= 1
-        if hidden["left"] < 0:
-            hidden["rec"] = None
-            return
         if amax is None or nancause.base_name(str(func)) not in SELECTORS:
             return
         if not any(_address(x) in hidden["ptrs"] for x in _tensors(args)):
             return
-        f = caller()
-        key = (func, f.f_code, f.f_lasti) if f is not None else (func, None, -1)
-        at, file = site(key[1], key[2])
-        rec = {**hidden["rec"], "selected_by": {"op": str(func), "call_site": at, "pass": counts.get(key)}}
-        trap.update(rec=rec, key=hidden["key"])
-        hidden["rec"] = None
-        if scaler["pending"] is not None and scaler["pending"].get("seq") == rec["seq"]:
-            scaler["pending"] = rec
-        firstnan.write(log, rec)
+        trap["key"], hidden["left"] = hidden["key"], 0
+        _amend(selected_by=_here(func))
 
     scaler = {"pending": None, "caught": 0, "first": None}
     caught: dict = {}       # storage -> its tensor: the gradients a GradScaler found overflowed, and what they made
@@ -455,8 +448,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
         caught.clear()   # the gradients it checked: what reads them before the next step passes the overflow on
         for g in _tensors(args[:1]):   # the gradients it checked (a list)
             caught[g.untyped_storage().data_ptr()] = weakref.ref(g)
-        firstnan.write(log, {**rec, "caught_by": "GradScaler", "caught": scaler["caught"],
-                             "first_caught": scaler["first"]})
+        _put({**rec, "caught_by": "GradScaler", "caught": scaler["caught"], "first_caught": scaler["first"]})
         scaler["pending"] = None
         return True
 
