@@ -24,7 +24,7 @@ def _record(log: Path, n_ops: int, capacity: int = ring.DEFAULT_CAPACITY, mode: 
 
     one = torch.ones(4)
     with trace.Recorder(log, mode, capacity=capacity) as rec:   # ops that run no op inside them: a record each
-        x = torch.empty(4)
+        x = one + one   # not torch.empty: its garbage can be NaN, and NaN != NaN in a compare
         for _ in range(n_ops - 1):
             x = x + one
     rec.close()
