@@ -1,7 +1,8 @@
 """Running candidates over cases: the per-case verdicts (CaseResult), one candidate's OracleReport,
-check/check_many in this process (notebook 05's Gate is gpulab.oracle.outcome's). The same on warm worker children (one case of
-one candidate per job, each with a deadline; a kernel that hangs or faults costs only its own report and
-its worker) is gpulab.oracle.pooled (isolated, check_isolated, judge_job); gpulab.oracle.gate calls either.
+check/check_many in this process (notebook 05's Gate is gpulab.oracle.outcome's). The same on warm worker
+children (one case of one candidate per job, each with a deadline; a kernel that hangs or faults costs only its
+own report and its worker) is gpulab.oracle.pooled (isolated, check_isolated, judge_job); gpulab.oracle.gate
+calls either.
 """
 from __future__ import annotations
 

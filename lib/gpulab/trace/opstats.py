@@ -348,6 +348,7 @@ def first_nan_watch(torch: Any, t: Any, log: Any) -> Any:
             rec["scaler_caught_before"] = {"count": scaler["caught"], "first": scaler["first"]}
         scaler["pending"] = rec
         weights.update(armed=True, finite=False, nan=False)
+        hidden["left"], trap["key"] = 0, None   # the where-watch is the record's own: not an earlier record's
         if node is None and key is not None and fwd.get(seq_nr() - 1) == (*key, counts.get(key)):
             # made in forward by an op that built an autograd node (inside the mode no tensor requires grad):
             # watched for a where that hides it
