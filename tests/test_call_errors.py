@@ -63,6 +63,22 @@ def test_an_error_at_the_programs_call_is_classed_by_what_it_says_before_the_ops
     assert classify.classify(_evidence(stderr, op=op)).cls == cls
 
 
+def test_a_refusal_inside_dynamos_disable_wrappers_names_the_optimizers_method_not_the_wrapper():
+    """torch.optim's methods run inside torch._dynamo.disable's wrappers (torch/_compile.py `inner`,
+    eval_frame.py `_fn`): the words name load_state_dict, which the program called (they had said `_fn`)."""
+    site = "/venv/lib/python3.11/site-packages/torch"
+    tb = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 17, in <module>\n'
+          '    opt.load_state_dict(ck["opt"])\n'
+          f'  File "{site}/_compile.py", line 54, in inner\n    return disable_fn(*args, **kwargs)\n'
+          f'  File "{site}/_dynamo/eval_frame.py", line 1446, in _fn\n    return fn(*args, **kwargs)\n'
+          f'  File "{site}/optim/optimizer.py", line 950, in load_state_dict\n    raise ValueError(\n'
+          "ValueError: loaded state dict contains a parameter group that doesn't match the size of optimizer's group")
+    assert classify.classify(_evidence(tb)).cls == "refused_call"
+    who = owner.decide({"status": "error", "class": "refused_call", "stderr_tail": tb, "in_flight_op": None})
+    assert who.kind == "program" and "train.py:17" in who.where, who
+    assert "PyTorch's load_state_dict refused" in who.why and "_fn" not in who.why, who.why
+
+
 def test_the_programs_own_exception_is_no_refusal():
     """A KeyError in the program's own code, or an exception PyTorch did not raise, is no refused call."""
     tb = 'Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in main\n    x = batch["img"]\n'
@@ -238,6 +254,24 @@ def test_a_real_loop_ending_in_its_own_calls_error_is_named_at_its_line(case, cl
     if case == "worker":   # the dead worker's own op log: the Dataset's line it last ran an op at
         assert v["culprit"].startswith("DataLoader worker") and "__getitem__" in v["owner"]["where"], v["owner"]
         assert classify.WORKER_PLACE_UNSEEN not in v["evidence"]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_index_past_the_table_inside_compiled_code_is_the_programs_at_the_compiled_call(device, tmp_path):
+    """Token ids past the embedding's vocabulary under torch.compile: the generated kernel's own bound check
+    ends the process (on the CPU an abort from its TORCH_CHECK, with no Python traceback). The compiled call's
+    line is the program's, with the table's size and how to name the op (it had been 'unknown': no rule)."""
+    program = ROOT / "tests" / "fixtures" / "calls" / "compiled_oob.py"
+    out = tmp_path / "w"
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "python", str(program), device], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    v = json.loads((out / "verdict.json").read_text())
+    step = next(n for n, t in enumerate(program.read_text().splitlines(), 1) if t.rstrip().endswith("# STEP"))
+    assert r.returncode != 0 and v["status"] in ("crash", "error"), v["evidence"]
+    assert v["class"] in ("out_of_bounds", "device_assert"), (v["class"], v["evidence"])
+    assert v["owner"]["kind"] == "program", v["owner"]
+    assert v["owner"]["where"].startswith(f"calls/compiled_oob.py:{step} in main"), v["owner"]
+    assert "a table of 64 rows" in v["owner"]["why"] and "TORCHDYNAMO_DISABLE=1" in v["owner"]["why"], v["owner"]
 
 
 def test_a_tensor_whose_sender_ended_before_it_was_received_is_named_at_the_programs_get(tmp_path):

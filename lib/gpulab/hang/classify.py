@@ -36,8 +36,11 @@ MEMORY_FAULTS = (
                                    r"operation not supported on global/shared address space|"
                                    r"cudaErrorInvalidAddressSpace|CUDA_ERROR_INVALID_ADDRESS_SPACE", re.I)),
     ("gpu_page_fault", re.compile(r"Memory access fault by GPU node|Page not present or supervisor privilege", re.I)),
+    # the last: the check torch.compile's generated CPU kernel makes (TORCH_CHECK: the process aborts with
+    # "index out of bounds: 0 <= tmp2 < 64L"); its CUDA kernels' assert is a device_assert above
     ("out_of_bounds", re.compile(r"IndexError: [^\n]*out of (range|bounds)|index -?\d+ is out of bounds for dimension|"
-                                 r"index out of range in self|out of bounds for dimension", re.I)),
+                                 r"index out of range in self|out of bounds for dimension|"
+                                 r"index out of bounds: 0 <= \w+ < \w+", re.I)),
     ("launch_failure", re.compile(r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED|"
                                   r"too many resources requested for launch|invalid configuration argument|"
                                   r"no kernel image is available for execution|illegal instruction was encountered|"
@@ -441,6 +444,16 @@ def memory_fault(text: str) -> tuple[str, str] | None:
             end = text.find("\n", m.end())
             return cls, text[start:end if end >= 0 else len(text)].strip()[:300]
     return None
+
+
+_GENERATED_CHECK = re.compile(r"index out of bounds: (?P<cond>0 <= \w+ < (?P<bound>\w+?)L?)\b")
+
+
+def generated_index_check(text: str) -> dict | None:
+    """The bound check a kernel torch.compile generated failed (its CPU kernels' TORCH_CHECK, its Triton kernels'
+    device assert, both "index out of bounds: 0 <= tmp2 < 64"): the condition and the table's size, else None."""
+    m = _GENERATED_CHECK.search(text or "")
+    return {"cond": m.group("cond").rstrip("L"), "bound": m.group("bound")} if m else None
 
 
 _ASSERT = re.compile(r"(?P<file>[^\s:]+\.(?:cu|cuh|cpp|h|py)):(?P<line>\d+): (?P<kernel>[^:\n]+): block: \[(?P<block>[\d,]+)\], "

@@ -480,6 +480,9 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
                          f"a kernel's own device-side check of its input failed (typically an index out of range); "
                          f"{name} only reported it")
         line = op.get("call_site") if name else seen
+        check = classify.generated_index_check(stderr) if name and name.startswith(inplace.COMPILED_REGION) else None
+        if check and line:
+            return Owner("program", f"{line} (calling {name})", compiled_index_words(check, line))
         what = ("an index out of range" if cls == "out_of_bounds" else
                 "an input that fails the kernel's own device-side check (typically an index out of range)")
         if line or name:
@@ -641,7 +644,8 @@ def _child_owner(v: Mapping[str, Any]) -> Owner:
                  "program's own code: what it waits for is not in the evidence")
 
 
-_GENERIC = {"forward", "_call_impl", "_wrapped_call_impl", "__call__", "inner", "wrapper", "<module>"}
+_GENERIC = {"forward", "_call_impl", "_wrapped_call_impl", "__call__", "inner", "wrapper", "<module>",
+            "_fn"}   # _fn, inner: torch._dynamo.disable's wrappers (torch.optim's methods run inside them)
 
 
 def _torch_entry(frames: Sequence[tuple[str, str, str]]) -> str | None:
@@ -683,6 +687,17 @@ def _called_from(op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]]) 
     if lib and (not mine or frames.index(lib) < frames.index(mine[1])):
         via = f"{origin(lib[1])[1]} ({short(lib[1], lib[2], lib[0])})"
     return place, via
+
+
+def compiled_index_words(check: Mapping[str, str], line: str) -> str:
+    """Why an index check inside torch.compile'd code is the program's, and how to name the op: the generated
+    kernel knows only its temporaries (tmp2), the eager run raises at the op that takes the index."""
+    n = check["bound"]
+    return (f"the kernel torch.compile generated for the region called at {line} checked an index against a table "
+            f"of {n} rows (`{check['cond']}`) and found it outside: the program passed that index into the "
+            f"compiled code (typically a token id past an embedding's vocabulary of {n}, or a class id past "
+            f"{n} classes, from data made for another model); run the program once eager (TORCHDYNAMO_DISABLE=1) "
+            f"and PyTorch names the op and its line, with the bad index")
 
 
 def _worker_place(v: Mapping[str, Any]) -> str | None:
