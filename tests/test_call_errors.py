@@ -79,6 +79,31 @@ def test_a_refusal_inside_dynamos_disable_wrappers_names_the_optimizers_method_n
     assert "PyTorch's load_state_dict refused" in who.why and "_fn" not in who.why, who.why
 
 
+INDUCTOR_DIV = (
+    'Traceback (most recent call last):\n  File "/home/u/bucket.py", line 14, in <module>\n'
+    '    print(step, buckets(pos, width).sum().item(), flush=True)\n'
+    '  File "/venv/lib/python3.11/site-packages/torch/_dynamo/eval_frame.py", line 1446, in _fn\n'
+    '    return fn(*args, **kwargs)\n  File "/home/u/bucket.py", line 5, in buckets\n    @torch.compile\n'
+    '  File "/venv/lib/python3.11/site-packages/torch/_inductor/output_code.py", line 763, in __call__\n'
+    '    return self.current_callable(inputs)\n'
+    '  File "/tmp/torchinductor_u/dy/cdyede64cgykojxwue3kjxbuv67wkh74rwebyd4t35qn6rwxn44k.py", line 85, in call\n'
+    '    cpp_fused_floor_divide_0(arg0_1, arg1_1, buf0)\n'
+    'RuntimeError: inductor_cpu_throw_if_integer_div_error, /venv/lib/python3.11/site-packages/torch/include/torch/'
+    'csrc/inductor/cpp_prefix.h:827, ZeroDivisionError\n')
+
+
+@pytest.mark.parametrize("cache", ["/tmp/torchinductor_u", "/scratch/ind"])   # its default folder, or the user's
+def test_an_integer_division_by_zero_in_compiled_code_is_the_programs_not_the_generated_files(cache):
+    """The file that raised is one torch.compile wrote into its cache: PyTorch's, not the program's (the next step
+    had said 'fix it there' at that file's line 85). The program's compiled function is the line, with why."""
+    tb = INDUCTOR_DIV.replace("/tmp/torchinductor_u", cache)
+    assert owner.origin(f"{cache}/dy/cdyede64cgykojxwue3kjxbuv67wkh74rwebyd4t35qn6rwxn44k.py") == ("library", "PyTorch")
+    assert classify.classify(_evidence(tb)).cls == "refused_call"
+    who = owner.decide({"status": "error", "class": "refused_call", "stderr_tail": tb, "in_flight_op": None})
+    assert who.kind == "program" and who.where.startswith("u/bucket.py:5 in buckets"), who
+    assert "the code torch.compile generated refused" in who.why and "a divisor the program passed holds 0" in who.why
+
+
 def test_the_programs_own_exception_is_no_refusal():
     """A KeyError in the program's own code, or an exception PyTorch did not raise, is no refused call."""
     tb = 'Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in main\n    x = batch["img"]\n'

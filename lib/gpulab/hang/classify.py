@@ -449,6 +449,16 @@ def memory_fault(text: str) -> tuple[str, str] | None:
 _GENERATED_CHECK = re.compile(r"index out of bounds: (?P<cond>0 <= \w+ < (?P<bound>\w+?)L?)\b")
 
 
+# the integer division check of torch.compile's generated CPU code (eager's aten op raises ZeroDivisionError too)
+_GENERATED_DIV = re.compile(r"inductor_cpu_throw_if_integer_div_error[^\n]*ZeroDivisionError")
+
+
+def generated_check(text: str) -> bool:
+    """Whether the program's exception is a check of its input that torch.compile's generated code made (an
+    integer division by zero), raised from a file of inductor's cache rather than from PyTorch's own Python."""
+    return _GENERATED_DIV.search(text or "") is not None
+
+
 def generated_index_check(text: str) -> dict | None:
     """The bound check a kernel torch.compile generated failed (its CPU kernels' TORCH_CHECK, its Triton kernels'
     device assert, both "index out of bounds: 0 <= tmp2 < 64"): the condition and the table's size, else None."""
@@ -553,7 +563,7 @@ def call_class(ev: Evidence) -> tuple[str, list[str]] | None:
                                 f"PyTorch refused the call: {got[0]}: {brief(got[1])} (its own check of what it was "
                                 f"given, not a fault inside it)"]
     got = refused(ev.stderr_tail)
-    if got and raised_in_torch(ev.stderr_tail, ev.localized, ev.in_flight_op):
+    if got and (raised_in_torch(ev.stderr_tail, ev.localized, ev.in_flight_op) or generated_check(ev.stderr_tail)):
         op = ev.in_flight_op if ev.localized == "raised" else None
         who = f"{op.get('name')}" if op else "PyTorch"
         return "refused_call", [f"PyTorch refused the program's call: {who} raised {got[0]}: {brief(got[1])} (its "

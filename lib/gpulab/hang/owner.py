@@ -91,6 +91,9 @@ class Owner:
 _PACKAGES = re.compile(r"[/\\](site|dist)-packages[/\\](?P<pkg>[^/\\]+)")
 _STDLIB = re.compile(r"([/\\]lib[/\\]python\d[\d.]*[/\\])|(^<)")
 _GPULAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# code torch.compile wrote: inductor's cache (torchinductor_<user>, or TORCHINDUCTOR_CACHE_DIR: files named by
+# their hash, c + 51 characters, in a folder of its first two), PyTorch's own however far from site-packages
+_GENERATED = re.compile(r"([/\\]torchinductor_[^/\\]+[/\\])|([/\\][a-z0-9]{2}[/\\]c[a-z0-9]{51}(\.main)?\.(py|cpp|so)$)")
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"]
 
 
@@ -99,6 +102,8 @@ def origin(path: str) -> tuple[str, str]:
     ("tool", "gpulab"): gpulab's own frames (the recorder, a planted fault) are never the culprit."""
     if path.startswith(_GPULAB) or re.search(r"(^|[/\\])gpulab[/\\](trace|hang|fixes)[/\\]", path):
         return "tool", "gpulab"
+    if _GENERATED.search(path):
+        return "library", "PyTorch"
     m = _PACKAGES.search(path)
     if m:
         pkg = m.group("pkg").split(".")[0].split("-")[0]
@@ -800,7 +805,8 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
             what = f"autograd (running {node.group(1)})"
         else:
             torch_fn = _torch_entry(frames)
-            what = name or (f"PyTorch's {torch_fn}" if torch_fn else "PyTorch")
+            what = name or ("the code torch.compile generated" if classify.generated_check(stderr) else
+                            f"PyTorch's {torch_fn}" if torch_fn else "PyTorch")
         said = f"{got[0]}: {classify.brief(got[1], 300)}"
         known = refusals.meaning(stderr)
         if known and place and not via:

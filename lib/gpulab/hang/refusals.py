@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import re
 
+from gpulab import lastwords
+
 _NO_GRAPH = re.compile(r"element \d+ of tensors does not require grad and does not have a grad_fn")
 _DDP_UNUSED = re.compile(r"Expected to have finished reduction in the prior iteration before starting a new one")
 _DDP_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (?P<rank>\d+):\s*(?P<idx>[\d ]+)")
 _DDP_NAMES = re.compile(r"Parameters which did not receive grad for rank (?P<rank>\d+):\s*(?P<names>[^\n]+)")
 _MAX_LISTED = 8
 _WEIGHTS_ONLY = re.compile(r"Weights only load failed")
+_INT_DIV = re.compile(r"ZeroDivisionError")   # aten's integer division, eager or in torch.compile's generated code
 # two dtypes met in one call: addmm/mm ("mat1 and mat2 must have the same dtype, but got Double and Float"), matmul
 # and the older kernels ("expected scalar type Float but found Double", "expected m1 and m2 to have the same dtype,
 # but got: double != float"), convolutions ("Input type (double) and bias type (float) should be the same")
@@ -56,6 +59,12 @@ def meaning(text: str) -> tuple[str, str] | None:
                 f"PyTorch 2.6; the file was written before, or with more than tensors): if the file is your own or "
                 f"trusted, torch.load(..., weights_only=False); or allow that type ({allow}); or save only tensors "
                 f"and plain Python values (a numpy array as a tensor, a generator's state as a dict of ints)")
+    if _INT_DIV.search(lastwords.of(text or "")):
+        return ("an integer division by zero",
+                "a divisor the program passed holds 0 (`//`, `%` or torch.div(..., rounding_mode=...) of integer "
+                "tensors; floating division gives inf instead; torch.compile's generated code checks the same): keep "
+                "the divisor from 0 where it is made (clamp(min=1), or torch.where(d == 0, 1, d) with the rows it "
+                "stands for handled apart)")
     two = _TWO_DTYPES.search(text or "")
     if two:
         got = [_DTYPE_NAMES.get(g.lower(), g.lower()) for g in two.groups() if g]
