@@ -392,6 +392,17 @@ def test_what_a_refusal_means_is_read_from_pytorchs_own_message():
     named = ddp + "Parameters which did not receive grad for rank 1: aux.bias, aux.weight\n"
     assert "aux.bias aux.weight on rank 1" in refusals.meaning(named)[1]
     assert refusals.meaning("RuntimeError: mat1 and mat2 shapes cannot be multiplied") is None
+    # the reentrant checkpoint's own warning, before the refusal it leads to, names the call that cut the graph
+    warned = ("/venv/lib/python3.11/site-packages/torch/utils/checkpoint.py:238: UserWarning: None of the inputs have "
+              "requires_grad=True. Gradients will be None\n  check_backward_validity(args)\nTraceback (most recent "
+              "call last):\nRuntimeError: element 0 of tensors does not require grad and does not have a grad_fn")
+    at, said = refusals.meaning(warned)
+    assert "torch.utils.checkpoint warned" in at and "use_reentrant=False" in said, said
+    at, said = refusals.meaning("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
+                                "directory. This is an internal miniz error.")
+    assert at.startswith("torch.load of a file that is not a whole checkpoint") and "os.replace()" in said, said
+    at, said = refusals.meaning("RuntimeError: ZeroDivisionError")
+    assert at == "an integer division by zero" and "clamp(min=1)" in said
 
 
 @pytest.mark.parametrize("message,words", [

@@ -20,6 +20,11 @@ _DDP_INDICES = re.compile(r"Parameter indices which did not receive grad for ran
 _DDP_NAMES = re.compile(r"Parameters which did not receive grad for rank (?P<rank>\d+):\s*(?P<names>[^\n]+)")
 _MAX_LISTED = 8
 _WEIGHTS_ONLY = re.compile(r"Weights only load failed")
+# torch.utils.checkpoint's reentrant form warns when no input of the checkpointed call requires grad: its output is
+# then cut from the graph (a frozen backbone's activations into a trainable adapter, say)
+_REENTRANT = re.compile(r"None of the inputs have requires_grad=True\. Gradients will be None")
+# torch.load of a file that is no whole torch.save archive: its end (the zip's central directory) is missing
+_TRUNCATED = re.compile(r"PytorchStreamReader failed reading zip archive: failed finding central directory")
 _INT_DIV = re.compile(r"ZeroDivisionError")   # aten's integer division, eager or in torch.compile's generated code
 # two dtypes met in one call: addmm/mm ("mat1 and mat2 must have the same dtype, but got Double and Float"), matmul
 # and the older kernels ("expected scalar type Float but found Double", "expected m1 and m2 to have the same dtype,
@@ -42,6 +47,18 @@ _GLOBAL = re.compile(r"Unsupported global: GLOBAL (?P<name>[\w.]+)")
 def meaning(text: str) -> tuple[str, str] | None:
     """(what the line it was raised at is, the program-side meaning) of the refusal in `text` (a traceback's
     tail), or None for any other message."""
+    if _NO_GRAPH.search(text or "") and _REENTRANT.search(text or ""):
+        return ("backward() of a tensor with no graph, after torch.utils.checkpoint warned",
+                "torch.utils.checkpoint warned that no input of a checkpointed call requires grad (the reentrant "
+                "form, use_reentrant=True): that call's output carries no graph, so nothing before backward() "
+                "reaches a parameter that trains (a frozen block's output into a checkpointed trainable one): "
+                "checkpoint(..., use_reentrant=False) keeps the graph through the call's own parameters")
+    if _TRUNCATED.search(text or ""):
+        return ("torch.load of a file that is not a whole checkpoint",
+                "the file is not a whole torch.save archive (its end is missing): a save cut short (a job preempted "
+                "or killed while it wrote, a full disk) or a file still being written or copied; load the checkpoint "
+                "before it, and write checkpoints whole: torch.save to a temporary name, then os.replace() it onto "
+                "the final one")
     if _NO_GRAPH.search(text or ""):
         return ("backward() of a tensor with no graph",
                 "the tensor backward() was called on has no autograd graph: it was computed with gradients off "
