@@ -299,6 +299,24 @@ def test_an_index_past_the_table_inside_compiled_code_is_the_programs_at_the_com
     assert "a table of 64 rows" in v["owner"]["why"] and "TORCHDYNAMO_DISABLE=1" in v["owner"]["why"], v["owner"]
 
 
+@pytest.mark.parametrize("case", ["keep", "level"])
+def test_a_process_killed_by_sigkill_as_its_memory_climbed_is_the_hosts_out_of_memory_killer(case, tmp_path):
+    """No traceback, no op in flight: only the climb of the recorder's memory samples says who sent the SIGKILL
+    (the verdict had been 'unknown: no rule matched'). At level memory a SIGKILL says nothing of who sent it."""
+    program = ROOT / "tests" / "fixtures" / "calls" / "host_oom.py"
+    out = tmp_path / "w"
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "python", str(program), case], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["status"] == "crash" and "killed by SIGKILL" in " ".join(v["evidence"]), v["evidence"]
+    if case == "level":
+        assert v["class"] == "unknown" and v["owner"]["kind"] == "unknown", (v["class"], v["owner"])
+        return
+    assert v["class"] == "out_of_memory" and v["owner"]["kind"] == "program", (v["class"], v["owner"])
+    assert "out-of-memory killer" in v["owner"]["why"] and "rose in every fifth of the run" in v["owner"]["why"]
+    assert "keeps tensors alive across steps" in r.stdout.split("next step: ", 1)[1], r.stdout
+
+
 def test_a_tensor_whose_sender_ended_before_it_was_received_is_named_at_the_programs_get(tmp_path):
     """torch.multiprocessing sends a tensor as a handle its sender serves: the parent joins the child, then get()s,
     and multiprocessing raises ConnectionRefusedError under PyTorch's rebuild_storage_fd. The program's get() is

@@ -51,6 +51,12 @@ def trend(samples: Sequence[Any]) -> dict | None:
             "samples": len(series), "grew": grew}
 
 
+# a process killed by SIGKILL while its memory climbed: the host's out-of-memory killer is the usual sender
+KILLED = ("the process was killed by SIGKILL, which it cannot catch (so it left no traceback), while its memory "
+          "climbed: the host's out-of-memory killer ends a process so when the host's memory runs out (the "
+          "kernel's log says so: `dmesg | grep -i 'killed process'`; a job scheduler's memory limit does the same)")
+
+
 def words(tr: dict) -> str:
     if tr["grew"]:
         return (f"{tr['what']} rose in every fifth of the run, from {size_text(tr['first'])} to {size_text(tr['last'])} over "
