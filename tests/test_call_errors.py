@@ -4,6 +4,7 @@ fix scenario is tried on the strength of the op's name: a shape error raised in 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -315,6 +316,32 @@ def test_a_process_killed_by_sigkill_as_its_memory_climbed_is_the_hosts_out_of_m
     assert v["class"] == "out_of_memory" and v["owner"]["kind"] == "program", (v["class"], v["owner"])
     assert "out-of-memory killer" in v["owner"]["why"] and "rose in every fifth of the run" in v["owner"]["why"]
     assert "keeps tensors alive across steps" in r.stdout.split("next step: ", 1)[1], r.stdout
+
+
+def test_a_rank_killed_by_sigkill_as_its_memory_climbed_is_named_with_the_out_of_memory_killer(tmp_path):
+    """torchrun's first observed failure is rank 1's exit code -9, and no rank left a traceback (its peer only lost
+    its connection): the rank is named from torchrun's words, and its own op log's memory samples say who sent it
+    (the verdict had been 'unknown', at torchrun's launch_agent)."""
+    program = ROOT / "tests" / "fixtures" / "calls" / "ddp_host_oom.py"
+    out = tmp_path / "w"
+    r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
+                        "--", "torchrun", "--standalone", "--nproc-per-node", "2", str(program)],
+                       capture_output=True, text=True, timeout=240, cwd=ROOT,
+                       env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"})
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["status"] == "crash" and v["class"] == "out_of_memory" and v["culprit"] == "rank 1/2", \
+        (v["status"], v["class"], v["evidence"])
+    assert v["owner"]["kind"] == "program" and v["owner"]["where"].startswith("rank 1/2: "), v["owner"]
+    assert "out-of-memory killer" in v["owner"]["why"] and "rose in every fifth of the run" in v["owner"]["why"]
+
+
+def test_torchruns_first_observed_failure_by_a_signal_is_read_with_its_rank():
+    said = ("Failures:\n[1]:\n  time      : 2026-11-30_01:52:33\n  host      : localhost\n  rank      : 0 (local_rank: "
+            "0)\n  exitcode  : -15 (pid: 1851)  (SIGTERM)\n  error_file: <N/A>\n---\nRoot Cause (first observed "
+            "failure):\n[0]:\n  time      : 2026-11-30_01:52:33\n  host      : localhost\n  rank      : 1 (local_rank: "
+            "1)\n  exitcode  : -9 (pid: 1852)  (SIGKILL)\n  error_file: <N/A>\n")
+    assert classify.root_signal(said) == (1, "SIGKILL")
+    assert classify.root_signal(said.replace("-9 (pid: 1852)  (SIGKILL)", "1 (pid: 1852)")) is None   # an exception
 
 
 def test_a_tensor_whose_sender_ended_before_it_was_received_is_named_at_the_programs_get(tmp_path):

@@ -500,6 +500,17 @@ def fatal_signal(faulthandler_text: str) -> str | None:
     return FATAL_SIGNALS.get(m.group("what").strip()) if m else None
 
 
+_ROOT_SIGNAL = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:.*\n){0,4}?\s*rank\s*:\s*(\d+)[^\n]*\n"
+                          r"\s*exitcode\s*:\s*-\d+ \(pid: \d+\)\s*\((SIG[A-Z]+)\)")
+
+
+def root_signal(stderr: str) -> tuple[int, str] | None:
+    """(rank, signal) when torchrun's first observed failure is a rank a signal ended ("exitcode : -9 (pid: 1852)
+    (SIGKILL)"): a SIGKILL leaves no faulthandler file, so this is the only word of it."""
+    m = _ROOT_SIGNAL.search(stderr or "")
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 def root_rank(stderr: str) -> int | None:
     """The rank torchrun names as the first observed failure, or None."""
     m = _ROOT_RANK.search(stderr or "")

@@ -470,8 +470,14 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
             where = (f"{coll['made_at']} (the samples of a batch the DataLoader could not stack)" if coll.get("made_at")
                      else f"{place or 'the DataLoader loop'} (a batch the DataLoader could not stack)")
             return Owner("program", where, collate.words(coll))
+        tr = v.get("memory_trend") or {}
+        if cls == "out_of_memory" and v.get("signal") == "SIGKILL" and tr.get("grew") \
+                and not classify.out_of_memory(stderr):   # the host's out-of-memory killer: no call raised, none named
+            who = f"{v['culprit']}: " if v.get("culprit") else ""
+            return Owner("program", f"{who}what it keeps from step to step (killed by SIGKILL as its memory climbed)",
+                         f"{memtrend.KILLED}; {memtrend.words(tr)}")
         called = call_owner(cls, op, tb or py, stderr, v.get("memory_trend"), worker_at=_worker_place(v),
-                            registered=registered, killed=v.get("signal") == "SIGKILL")
+                            registered=registered)
         if called is not None:
             return called
 
@@ -761,7 +767,7 @@ def _own_hook(stderr: str, registered: Mapping[str, str]) -> Owner | None:
 
 def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str, str]], stderr: str,
                trend: Mapping[str, Any] | None = None, worker_at: str | None = None,
-               registered: Mapping[str, str] | None = None, killed: bool = False) -> Owner | None:
+               registered: Mapping[str, str] | None = None) -> Owner | None:
     """Whose an error at the program's own call is (classify.CALL_CLASSES): refused arguments and memory that ran
     out are the program's (the line that made the call); a DataLoader worker that died without a traceback is
     the platform's limits meeting the program's data loading (SIGKILL, SIGBUS), else unknown."""
@@ -823,9 +829,6 @@ def call_owner(cls: str, op: Mapping[str, Any], frames: Sequence[tuple[str, str,
     if cls == "out_of_memory":
         oom = classify.out_of_memory(stderr) or {}
         tr = trend or {}
-        if killed and not oom and tr.get("grew"):   # the host's out-of-memory killer: no call raised, none named
-            return Owner("program", f"{place or 'what it keeps from step to step'} (killed by SIGKILL as its memory "
-                         f"climbed)", f"{memtrend.KILLED}; {memtrend.words(tr)}")
         why = "memory ran out at the program's call" + (f" asking for {oom['asked']}" if oom.get("asked") else "")
         if oom.get("allocated"):
             why += f"; PyTorch held {oom['allocated']} of {oom.get('total', 'the device')}"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpulab import lastwords, proc, trace
-from gpulab.hang import capture, classify, collate, faults, owner
+from gpulab.hang import capture, classify, collate, faults, memtrend, owner
 from gpulab.hang.jobs import job, jobread
 from gpulab.hang.watchdog import stalls
 from gpulab.hang.watchdog.launch import Launch
@@ -91,10 +91,17 @@ def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stac
     launcher = any(p.pid == root and p.supervises for p in views)   # where a launcher waits is no finding
     crashed = rank_crash(procs, views, stderr or v.stderr_tail) if v.status == "error" else None
     if crashed is not None:
-        role, sig, text = crashed
+        role, sig, text, dead = crashed
         frame = next((t for t in capture.parse_python(text) if t.main), None)
         where = f" in {frame.frames[0]}" if frame is not None and frame.frames else ""
-        said = f"{role} died of {sig}{where} (its faulthandler: {classify.brief(text.splitlines()[0], 80)})"
+        said = (f"{role} died of {sig}{where} (its faulthandler: {classify.brief(text.splitlines()[0], 80)})" if text
+                else f"{role} was killed by {sig} first (torchrun's first observed failure), which it cannot catch: "
+                     f"it left no traceback")
+        killed = _killed_climbing(procs, dead) if sig == "SIGKILL" and not text else None
+        if killed is not None:
+            changes.update(cls="out_of_memory", memory_trend=killed)
+            said = (f"{role} was killed first (torchrun's first observed failure): {memtrend.KILLED}; from {role}'s "
+                    f"memory samples: {memtrend.words(killed)}")
     if crashed is not None and finding.cls == "collective_mismatch":
         # ranks that called one collective with other shapes or ops: a backend may die of it (gloo aborts); the
         # mismatch is the cause, the death its consequence
@@ -170,17 +177,32 @@ def worker_error(procs: Path, root: int, views: list, raised: Mapping[str, Any])
     return got
 
 
-def rank_crash(procs: Path, views: list, stderr: str) -> tuple[str, str, str] | None:
-    """(role, signal, its faulthandler text) of the job's process that died of a signal, as its own faulthandler
-    file says (its view's state): the rank torchrun names as the first observed failure where it names one, else the first rank,
-    else any process of the job; None when none did."""
+def rank_crash(procs: Path, views: list, stderr: str) -> tuple[str, str, str, Any] | None:
+    """(role, signal, its faulthandler text, its view) of the job's process that died of a signal, as its own
+    faulthandler file says (its view's state): the rank torchrun names as the first observed failure where it names
+    one, else the first rank, else any process of the job; else the rank torchrun's first observed failure says a
+    signal ended with no faulthandler file (SIGKILL: text ""); None when none did."""
     dead = [p for p in views if str(p.state).startswith(jobread.DIED_OF)]   # jobread.state_of read their files
     if not dead:
-        return None
+        said = classify.root_signal(stderr)
+        view = next((p for p in views if p.kind == "rank" and p.rank == said[0]), None) if said else None
+        return (view.role, said[1], "", view) if view is not None else None
     root = classify.root_rank(stderr)
     first = (next((p for p in dead if p.rank == root), None) if root is not None else None) \
         or next((p for p in dead if p.kind == "rank"), dead[0])
-    return first.role, first.state[len(jobread.DIED_OF):], jobread.fatal_text(procs, first.pid)
+    return first.role, first.state[len(jobread.DIED_OF):], jobread.fatal_text(procs, first.pid), first
+
+
+def _killed_climbing(procs: Path, view: Any) -> dict | None:
+    """The memory trend of a process killed by SIGKILL, from its own op log, when it climbed through the run (the
+    host's out-of-memory killer's mark); None otherwise or without a log."""
+    if view is None or not view.log:
+        return None
+    try:
+        tr = memtrend.trend(trace.read(procs / view.log).memory)
+    except Exception:  # noqa: BLE001 - a torn log says nothing
+        return None
+    return tr if tr and tr["grew"] else None
 
 
 def worker_death(procs: Path, views: list, died: Mapping[str, Any]) -> dict:
