@@ -344,20 +344,24 @@ def test_torchruns_first_observed_failure_by_a_signal_is_read_with_its_rank():
     assert classify.root_signal(said.replace("-9 (pid: 1852)  (SIGKILL)", "1 (pid: 1852)")) is None   # an exception
 
 
-def test_a_tensor_whose_sender_ended_before_it_was_received_is_named_at_the_programs_get(tmp_path):
+@pytest.mark.parametrize("case", ["tensor", "killed"])
+def test_a_tensor_whose_sender_ended_before_it_was_received_is_named_at_the_programs_get(tmp_path, case):
     """torch.multiprocessing sends a tensor as a handle its sender serves: the parent joins the child, then get()s,
     and multiprocessing raises ConnectionRefusedError under PyTorch's rebuild_storage_fd. The program's get() is
-    the line (its order of get and join), not 'unknown: no stack names the code'."""
+    the line (its order of get and join), not 'unknown: no stack names the code'. A sender killed after its put()
+    is said first: the error at get() only reports it."""
     program = ROOT / "tests" / "fixtures" / "calls" / "queue_join.py"
     out = tmp_path / "w"
     r = subprocess.run([sys.executable, "-m", "gpulab", "watch", "--quiet", "--status-every", "0", "--out", str(out),
-                        "--", "python", str(program), "tensor"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+                        "--", "python", str(program), case], capture_output=True, text=True, timeout=240, cwd=ROOT)
     v = json.loads((out / "verdict.json").read_text())
     get = next(n for n, t in enumerate(program.read_text().splitlines(), 1) if t.rstrip().endswith("# GET"))
     assert r.returncode != 0 and v["status"] == "error", v["evidence"]
     assert v["owner"]["kind"] == "program", v["owner"]
     assert v["owner"]["where"].startswith(f"calls/queue_join.py:{get} in "), v["owner"]
     assert "get() from the queue before join()ing" in v["owner"]["why"] and "rebuild_storage_fd" in v["owner"]["why"]
+    killed = "had ended (killed or exited without a word)" in v["owner"]["why"]
+    assert killed == (case == "killed"), v["owner"]["why"]
 
 
 @pytest.mark.parametrize("tail,found", [
@@ -377,6 +381,21 @@ def test_a_shared_tensors_gone_sender_is_read_from_the_rebuild_and_the_error(tai
     got = sharing.meaning("Traceback (most recent call last):\n" + tail)
     assert (got is None) if found is None else (found in got[1] and ("get() from the queue" in got[1]
                                                                      or "module level" in got[1]))
+
+
+@pytest.mark.parametrize("state,words", [
+    ("ended (killed or exited without a word)", "host's out-of-memory killer for one"),
+    ("exited after an uncaught KeyError: 'label'", "had exited after an uncaught KeyError: 'label' before"),
+    ("exited", None),   # a producer that ended well: the order of get() and join() is the whole story
+])
+def test_a_shared_tensors_sender_that_ended_badly_is_said_first(state, words):
+    """The receiver's ConnectionResetError only reports that the producer is gone: how it ended (killed without a
+    word, its own exception) is the failure to look at first."""
+    from gpulab.hang import sharing
+    procs = [{"role": "main (pid 1)", "kind": "main", "state": "exited"},
+             {"role": "multiprocessing child (pid 7 of pid 1)", "kind": "process", "state": state}]
+    got = sharing.sender_gone(procs)
+    assert got is None if words is None else (words in got and got.startswith("multiprocessing child (pid 7")), got
 
 
 def test_a_ddp_job_waiting_in_the_rendezvous_is_the_launch_not_pytorch():

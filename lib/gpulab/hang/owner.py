@@ -568,8 +568,9 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
                              f"or choose the device the program runs on (device='cpu' where there is none)")
             known = sharing.meaning(stderr)
             if known and at:
+                gone = sharing.sender_gone(v.get("processes") or ()) if known[0] == sharing.RECEIVING else None
                 return Owner("program", f"{at} ({known[0]})", f"{_what(v)} raised in PyTorch's {fr[0]} ({place}): "
-                             f"{known[1]}")
+                             f"{known[1]}" + (f"; {gone}" if gone else ""))
             return Owner("unknown", f"PyTorch ({place})" + (f", called at {at}" if at else ""),
                          f"{_what(v)} raised inside PyTorch's own {fr[0]} ({place}) with no op in flight"
                          + (f", from the program's call at {at}" if at else "") + ": whether that call or PyTorch "

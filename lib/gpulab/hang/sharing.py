@@ -24,6 +24,25 @@ _GONE = re.compile(r"^(ConnectionRefusedError|FileNotFoundError|ConnectionResetE
 _UNPICKLABLE = re.compile(r"(Can't pickle|cannot pickle|Can't get local object|PicklingError)[^\n]*", re.I)
 
 
+RECEIVING = "receiving a tensor another process sent"
+_ENDED = ("ended (killed or exited without a word)", "exited after an uncaught ", "died of ")
+
+
+def sender_gone(processes) -> str | None:
+    """What ended a process of the run that could have sent the tensor (a multiprocessing child or worker that
+    ended before the program did), in words; None when none did. Why: a producer that ended is the cause the
+    ConnectionResetError only reports, and how it ended (killed without a word, its own exception) is what to fix
+    first."""
+    for p in processes:
+        state = str(p.get("state") or "")
+        if p.get("kind") in ("process", "worker", "child") and state.startswith(_ENDED):
+            how = (" (a process ends without a word when it is killed, by SIGKILL from the host's out-of-memory "
+                   "killer for one, or when it calls os._exit)" if state.startswith(_ENDED[0]) else "")
+            return (f"{p.get('role')} had {state}{how} before its tensor was taken: what ended it comes first, "
+                    f"then keep producers alive until their tensors are received")
+    return None
+
+
 def meaning(text: str) -> tuple[str, str] | None:
     """(what the program's line was doing, what it means) when `text` (a traceback's tail) ends in a shared
     tensor whose sender had gone, or in what a DataLoader could not pickle for its workers; None for anything
@@ -45,7 +64,7 @@ def meaning(text: str) -> tuple[str, str] | None:
            "rebuild_storage_filename": "a shared-memory file the sender keeps",
            "rebuild_cuda_tensor": "a CUDA IPC handle to memory the sender owns",
            "rebuild_event": "a CUDA IPC handle to an event the sender owns"}[rebuild[-1]]
-    return ("receiving a tensor another process sent",
+    return (RECEIVING,
             f"the tensor arrived as {how} (torch.multiprocessing shares storage, it does not copy it), and the "
             f"process that sent it had ended or let it go before this one took it: keep every producer alive "
             f"until its tensors are received (get() from the queue before join()ing the process that put them), "

@@ -348,6 +348,28 @@ def _after_fork() -> None:
         return
     if "torch" in sys.modules:
         _install_recorder()
+    _note_bootstrap_end()
+
+
+def _note_bootstrap_end() -> None:
+    """A multiprocessing 'fork' child ends in os._exit() once its target returns, past atexit: its end is noted
+    where multiprocessing's bootstrap returns its exit code, or the watchdog could not tell a child that ended well
+    from one killed without a word (a producer whose tensors were still to be received, say)."""
+    try:
+        import multiprocessing.process as mpp
+    except Exception:  # noqa: BLE001
+        return
+    orig = mpp.BaseProcess._bootstrap
+    if getattr(orig, "__gpulab_call__", False):
+        return
+
+    def _bootstrap(self, *args, **kwargs):
+        code = orig(self, *args, **kwargs)
+        note(ended=time.time(), exitcode=code)
+        return code
+
+    _bootstrap.__gpulab_call__ = True
+    mpp.BaseProcess._bootstrap = _bootstrap
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -146,7 +146,7 @@ def state_of(pid: int, meta: Mapping[str, Any], folder: Path | None = None) -> s
     if meta.get("exception"):
         return f"exited after an uncaught {meta['exception']}"
     if meta.get("ended"):
-        return "exited"
+        return f"exited {meta['exitcode']}" if meta.get("exitcode") else "exited"
     sig = classify.fatal_signal(fatal_text(folder, pid)) if folder is not None else None
     return f"{DIED_OF}{sig}" if sig else "ended (killed or exited without a word)"
 
