@@ -145,6 +145,20 @@ def test_children_joined_before_their_queue_is_read_are_named_at_the_join(tmp_pa
     assert "get() everything from the queue before join()" in v.owner["why"] and not v.suggested, v.suggested
 
 
+def test_a_child_blocked_writing_into_a_pipe_its_parent_reads_only_after_wait_is_named_at_the_wait(tmp_path):
+    """subprocess.Popen(..., stdout=PIPE) then wait() before reading (Python's documented deadlock): the child sits
+    in write() once the pipe is full. The wait is the line to change, with communicate() (it had been 'unknown':
+    the child's frame is no code of the program's)."""
+    program = FIX / "calls" / "pipe_wait.py"
+    v = watched(tmp_path, sys.executable, str(program))
+    wait = next(n for n, t in enumerate(program.read_text().splitlines(), 1) if "# WAIT" in t)
+    assert (v.status, v.cls) == ("hang", "child_stuck"), (v.cls, v.evidence)
+    assert roles(v)[v.culprit]["writing"] is True, roles(v)[v.culprit]
+    assert v.owner["kind"] == "program" and v.owner["where"].startswith(f"calls/pipe_wait.py:{wait} in manifest"), \
+        v.owner
+    assert "proc.communicate()" in v.owner["why"] and "is blocked in write()" in v.owner["why"], v.owner
+
+
 def test_a_ddp_script_started_alone_waits_in_the_rendezvous_and_its_launch_is_named(tmp_path, monkeypatch):
     """`python train.py` where torchrun was meant: rank 0's TCPStore waits for a world of 2 that never comes. The
     program's init_process_group line and its launch are named, not 'the fault is in PyTorch'."""

@@ -106,7 +106,8 @@ def program_cause(cls: str | None, culprit: str | None = None, processes: Sequen
     held = forked_holding(culprit, processes) if cls in ("worker_stuck", "child_stuck", "rank_stuck") else None
     if held is not None:
         return fork_lock(held)
-    if owner and owner.get("kind") == "program" and cls not in IN_THE_PROGRAM:
+    if owner and owner.get("kind") == "program" and (cls not in IN_THE_PROGRAM or (
+            cls == "child_stuck" and CHILD_OUTPUT_UNREAD in str(owner.get("where") or ""))):
         return program_step(owner.get("where"), owner.get("why"))
     if owner and owner.get("kind") == "platform" and owner.get("program"):
         return None   # the platform's behaviour meeting the program's code: the owner's step names both
@@ -390,6 +391,17 @@ def lock_alone(threads: Sequence[Thread]) -> bool:
         return False
     return not any(t is not main and not t.name.startswith("gpulab") and not any("gpulab/" in f for f in t.frames)
                    and any(".py:" in f for f in t.frames) for t in threads)
+
+
+CHILD_OUTPUT_UNREAD = "waiting for a child whose output it has not read"   # gpulab.hang.owner's place of it
+_WRITES = ("write", "__libc_write", "__GI___libc_write", "__write_nocancel", "__write")
+
+
+def blocked_writing(threads: Sequence[Thread]) -> bool:
+    """The main thread sits in the write() system call itself (the top of its native stack): a write that does not
+    return waits for a reader, most often of a pipe that is full (64 kB on Linux)."""
+    main = main_thread(threads)
+    return main is not None and bool(main.functions) and main.functions[0] in _WRITES
 
 
 def fork_lock(row: Mapping[str, Any]) -> str:

@@ -635,6 +635,14 @@ def _child_owner(v: Mapping[str, Any]) -> Owner:
                      f"multiprocessing Queue waits, as it exits, until that data is written into the queue's pipe, "
                      f"and nobody reads it while its parent waits in join(): get() everything from the queue "
                      f"before join() (or join with a timeout after the queue is drained)")
+    if child.get("writing") and parent.get("frame"):
+        return Owner("program", f"{parent['frame']} ({classify.CHILD_OUTPUT_UNREAD})",
+                     f"{' '.join(str(child.get('role')).split())} is blocked in write(), and the program waits for "
+                     f"it to end before it reads what the child writes: a pipe holds 64 kB, so a child whose stdout "
+                     f"or stderr is a pipe "
+                     f"(subprocess.Popen(..., stdout=PIPE)) stops in write() once it is full, and never ends; read "
+                     f"while it runs: proc.communicate() (or subprocess.run(..., capture_output=True)), or send "
+                     f"what you do not read to a file or subprocess.DEVNULL")
     where = child.get("frame") or str(v.get("culprit") or "the child process")
     if classify.forked_holding(v.get("culprit"), rows):
         return Owner("program", where, classify.fork_lock(child))

@@ -64,7 +64,7 @@ def _native_facts(procs: Path, pid: int, natives: Mapping[int, str]) -> dict:
     except (OSError, ValueError):
         how = None
     return {"native_lib": lib[1] if lib and lib[0] == "library" else None, "started_by": how,
-            "lock_alone": classify.lock_alone(threads)}
+            "lock_alone": classify.lock_alone(threads), "writing": classify.blocked_writing(threads)}
 
 
 def with_job(v: Verdict, procs: Path, root: int, views: list, finding: Any, stacks: Mapping[str, dict],
