@@ -159,6 +159,16 @@ def test_a_child_blocked_writing_into_a_pipe_its_parent_reads_only_after_wait_is
     assert "proc.communicate()" in v.owner["why"] and "is blocked in write()" in v.owner["why"], v.owner
 
 
+def test_workers_out_of_file_descriptors_are_the_open_file_limit_with_the_programs_way_out(tmp_path):
+    """Batches of many small tensors under a low open-file limit: each is shared as a file descriptor, a worker's
+    queue thread prints 'Too many open files' and the loader waits forever. Not 'the dataset's own code': the
+    limit, with the sharing strategy, the limit and fewer tensors a batch as the program's way out."""
+    v = watched(tmp_path, sys.executable, str(FIX / "calls" / "fd_limit.py"))
+    assert (v.status, v.cls) == ("hang", "worker_stuck"), (v.cls, v.evidence)
+    assert v.owner["kind"] == "platform" and v.owner["where"].startswith("the open-file limit"), v.owner
+    assert "set_sharing_strategy('file_system')" in v.owner["program"], v.owner
+
+
 def test_a_ddp_script_started_alone_waits_in_the_rendezvous_and_its_launch_is_named(tmp_path, monkeypatch):
     """`python train.py` where torchrun was meant: rank 0's TCPStore waits for a world of 2 that never comes. The
     program's init_process_group line and its launch are named, not 'the fault is in PyTorch'."""

@@ -393,6 +393,16 @@ def lock_alone(threads: Sequence[Thread]) -> bool:
                    and any(".py:" in f for f in t.frames) for t in threads)
 
 
+_FD_SHARING = re.compile(r"_share_fd_cpu_|reduce_storage|rebuild_storage_fd|multiprocessing[/\\]reductions\.py")
+
+
+def fd_sharing_exhausted(stderr: str) -> bool:
+    """A process of the run could not share a tensor for want of file descriptors: torch.multiprocessing sends
+    each CPU tensor's storage as one (its default strategy), and 'Too many open files' raised there, in a
+    worker's queue feeder thread, is printed and lost: the loader then waits for a batch that never comes."""
+    return "Too many open files" in (stderr or "") and _FD_SHARING.search(stderr or "") is not None
+
+
 CHILD_OUTPUT_UNREAD = "waiting for a child whose output it has not read"   # gpulab.hang.owner's place of it
 _WRITES = ("write", "__libc_write", "__GI___libc_write", "__write_nocancel", "__write")
 

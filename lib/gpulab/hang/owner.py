@@ -401,6 +401,15 @@ def _decide(v: Mapping[str, Any], registered: Mapping[str, str] | None,
             f"{d.get('op')} (group {d.get('group')}, seq {d.get('seq')})" if d else "")
         if cls == "worker_stuck" and classify.forked_holding(v.get("culprit"), v.get("processes") or ()):
             return Owner("program", where, classify.fork_lock(row))
+        if cls == "worker_stuck" and classify.fd_sharing_exhausted(stderr):
+            return Owner("platform", f"the open-file limit, which {v.get('culprit') or 'a DataLoader worker'}'s "
+                         f"batches exceed", "the workers could not send their batches: torch.multiprocessing shares "
+                         "each tensor of a batch as an open file descriptor, the process ran out of them ('Too many "
+                         "open files', printed by a worker's queue thread and lost), and the loader waits for a "
+                         "batch that never comes",
+                         program="torch.multiprocessing.set_sharing_strategy('file_system') before the DataLoader "
+                                 "starts, or a higher open-file limit (ulimit -n), or batches of fewer, larger "
+                                 "tensors (a collate_fn that stacks them)")
         return Owner("program", where or str(v.get("culprit") or "the job"),
                      {"collective_mismatch": "the ranks call different collectives at the same point",
                       "uneven_inputs": "a rank left the training loop the others are still in (uneven inputs)",
