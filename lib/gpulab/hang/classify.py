@@ -24,6 +24,8 @@ from gpulab.trace.vocab import (describe_op, layout_problems, noncontiguous_args
 
 # What the driver or the runtime said when a kernel faulted, most specific first: a device-side assert also
 # surfaces as a launch failure on some stacks, an illegal address report as a page fault on ROCm.
+# the bound check torch.compile's generated kernels make: "index out of bounds: 0 <= tmp2 < 64L"
+_GENERATED_CHECK = re.compile(r"index out of bounds: (?P<cond>0 <= \w+ < (?P<bound>\w+?)L?)\b")
 MEMORY_FAULTS = (
     ("device_assert", re.compile(r"device-side assert(ion)? triggered|Assertion `[^`]*` failed|"
                                  r"cudaErrorAssert|CUDA_ERROR_ASSERT", re.I)),
@@ -39,8 +41,8 @@ MEMORY_FAULTS = (
     # the last: the check torch.compile's generated CPU kernel makes (TORCH_CHECK: the process aborts with
     # "index out of bounds: 0 <= tmp2 < 64L"); its CUDA kernels' assert is a device_assert above
     ("out_of_bounds", re.compile(r"IndexError: [^\n]*out of (range|bounds)|index -?\d+ is out of bounds for dimension|"
-                                 r"index out of range in self|out of bounds for dimension|"
-                                 r"index out of bounds: 0 <= \w+ < \w+", re.I)),
+                                 r"index out of range in self|out of bounds for dimension|" + _GENERATED_CHECK.pattern,
+                                 re.I)),
     ("launch_failure", re.compile(r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED|"
                                   r"too many resources requested for launch|invalid configuration argument|"
                                   r"no kernel image is available for execution|illegal instruction was encountered|"
@@ -466,9 +468,6 @@ def memory_fault(text: str) -> tuple[str, str] | None:
             end = text.find("\n", m.end())
             return cls, text[start:end if end >= 0 else len(text)].strip()[:300]
     return None
-
-
-_GENERATED_CHECK = re.compile(r"index out of bounds: (?P<cond>0 <= \w+ < (?P<bound>\w+?)L?)\b")
 
 
 # the integer division check of torch.compile's generated CPU code (eager's aten op raises ZeroDivisionError too)

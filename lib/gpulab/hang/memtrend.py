@@ -51,6 +51,13 @@ def trend(samples: Sequence[Any]) -> dict | None:
             "samples": len(series), "grew": grew}
 
 
+def climbed(samples: Sequence[Any]) -> dict | None:
+    """The trend when memory rose through the whole run (a process the host's out-of-memory killer ends), else
+    None."""
+    tr = trend(samples)
+    return tr if tr and tr["grew"] else None
+
+
 # a process killed by SIGKILL while its memory climbed: the host's out-of-memory killer is the usual sender
 KILLED = ("the process was killed by SIGKILL, which it cannot catch (so it left no traceback), while its memory "
           "climbed: the host's out-of-memory killer ends a process so when the host's memory runs out (the "

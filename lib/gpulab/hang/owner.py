@@ -647,11 +647,10 @@ def _child_owner(v: Mapping[str, Any]) -> Owner:
     if child.get("writing") and parent.get("frame"):
         return Owner("program", f"{parent['frame']} ({classify.CHILD_OUTPUT_UNREAD})",
                      f"{' '.join(str(child.get('role')).split())} is blocked in write(), and the program waits for "
-                     f"it to end before it reads what the child writes: a pipe holds 64 kB, so a child whose stdout "
-                     f"or stderr is a pipe "
-                     f"(subprocess.Popen(..., stdout=PIPE)) stops in write() once it is full, and never ends; read "
-                     f"while it runs: proc.communicate() (or subprocess.run(..., capture_output=True)), or send "
-                     f"what you do not read to a file or subprocess.DEVNULL")
+                     "it to end before it reads what the child writes: a pipe holds 64 kB, so a child whose stdout "
+                     "or stderr is a pipe (subprocess.Popen(..., stdout=PIPE)) stops in write() once it is full, and "
+                     "never ends; read while it runs: proc.communicate() (or subprocess.run(..., capture_output=True)), "
+                     "or send what you do not read to a file or subprocess.DEVNULL")
     where = child.get("frame") or str(v.get("culprit") or "the child process")
     if classify.forked_holding(v.get("culprit"), rows):
         return Owner("program", where, classify.fork_lock(child))

@@ -375,8 +375,8 @@ def judge(obs: Observation, *, log: Mapping[str, Any] | None = None) -> Verdict:
     else:
         c = classify.classify(evidence)
         cls, facts = c.cls, list(c.facts)
-        host = memtrend.trend(obs.memory) if cls == "unknown" and sig == "SIGKILL" else None
-        if host and host["grew"]:   # no process can catch SIGKILL: the climb is the evidence of who sent it
+        if cls == "unknown" and sig == "SIGKILL" and memtrend.climbed(obs.memory):
+            # no process can catch SIGKILL: the climb is the evidence of who sent it
             cls = "out_of_memory"
             facts = [f for f in facts if f != "no rule matched the evidence"] + [memtrend.KILLED]
     if inflight is not None and status != "ok":

@@ -199,10 +199,9 @@ def _killed_climbing(procs: Path, view: Any) -> dict | None:
     if view is None or not view.log:
         return None
     try:
-        tr = memtrend.trend(trace.read(procs / view.log).memory)
+        return memtrend.climbed(trace.read(procs / view.log).memory)
     except Exception:  # noqa: BLE001 - a torn log says nothing
         return None
-    return tr if tr and tr["grew"] else None
 
 
 def worker_death(procs: Path, views: list, died: Mapping[str, Any]) -> dict:
