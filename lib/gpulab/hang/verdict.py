@@ -67,6 +67,9 @@ class Verdict:
     # why) and, for a GPU memory fault where compute-sanitizer ran, its report (gpulab.hang.memcheck)
     owner: dict | None = None
     memcheck: dict | None = None
+    # a crash inside torch.compile'd code: how the same program ran once eager, and where it failed then
+    # (gpulab.hang.eagerrun: the op's own error and the program's line the generated kernel cannot name)
+    eager_rerun: dict | None = None
     # `gpulab watch --on-stall keep`: every stall seen ({"t", "for_s", "where", "recovered", "pause", "window",
     # "capture"}), bounded (gpulab.hang.watchdog.stalls.kept); and a signal the watchdog passed on to the job
     stalls: tuple[dict, ...] = ()

@@ -44,7 +44,7 @@ from gpulab.hang import classify, faults
 from gpulab.hang.watchdog import evidence, keepstall, stalls
 from gpulab.hang.jobs import job, jobread
 from gpulab.hang.watchdog import status as status_mod
-from gpulab.hang import memcheck, owner
+from gpulab.hang import eagerrun, memcheck, owner
 from gpulab.hang.watchdog.launch import (FIXES_VAR, Launch, check_command, launch_plan, plain_env,  # noqa: F401 - watch's
                                 program_sources, python_command)                        # names, as before
 from gpulab.hang.verdict import EXIT_CODES, Verdict
@@ -430,19 +430,34 @@ def _attributed(v: Verdict, command: Sequence[str], launch: Launch, out: Path, *
     if v.cls == "gpu_page_fault":
         mc = memcheck.Report(False, note=memcheck.ROCM_NOTE)
     elif memcheck.applies(v.cls, v.status) and not device.startswith("cpu"):
-        pyc = python_command(command)
-        plain = [workloads.fix_interpreter(pyc[0], launch.env.get(workloads.PYTHON_ENV)), *pyc[1], *pyc[2]] \
-            if pyc else list(command)
         say(f"{v.cls}: one compute-sanitizer memcheck run of the program (at most {timeout_s:g} s)")
-        mc = memcheck.run(plain, out, timeout_s=timeout_s, env=plain_env(launch.env))
+        mc = memcheck.run(_plain(command, launch), out, timeout_s=timeout_s, env=plain_env(launch.env))
     d = v.to_dict()
     evidence = tuple(v.evidence)
     if mc is not None:
         d["memcheck"] = mc.to_dict()
         evidence += tuple(mc.facts())
+    if eagerrun.applies(d, launch.env):
+        where = eagerrun.region(d)
+        say(f"{v.cls or 'a crash'} inside {where}: the program once more eager, to name the op (TORCHDYNAMO_DISABLE=1, "
+            f"at most {timeout_s:g} s)")
+        er = eagerrun.run(_plain(command, launch), out, env=plain_env(launch.env), timeout_s=timeout_s)
+        d["eager_rerun"] = er.to_dict()
+        evidence += tuple(er.facts(where))
+        if d.get("class") in (None, "", "unknown") and er.cls:   # what the compiled run's end could not say
+            d["class"] = er.cls
+            evidence += (f"class {er.cls}: from the eager rerun's error (the compiled run's end named none)",)
     who = owner.decide(d, registered)
     said = f"whose code: {who.kind}" + (f", {who.where}" if who.where else "") + f" ({who.why})"
-    return dataclasses.replace(v, owner=who.to_dict(), memcheck=d.get("memcheck"), evidence=evidence + (said,))
+    return dataclasses.replace(v, cls=d.get("class"), owner=who.to_dict(), memcheck=d.get("memcheck"),
+                               eager_rerun=d.get("eager_rerun"), evidence=evidence + (said,))
+
+
+def _plain(command: Sequence[str], launch: Launch) -> list[str]:
+    """The program's command as it runs without gpulab (its interpreter, not the recorder's bootstrap)."""
+    pyc = python_command(command)
+    return [workloads.fix_interpreter(pyc[0], launch.env.get(workloads.PYTHON_ENV)), *pyc[1], *pyc[2]] \
+        if pyc else list(command)
 
 
 def log_device(log: str | os.PathLike | None) -> str | None:
