@@ -348,6 +348,11 @@ def test_torchruns_first_observed_failure_by_a_signal_is_read_with_its_rank():
             "1)\n  exitcode  : -9 (pid: 1852)  (SIGKILL)\n  error_file: <N/A>\n")
     assert classify.root_signal(said) == (1, "SIGKILL")
     assert classify.root_signal(said.replace("-9 (pid: 1852)  (SIGKILL)", "1 (pid: 1852)")) is None   # an exception
+    # torch 2.11 (an H200 run): no name after the exit code; the traceback line says the signal
+    older = said.replace("-9 (pid: 1852)  (SIGKILL)\n  error_file: <N/A>\n", "-9 (pid: 1852)\n  error_file: <N/A>\n"
+                         "  traceback : Signal 9 (SIGKILL) received by PID 1852\n")
+    assert older != said and classify.root_signal(older) == (1, "SIGKILL")
+    assert classify.root_signal(older.replace("-9 (pid: 1852)", "<N/A>")) == (1, "SIGKILL")   # the traceback alone
 
 
 @pytest.mark.parametrize("case", ["tensor", "killed"])

@@ -13,6 +13,7 @@ and the op's name and layouts beat generic hints. Every rule that fires says, in
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -522,14 +523,20 @@ def fatal_signal(faulthandler_text: str) -> str | None:
 
 
 _ROOT_SIGNAL = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:.*\n){0,4}?\s*rank\s*:\s*(\d+)[^\n]*\n"
-                          r"\s*exitcode\s*:\s*-\d+ \(pid: \d+\)\s*\((SIG[A-Z]+)\)")
+                          r"(?:\s*exitcode\s*:\s*-(\d+) \(pid: \d+\)|(?:.*\n){1,3}?\s*traceback\s*:\s*Signal (\d+) )")
 
 
 def root_signal(stderr: str) -> tuple[int, str] | None:
-    """(rank, signal) when torchrun's first observed failure is a rank a signal ended ("exitcode : -9 (pid: 1852)
-    (SIGKILL)"): a SIGKILL leaves no faulthandler file, so this is the only word of it."""
+    """(rank, signal) when torchrun's first observed failure is a rank a signal ended ("exitcode : -9 (pid: 1852)",
+    torch 2.13 adding "(SIGKILL)", 2.11 a traceback line "Signal 9 (SIGKILL) received by PID 1852"): a SIGKILL
+    leaves no faulthandler file, so this is the only word of it."""
     m = _ROOT_SIGNAL.search(stderr or "")
-    return (int(m.group(1)), m.group(2)) if m else None
+    if not m:
+        return None
+    try:
+        return int(m.group(1)), signal.Signals(int(m.group(2) or m.group(3))).name
+    except ValueError:
+        return int(m.group(1)), f"signal {m.group(2) or m.group(3)}"
 
 
 def root_rank(stderr: str) -> int | None:
