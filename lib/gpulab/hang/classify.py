@@ -23,10 +23,10 @@ from gpulab.trace.liveness import STATUSES   # how a watched child ended: one vo
 from gpulab.trace.vocab import (describe_op, layout_problems, noncontiguous_args, op_kind,  # the op vocabulary:
                                 transposed_args)                                       # the recorder's, read here
 
-# What the driver or the runtime said when a kernel faulted, most specific first: a device-side assert also
-# surfaces as a launch failure on some stacks, an illegal address report as a page fault on ROCm.
 # the bound check torch.compile's generated kernels make: "index out of bounds: 0 <= tmp2 < 64L"
 _GENERATED_CHECK = re.compile(r"index out of bounds: (?P<cond>0 <= \w+ < (?P<bound>\w+?)L?)\b")
+# What the driver or the runtime said when a kernel faulted, most specific first: a device-side assert also
+# surfaces as a launch failure on some stacks, an illegal address report as a page fault on ROCm.
 MEMORY_FAULTS = (
     ("device_assert", re.compile(r"device-side assert(ion)? triggered|Assertion `[^`]*` failed|"
                                  r"cudaErrorAssert|CUDA_ERROR_ASSERT", re.I)),
@@ -533,10 +533,11 @@ def root_signal(stderr: str) -> tuple[int, str] | None:
     m = _ROOT_SIGNAL.search(stderr or "")
     if not m:
         return None
+    n = int(m.group(2) or m.group(3))   # the exit code's, or the traceback line's
     try:
-        return int(m.group(1)), signal.Signals(int(m.group(2) or m.group(3))).name
+        return int(m.group(1)), signal.Signals(n).name
     except ValueError:
-        return int(m.group(1)), f"signal {m.group(2) or m.group(3)}"
+        return int(m.group(1)), f"signal {n}"
 
 
 def root_rank(stderr: str) -> int | None:

@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gpulab import lastwords, proc
-from gpulab.hang import classify, inplace
-from gpulab.hang.owner import INDUCTOR_KERNEL, origin, short, traceback_frames
+from gpulab.hang import classify
+from gpulab.hang.owner import compiled_op, origin, short, traceback_frames
 
 ENV = {"TORCHDYNAMO_DISABLE": "1", "CUDA_LAUNCH_BLOCKING": "1"}
 TIMEOUT_S = 90.0            # bounded as memcheck is: the verdict must not wait long for a slow program
 STDERR = "eager_rerun.stderr.txt"
-_COMPILED = (inplace.COMPILED_REGION, "CompiledFunction")
 
 
 @dataclass(frozen=True)
@@ -58,12 +57,8 @@ class Rerun:
 
 def region(v: Mapping[str, Any]) -> str | None:
     """The compiled region (or the kernel torch.compile generated) the failed run was in, else None."""
-    ops = [v.get("in_flight_op") or {}, *reversed(list(v.get("open_ops") or ()))]
-    for op in ops:
-        name = str((op or {}).get("name") or "")
-        if name.startswith(_COMPILED) or INDUCTOR_KERNEL.match(name):
-            return name
-    return None
+    op = compiled_op(v)
+    return op["name"] if op else None
 
 
 def applies(v: Mapping[str, Any], env: Mapping[str, str]) -> bool:
@@ -109,5 +104,6 @@ def run(command: Sequence[str], out_dir: str | Path, *, env: Mapping[str, str], 
                      label="eager rerun")
     except OSError as exc:
         return Rerun(False, note=f"it could not start: {exc}")
-    (out / STDERR).write_text(r.stderr[-200_000:])
-    return read(r.stderr[-200_000:], r.returncode, r.timed_out, time.monotonic() - t0, timeout_s, STDERR)
+    said = r.stderr[-200_000:]
+    (out / STDERR).write_text(said)
+    return read(said, r.returncode, r.timed_out, time.monotonic() - t0, timeout_s, STDERR)
